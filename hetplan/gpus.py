@@ -1,0 +1,108 @@
+"""The GPU types hetplan knows, and how the many spellings of their names map to one canonical name.
+
+Clouds, NVML, Kubernetes node labels and papers all spell GPUs differently ("Tesla V100-SXM2-16GB",
+"NVIDIA-A100-SXM4-80GB", "A100-80GB", "V100M32", "RTX2080Ti"). Every stage of hetplan speaks the
+canonical names below; `normalize_gpu` is the one place that translates.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from functools import lru_cache
+
+
+@dataclass(frozen=True)
+class GpuType:
+    """One canonical GPU type: its name and memory (GB) as NVIDIA's datasheet gives them."""
+
+    name: str
+    memory_gb: int
+
+
+GPU_TYPES: tuple[GpuType, ...] = (
+    GpuType("K80", 12),
+    GpuType("M60", 8),
+    GpuType("P100", 16),
+    GpuType("V100", 16),
+    GpuType("V100-32GB", 32),
+    GpuType("T4", 16),
+    GpuType("RTX2080Ti", 11),
+    GpuType("RTX6000", 24),
+    GpuType("A6000", 48),
+    GpuType("A10", 24),
+    GpuType("A10G", 24),
+    GpuType("L4", 24),
+    GpuType("L40S", 48),
+    GpuType("A100", 40),
+    GpuType("A100-80GB", 80),
+    GpuType("H100", 80),
+    GpuType("H200", 141),
+    GpuType("GH200", 96),
+)
+GPU_NAMES: frozenset[str] = frozenset(g.name for g in GPU_TYPES)
+
+# Ordered: the first pattern that matches the cleaned name wins, so specific names come before prefixes.
+_PATTERNS: tuple[tuple[str, str], ...] = (
+    (r"^GH200", "GH200"),
+    (r"^H200($|-)", "H200"),
+    (r"^H100($|-)", "H100"),
+    (r"^A100-.*80", "A100-80GB"),
+    (r"^A100($|-)", "A100"),
+    (r"^A10G", "A10G"),
+    (r"^A10($|-)", "A10"),
+    (r"^L40S", "L40S"),
+    (r"^L4($|-)", "L4"),
+    (r"^V100(M32|.*32)", "V100-32GB"),
+    (r"^V100", "V100"),
+    (r"^T4($|-)", "T4"),
+    (r"^P100", "P100"),
+    (r"^K80", "K80"),
+    (r"^M60", "M60"),
+    (r"^(RTX-?)?A6000", "A6000"),
+    (r"^RTX-?6000$", "RTX6000"),
+    (r"^RTX-?2080-?TI", "RTX2080Ti"),
+)
+_VENDOR_PREFIXES = ("NVIDIA-", "TESLA-", "GEFORCE-", "QUADRO-")
+
+
+class UnknownGpuError(ValueError):
+    """A GPU name that maps to no canonical type."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(f"unknown GPU type {name!r} (known: {', '.join(sorted(GPU_NAMES))})")
+        self.name = name
+
+
+@lru_cache(maxsize=1024)
+def _match(name: str) -> str | None:
+    cleaned = re.sub(r"[\s_]+", "-", name.strip().upper())
+    for prefix in _VENDOR_PREFIXES:
+        if cleaned.startswith(prefix):
+            cleaned = cleaned[len(prefix) :]
+    for pattern, canonical in _PATTERNS:
+        if re.search(pattern, cleaned):
+            return canonical
+    return None
+
+
+def normalize_gpu(name: str, memory_gb: float | None = None) -> str:
+    """Return the canonical GPU type for any common spelling of `name`.
+
+    `memory_gb`, when known (a cloud's GpuInfo, NVML), tells the 40 GB A100 from the 80 GB one and the
+    16 GB V100 from the 32 GB one when the name alone does not. Raises `UnknownGpuError`.
+    """
+    canonical = _match(str(name)) if name is not None else None
+    if canonical is None:
+        raise UnknownGpuError(str(name))
+    if memory_gb is not None:
+        if canonical == "A100" and memory_gb >= 70:
+            return "A100-80GB"
+        if canonical == "V100" and memory_gb >= 30:
+            return "V100-32GB"
+    return canonical
+
+
+def is_known_gpu(name: str) -> bool:
+    """True when `name` normalises to a canonical GPU type."""
+    return _match(str(name)) is not None
