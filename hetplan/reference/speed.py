@@ -78,9 +78,15 @@ def spec_ratio(spec: GpuSpec) -> float:
 
 
 @lru_cache(maxsize=1)
+def gavel_table() -> pd.DataFrame:
+    """Gavel's isolated throughputs: steps/s per (job type, scale factor) on K80, P100 and V100."""
+    return pd.read_csv(GAVEL_TABLE)
+
+
+@lru_cache(maxsize=1)
 def gavel_family_ratios() -> pd.DataFrame:
     """Median over batch sizes of K80/V100 and P100/V100 step rates per Gavel job family, one GPU."""
-    table = pd.read_csv(GAVEL_TABLE)
+    table = gavel_table()
     one_gpu = table[table["scale_factor"] == 1].copy()
     one_gpu["family"] = one_gpu["job_type"].str.replace(r"\s*\(.*\)$", "", regex=True)
     for gpu in ("k80", "p100"):
