@@ -334,11 +334,18 @@ def _duplicate_keys(frame: pd.DataFrame, key: Iterable[str], labels: RowLabels) 
     return problems
 
 
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
 def atomic_write_bytes(target: Path, payload: bytes) -> None:
     """Write `payload` to `target` through a temporary file, fsync and rename: all or nothing."""
     target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
     try:
+        os.fchmod(fd, 0o666 & ~_umask())  # mkstemp creates 0600; give the file the mode open() would
         with os.fdopen(fd, "wb") as handle:
             handle.write(payload)
             handle.flush()

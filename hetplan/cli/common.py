@@ -1,0 +1,37 @@
+"""What every CLI command shares: consoles, and turning contract errors into one-line messages and exit codes."""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+
+from hetplan.contracts import ContractError
+
+# Piped output (CI logs, `| less`) gets a wide console instead of rich's 80-column default.
+_WIDTH = None if sys.stdout.isatty() or os.environ.get("COLUMNS") else 160
+console = Console(width=_WIDTH)
+errors = Console(stderr=True, width=_WIDTH)
+
+EXIT_INVALID = 1
+
+
+def warn(messages: Iterable[str]) -> None:
+    for message in messages:
+        errors.print(f"[yellow]warning:[/] {escape(message)}", highlight=False, soft_wrap=True)
+
+
+@contextmanager
+def contract_errors() -> Iterator[None]:
+    """Print every problem of a `ContractError` as `file:row:column: message` and exit non-zero."""
+    try:
+        yield
+    except ContractError as exc:
+        for problem in exc.problems:
+            errors.print(f"[red]error:[/] {escape(str(problem))}", highlight=False, soft_wrap=True)
+        raise typer.Exit(EXIT_INVALID) from None

@@ -1,0 +1,85 @@
+"""`hetplan trace`: import public job traces into hetplan's trace (and demand mix) files."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+from rich.table import Table
+
+from hetplan.cli.common import console, contract_errors, warn
+from hetplan.contracts import DEMAND, TRACE, demand_from_trace
+from hetplan.contracts.table import CSV_SUFFIXES, PARQUET_SUFFIXES, ContractError, Problem
+from hetplan.traces import FORMATS, MODEL_OPTION_FORMATS, TraceImport, import_trace
+
+app = typer.Typer(help="Import public job traces (Synergy, Gavel, Philly, Alibaba).", no_args_is_help=True)
+
+
+@app.callback()
+def _trace() -> None:
+    """Import public job traces into hetplan's trace contract."""
+
+
+@app.command("import")
+def import_command(
+    file: Path = typer.Argument(..., help="Trace file in the public format."),
+    fmt: str = typer.Option(..., "--format", help=f"Source format: {'|'.join(FORMATS)}."),
+    out: Path = typer.Option(..., "--out", help="Trace to write (.csv or .parquet)."),
+    model: str | None = typer.Option(
+        None, "--model", help=f"Model name for formats without one ({', '.join(MODEL_OPTION_FORMATS)}); default unknown."
+    ),
+    demand_out: Path | None = typer.Option(None, "--demand-out", help="Also write the demand mix (.csv or .parquet)."),
+) -> None:
+    """Import FILE, write the trace to OUT; print a summary and one warning per kind of handled job."""
+    if fmt not in FORMATS:
+        raise typer.BadParameter(f"unknown format {fmt!r}; one of {', '.join(FORMATS)}", param_hint="--format")
+    if model is not None and fmt not in MODEL_OPTION_FORMATS:
+        raise typer.BadParameter(f"{fmt} traces name their own models", param_hint="--model")
+    if model is not None and not model.strip():
+        raise typer.BadParameter("must be a non-blank model name", param_hint="--model")
+    options = {"model": model} if model is not None else {}
+    with contract_errors():
+        _check_suffix(out, demand_out)
+        result = import_trace(file, fmt, **options)
+        demand = demand_from_trace(result.trace) if demand_out is not None else None
+        TRACE.write(result.trace, out)
+        if demand is not None and demand_out is not None:
+            DEMAND.write(demand, demand_out)
+    _summary(file, result, out, demand_out)
+    warn(result.warnings)
+
+
+def _check_suffix(*paths: Path | None) -> None:
+    """Refuse an output path without a known suffix before anything is written."""
+    problems = [
+        Problem(str(p), "output must end in .csv or .parquet")
+        for p in paths
+        if p is not None and p.suffix.lower() not in CSV_SUFFIXES | PARQUET_SUFFIXES
+    ]
+    if problems:
+        raise ContractError(problems)
+
+
+def _summary(source: Path, result: TraceImport, out: Path, demand_out: Path | None) -> None:
+    trace = result.trace
+    gpu_hours = float((trace["num_gpus"].astype(float) * trace["duration_s"]).sum()) / 3600.0
+    console.print(
+        f"[green]imported[/] {len(trace)} of {result.report['read']} jobs from {source} -> {out}"
+        + (f" (demand mix -> {demand_out})" if demand_out is not None else ""),
+        highlight=False,
+        soft_wrap=True,
+    )
+    console.print(f"GPU-hours at the reference allocation: {gpu_hours:,.1f}", highlight=False)
+    models = Table("model", "jobs", "GPU-hours", title="models", title_justify="left")
+    per_model = (trace["num_gpus"].astype(float) * trace["duration_s"] / 3600.0).groupby(trace["model"]).agg(
+        ["count", "sum"]
+    )
+    for name, row in per_model.iterrows():
+        models.add_row(str(name), str(int(row["count"])), f"{row['sum']:,.1f}")
+    console.print(models)
+    handled = {k: n for k, n in result.report.items() if k not in ("read", "imported") and n}
+    if handled:
+        reasons = Table("handling", "jobs", title="handled jobs", title_justify="left")
+        for key, count in handled.items():
+            reasons.add_row(key, str(count))
+        console.print(reasons)
