@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from hetplan.contracts.catalog import CATALOG
+from hetplan.contracts.curves import CURVES
 from hetplan.contracts.demand import DEMAND, demand_from_trace
 from hetplan.contracts.hints import HINTS
 from hetplan.contracts.plan import Plan, fingerprint, load_plan, write_plan
@@ -16,6 +17,7 @@ TABLES: dict[str, TableSchema] = {
     "demand": DEMAND,
     "trace": TRACE,
     "hints": HINTS,
+    "curves": CURVES,
 }
 KINDS = (*TABLES, "plan")
 
@@ -29,7 +31,7 @@ def validate_file(path: str, kind: str) -> None:
 
 
 __all__ = [
-    "CATALOG", "DEMAND", "HINTS", "KINDS", "PROFILES", "TABLES", "TRACE",
+    "CATALOG", "CURVES", "DEMAND", "HINTS", "KINDS", "PROFILES", "TABLES", "TRACE",
     "Column", "ContractError", "Plan", "Problem", "TableSchema",
     "demand_from_trace", "fingerprint", "load_plan", "validate_file", "write_plan",
 ]

@@ -1,0 +1,148 @@
+"""Fit every (model, GPU type) of a profile table and assemble the curve table the planner reads."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+
+from hetplan.contracts import CURVES
+from hetplan.sensitivity.estimators import FEATURES
+from hetplan.sensitivity.fitting import PairFit, SkipPair, fit_pair, usable_points
+from hetplan.sensitivity.knee import DEFAULT_KNEE_FRACTION, Knee, find_knee
+from hetplan.sensitivity.transfer import Transfer, transfer_curve
+
+logger = logging.getLogger(__name__)
+
+Progress = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class Skipped:
+    """A (model, GPU type) left without a curve, and why."""
+
+    model: str
+    gpu_type: str
+    reason: str
+
+    def __str__(self) -> str:
+        return f"{self.model} on {self.gpu_type}: {self.reason}"
+
+
+@dataclass
+class FitReport:
+    """What one fitting job produced: the curve table, the fits, the transfers and the skipped pairs."""
+
+    curves: pd.DataFrame
+    fits: list[PairFit] = field(default_factory=list)
+    transfers: list[Transfer] = field(default_factory=list)
+    skipped: list[Skipped] = field(default_factory=list)
+    knees: dict[tuple[str, str], Knee] = field(default_factory=dict)
+
+
+def planning_grid(points: pd.DataFrame) -> pd.DataFrame:
+    """Every (cores, RAM) combination measured for a model on any GPU type: where its curves are evaluated."""
+    cores = np.unique(points["cpus_per_gpu"].to_numpy(dtype=float))
+    mems = np.unique(points["mem_gb_per_gpu"].to_numpy(dtype=float))
+    mesh = np.array(np.meshgrid(cores, mems)).reshape(2, -1).T
+    return pd.DataFrame(mesh, columns=list(FEATURES))
+
+
+def per_gpu(profiles: pd.DataFrame) -> pd.DataFrame:
+    """Usable points with throughput per GPU (multi-GPU records divided by their GPU count)."""
+    points = usable_points(profiles).copy()
+    points["throughput"] = points["throughput"].astype(float) / points["num_gpus"].astype(float)
+    return points
+
+
+def fit_profiles(
+    profiles: pd.DataFrame,
+    gpu_types: Iterable[str] = (),
+    knee_fraction: float = DEFAULT_KNEE_FRACTION,
+    progress: Progress | None = None,
+) -> FitReport:
+    """Fit each (model, GPU type) of a validated profile table; transfer curves to sparse or extra GPU types.
+
+    `gpu_types` names GPU types that need a curve for every model even without points (e.g. the catalog's).
+    Pairs that can neither be fitted nor transferred are reported in `skipped`; the rest are fitted.
+    """
+    points = per_gpu(profiles)
+    report = FitReport(curves=pd.DataFrame())
+    rows: list[pd.DataFrame] = []
+    for model, model_points in points.groupby("model", sort=True):
+        grid = planning_grid(model_points)
+        by_gpu = {gpu: pts for gpu, pts in model_points.groupby("gpu_type", sort=True)}
+        pending: dict[str, str] = {}
+        for gpu, pts in by_gpu.items():
+            if progress:
+                progress(f"{model} on {gpu}")
+            try:
+                fit = fit_pair(str(model), str(gpu), pts)
+            except SkipPair as exc:
+                pending[gpu] = str(exc)
+                continue
+            surface = grid.assign(throughput=fit.estimator.predict(grid))
+            knee = find_knee(surface, knee_fraction, fit.noise)
+            report.fits.append(fit)
+            report.knees[(str(model), str(gpu))] = knee
+            rows.append(_rows(str(model), str(gpu), surface, knee, knee_fraction, method="fit", source=fit.source,
+                              estimator=fit.estimator_name, n_points=fit.n_points, cv_mape=fit.cv_mape,
+                              cv_r2=fit.cv_r2, unit=fit.throughput_unit))
+        for gpu in sorted(set(gpu_types) - set(by_gpu)):
+            pending[gpu] = "no points"
+        anchor = _anchor(report.fits, str(model))
+        for gpu, reason in sorted(pending.items()):
+            if anchor is None:
+                report.skipped.append(Skipped(str(model), gpu, f"{reason}; no fitted GPU type to transfer from"))
+                continue
+            anchor_surface = grid.assign(throughput=anchor.estimator.predict(grid))
+            try:
+                transfer = transfer_curve(str(model), gpu, anchor.gpu_type, anchor_surface, by_gpu.get(gpu))
+            except SkipPair as exc:
+                report.skipped.append(Skipped(str(model), gpu, f"{reason}; {exc}"))
+                continue
+            knee = find_knee(transfer.surface, knee_fraction)
+            report.transfers.append(transfer)
+            report.knees[(str(model), gpu)] = knee
+            rows.append(_rows(str(model), gpu, transfer.surface, knee, knee_fraction, method="transferred",
+                              source=f"transferred:{anchor.gpu_type}", estimator=None, n_points=transfer.n_points,
+                              cv_mape=None, cv_r2=None, unit=anchor.throughput_unit, uncertainty=transfer.uncertainty))
+            if reason != "no points":
+                logger.info("%s on %s: %s; transferred from %s", model, gpu, reason, anchor.gpu_type)
+    if rows:
+        table = pd.concat(rows, ignore_index=True).sort_values(list(CURVES.key), ignore_index=True)
+        report.curves = CURVES.validate(table, "<curve table>")
+    return report
+
+
+def _anchor(fits: list[PairFit], model: str) -> PairFit | None:
+    """The model's best-covered fit: most points, then lowest CV error."""
+    own = [f for f in fits if f.model == model]
+    return min(own, key=lambda f: (-f.n_points, f.cv_mape, f.gpu_type)) if own else None
+
+
+def _rows(model: str, gpu: str, surface: pd.DataFrame, knee: Knee, fraction: float, *, method: str, source: str,
+          estimator: str | None, n_points: int, cv_mape: float | None, cv_r2: float | None, unit: str | None,
+          uncertainty: float | None = None) -> pd.DataFrame:
+    rows = surface.copy()
+    rows.insert(0, "model", model)
+    rows.insert(1, "gpu_type", gpu)
+    rows["throughput"] = rows["throughput"].clip(lower=0.0)
+    rows["throughput_unit"] = unit
+    rows["method"] = method
+    rows["source"] = source
+    rows["estimator"] = estimator
+    rows["n_points"] = n_points
+    rows["cv_mape"] = cv_mape
+    rows["cv_r2"] = cv_r2
+    rows["uncertainty"] = uncertainty
+    rows["plateau"] = knee.plateau
+    rows["knee_fraction"] = fraction
+    rows["knee_cpus_at_mem"] = rows["mem_gb_per_gpu"].map(knee.cpus_at_mem)
+    rows["knee_cpus"] = knee.cpus
+    rows["knee_mem_gb"] = knee.mem_gb
+    rows["collapse_mem_gb"] = knee.collapse_mem_gb
+    return rows

@@ -1,0 +1,190 @@
+"""Record a fitting job in MLflow: a parent run, a child run per (model, GPU type), registered models.
+
+What a data scientist finds in the MLflow UI, experiment `hetplan-sensitivity`:
+- a parent run per fitting job with the curve table and, per model, a picture of its curves on every GPU;
+- a child run per (model, GPU type) with its parameters, cross-validated error, knee, the curve plot
+  (points + curve + knee) and, for fitted pairs, the scikit-learn model with a signature and input example;
+- a registered model `hetplan.<model>.<gpu_type>` per fitted pair whose `champion` alias moves to a new
+  version only when that version's CV error is not worse than the champion's; otherwise the new version is
+  tagged `challenger`.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import matplotlib.pyplot as plt
+import mlflow
+import pandas as pd
+import skops.io
+from mlflow.exceptions import MlflowException
+from mlflow.models import infer_signature
+from mlflow.tracking import MlflowClient
+
+from hetplan.sensitivity.curves import FitReport
+from hetplan.sensitivity.estimators import FEATURES
+from hetplan.sensitivity.fitting import PairFit
+from hetplan.sensitivity.plots import plot_model, plot_pair
+
+logger = logging.getLogger(__name__)
+
+EXPERIMENT = "hetplan-sensitivity"
+CHAMPION = "champion"
+DEFAULT_TRACKING_URI = "sqlite:///.hetplan/mlflow.db"
+# Pinned instead of inferred: inference imports and inspects the whole environment for every model.
+PIP_REQUIREMENTS = ["scikit-learn", "pandas", "numpy", "scipy", "hetplan"]
+TRUSTED_PREFIXES = ("hetplan.sensitivity.", "sklearn.")
+
+
+@dataclass
+class Registration:
+    """What happened to one registered model version."""
+
+    name: str
+    version: str
+    cv_mape: float
+    promoted: bool
+    previous_champion: str | None = None
+
+
+@dataclass
+class JobLog:
+    parent_run_id: str
+    experiment_id: str
+    registrations: list[Registration] = field(default_factory=list)
+
+
+def tracking_uri(explicit: str | None = None) -> str:
+    """The tracking URI: the argument, else $MLFLOW_TRACKING_URI, else SQLite in the workspace."""
+    uri = explicit or os.environ.get("MLFLOW_TRACKING_URI") or DEFAULT_TRACKING_URI
+    if uri.startswith("sqlite:///"):
+        Path(uri.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
+    return uri
+
+
+def experiment_id(uri: str, name: str) -> str:
+    """The experiment's id, creating it with its artifacts beside a SQLite store (not in the working dir)."""
+    client = MlflowClient(tracking_uri=uri)
+    existing = client.get_experiment_by_name(name)
+    if existing is not None:
+        return existing.experiment_id
+    location = None
+    if uri.startswith("sqlite:///"):
+        location = (Path(uri.removeprefix("sqlite:///")).resolve().parent / "mlartifacts").as_uri()
+    return client.create_experiment(name, artifact_location=location)
+
+
+def registered_name(model: str, gpu_type: str) -> str:
+    return f"hetplan.{model}.{gpu_type}"
+
+
+def log_fit_job(report: FitReport, uri: str | None = None, run_name: str | None = None,
+                params: dict[str, str] | None = None) -> JobLog:
+    """Log `report` to MLflow and register each fitted pair; return what was registered or promoted."""
+    uri = tracking_uri(uri)
+    mlflow.set_tracking_uri(uri)
+    experiment = mlflow.set_experiment(experiment_id=experiment_id(uri, EXPERIMENT))
+    client = MlflowClient()
+    with mlflow.start_run(run_name=run_name or "fit") as parent:
+        log = JobLog(parent.info.run_id, experiment.experiment_id)
+        mlflow.log_params({"pairs_fitted": len(report.fits), "pairs_transferred": len(report.transfers),
+                           "pairs_skipped": len(report.skipped), **(params or {})})
+        mlflow.set_tag("hetplan.kind", "fitting-job")
+        _log_table(report.curves, "curves.parquet")
+        if report.skipped:
+            mlflow.log_text("\n".join(str(s) for s in report.skipped) + "\n", "skipped.txt")
+        for model in sorted(report.curves["model"].unique()):
+            _log_figure(plot_model(report.curves, model), f"models/{model}.png")
+        for fit in report.fits:
+            log.registrations.append(_log_fit(client, report, fit))
+        for transfer in report.transfers:
+            _log_transfer(report, transfer)
+    return log
+
+
+def _surface(report: FitReport, model: str, gpu: str) -> pd.DataFrame:
+    return report.curves[(report.curves["model"] == model) & (report.curves["gpu_type"] == gpu)]
+
+
+def _log_fit(client: MlflowClient, report: FitReport, fit: PairFit) -> Registration:
+    knee = report.knees[(fit.model, fit.gpu_type)]
+    name = registered_name(fit.model, fit.gpu_type)
+    with mlflow.start_run(run_name=f"{fit.model} on {fit.gpu_type}", nested=True):
+        mlflow.set_tags({"model": fit.model, "gpu_type": fit.gpu_type, "method": "fit", "source": fit.source})
+        mlflow.log_params({"model": fit.model, "gpu_type": fit.gpu_type, "estimator": fit.estimator_name,
+                           "candidates": ",".join(fit.candidates), "n_points": fit.n_points,
+                           "n_outliers": fit.n_outliers, "source": fit.source})
+        metrics = {"cv_mape": fit.cv_mape, "cv_r2": fit.cv_r2, "noise": fit.noise, "plateau": knee.plateau,
+                   "knee_cpus": knee.cpus, "knee_mem_gb": knee.mem_gb, "collapse_mem_gb": knee.collapse_mem_gb}
+        metrics |= {f"cv_mape_{c.replace('-', '_')}": score.mape for c, score in fit.candidates.items()}
+        mlflow.log_metrics(metrics)
+        surface = _surface(report, fit.model, fit.gpu_type)
+        title = f"{fit.model} on {fit.gpu_type} ({fit.estimator_name}, CV MAPE {fit.cv_mape:.1%})"
+        _log_figure(plot_pair(surface, knee, title, fit.points, fit.throughput_unit), "curve.png")
+        example = surface[list(FEATURES)].head(5).reset_index(drop=True)
+        info = mlflow.sklearn.log_model(
+            fit.estimator, name="model", input_example=example, pip_requirements=PIP_REQUIREMENTS,
+            skops_trusted_types=trusted_types(fit.estimator),
+            signature=infer_signature(example, fit.estimator.predict(example)), registered_model_name=name,
+        )
+    version = str(info.registered_model_version)
+    return _promote(client, name, version, fit.cv_mape)
+
+
+def trusted_types(estimator: object) -> list[str]:
+    """The types skops must be told to trust to load `estimator`: ours and scikit-learn's, nothing else."""
+    untrusted = skops.io.get_untrusted_types(data=skops.io.dumps(estimator))
+    foreign = [t for t in untrusted if not t.startswith(TRUSTED_PREFIXES)]
+    if foreign:
+        raise ValueError(f"refusing to trust types outside hetplan and scikit-learn: {foreign}")
+    return untrusted
+
+
+def _promote(client: MlflowClient, name: str, version: str, cv_mape: float) -> Registration:
+    """Move `champion` to `version` unless the current champion's CV error is lower; else tag a challenger."""
+    try:
+        champion = client.get_model_version_by_alias(name, CHAMPION)
+    except MlflowException:
+        champion = None
+    champion_mape = None
+    if champion is not None:
+        champion_mape = client.get_run(champion.run_id).data.metrics.get("cv_mape")
+    promoted = champion is None or champion_mape is None or cv_mape <= champion_mape
+    client.set_model_version_tag(name, version, "cv_mape", f"{cv_mape:.6g}")
+    if promoted:
+        client.set_registered_model_alias(name, CHAMPION, version)
+        client.set_model_version_tag(name, version, "hetplan.status", CHAMPION)
+    else:
+        client.set_model_version_tag(name, version, "hetplan.status", "challenger")
+        logger.info("%s v%s (CV MAPE %.4f) stays challenger: champion v%s has %.4f",
+                    name, version, cv_mape, champion.version, champion_mape)
+    return Registration(name, version, cv_mape, promoted, str(champion.version) if champion else None)
+
+
+def _log_transfer(report: FitReport, transfer) -> None:
+    knee = report.knees[(transfer.model, transfer.gpu_type)]
+    with mlflow.start_run(run_name=f"{transfer.model} on {transfer.gpu_type} (transferred)", nested=True):
+        mlflow.set_tags({"model": transfer.model, "gpu_type": transfer.gpu_type, "method": "transferred",
+                         "source": f"transferred:{transfer.anchor_gpu}", "note": transfer.note})
+        mlflow.log_params({"model": transfer.model, "gpu_type": transfer.gpu_type,
+                           "anchor_gpu": transfer.anchor_gpu, "n_points": transfer.n_points})
+        mlflow.log_metrics({"uncertainty": transfer.uncertainty, "plateau": knee.plateau,
+                            "knee_cpus": knee.cpus, "knee_mem_gb": knee.mem_gb})
+        title = f"{transfer.model} on {transfer.gpu_type} (TRANSFERRED from {transfer.anchor_gpu})"
+        _log_figure(plot_pair(transfer.surface, knee, title), "curve.png")
+
+
+def _log_figure(figure, path: str) -> None:
+    mlflow.log_figure(figure, path)
+    plt.close(figure)
+
+
+def _log_table(frame: pd.DataFrame, filename: str) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / filename
+        frame.to_parquet(path, index=False)
+        mlflow.log_artifact(str(path))
