@@ -1,0 +1,30 @@
+"""The online allocator: hint-driven placement of GPU jobs with the cores and RAM their class needs.
+
+Layers, each usable alone:
+- `spec` / `cluster`: nodes, jobs, decisions; `Cluster`, the one place capacity is checked and taken.
+- `policies`: `hint`, `proportional`, `first-fit` behind one `Policy` protocol (`get_policy(name)`).
+- `core.Allocator`: the mechanism (policy decides, cluster applies; idempotent per job id; thread-safe).
+  The simulator drives this directly.
+- `durable.DurableAllocator`: the same surface, every change committed to SQLite (WAL) first.
+- `sources`: hints fixed, or followed from a `HintStore`'s LATEST (hot reload, atomic swap).
+- `service` (FastAPI, `hetplan serve`) and `extender` (Kubernetes scheduler extender) are the edges.
+"""
+
+from __future__ import annotations
+
+from hetplan.allocator.cluster import Cluster, ClusterView, Fit, Free, OvercommitError, StateError
+from hetplan.allocator.core import Allocator, NodeChanges
+from hetplan.allocator.durable import DurableAllocator
+from hetplan.allocator.policies import (
+    POLICIES, FirstFitPolicy, HintPolicy, Policy, ProportionalPolicy, get_policy, register_policy,
+)
+from hetplan.allocator.sources import HintSource, StaticHints, StoreHints
+from hetplan.allocator.spec import Allocation, Decision, Job, Node, Reason, Rejection, Shape, Share
+
+__all__ = [
+    "POLICIES",
+    "Allocation", "Allocator", "Cluster", "ClusterView", "Decision", "DurableAllocator", "FirstFitPolicy", "Fit",
+    "Free", "HintPolicy", "HintSource", "Job", "Node", "NodeChanges", "OvercommitError", "Policy",
+    "ProportionalPolicy", "Reason", "Rejection", "Shape", "Share", "StateError", "StaticHints", "StoreHints",
+    "get_policy", "register_policy",
+]

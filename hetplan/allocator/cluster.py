@@ -1,0 +1,417 @@
+"""Cluster state: nodes, their free capacity, running allocations, and the indexes that keep 10k nodes fast.
+
+`Cluster.apply` is the one place capacity is checked and taken; `Cluster.release` the one place it is given
+back. Policies only read, through the `ClusterView` protocol, so a decision is a pure function of the state.
+
+Index: nodes are grouped by `Shape` (GPU type, GPUs, cores, RAM when empty); inside a shape, by the number of
+free GPUs; inside that, a list sorted by (free cores, free RAM, arrival order). Finding the best fit for a
+request is then a bisection per (shape, free-GPU count), whatever the number of nodes.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left, insort
+from collections import Counter
+from collections.abc import Callable, Collection, Iterable, Iterator
+from dataclasses import dataclass
+from typing import Protocol
+
+from hetplan.allocator.spec import Allocation, Node, Shape
+
+Need = Callable[[Shape], tuple[int, int]]
+"""Cores (millicores) and RAM (MB) a job needs on a node of a given shape."""
+GpuTypes = str | Collection[str] | None
+"""Where to search: one GPU type, several, or None for all."""
+
+
+class StateError(ValueError):
+    """A change the cluster refuses: unknown node, shrinking below what is in use, removing a busy node."""
+
+
+class OvercommitError(StateError):
+    """An allocation that does not fit the node's free capacity (or names an unknown node or a known job)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Free:
+    """Free capacity of a node."""
+
+    gpus: int
+    cpu_m: int
+    mem_mb: int
+
+
+@dataclass(frozen=True, slots=True)
+class Fit:
+    """A node found for a request, and the cores/RAM it can give."""
+
+    node: str
+    gpu_type: str
+    cpu_m: int
+    mem_mb: int
+
+
+class ClusterView(Protocol):
+    """What a policy may read. All queries are side-effect free."""
+
+    def max_gpus(self) -> int: ...
+    def gpu_types(self) -> list[str]: ...
+    def __len__(self) -> int: ...
+    def best_fit(self, gpu_type: GpuTypes, gpus: int, need: Need) -> Fit | None: ...
+    def largest_share(self, gpu_type: GpuTypes, gpus: int, want: Need, floor: Need) -> Fit | None: ...
+    def first_fit(self, gpus: int, need: Need) -> Fit | None: ...
+
+
+class _NodeState:
+    __slots__ = ("node", "shape", "ordinal", "free_gpus", "free_cpu", "free_mem", "jobs")
+
+    def __init__(self, node: Node, ordinal: int) -> None:
+        self.node = node
+        self.shape = node.shape
+        self.ordinal = ordinal
+        self.free_gpus = self.shape.gpus
+        self.free_cpu = self.shape.cpu_m
+        self.free_mem = self.shape.mem_mb
+        self.jobs: set[str] = set()
+
+    def key(self) -> tuple[int, int, int, str]:
+        return (self.free_cpu, self.free_mem, self.ordinal, self.node.name)
+
+
+class Cluster:
+    """Nodes and allocations; never overcommits a node's GPUs, cores or RAM."""
+
+    def __init__(self, nodes: Iterable[Node] = ()) -> None:
+        self._states: dict[str, _NodeState] = {}
+        self._allocations: dict[str, Allocation] = {}
+        # shape -> [bucket per free-GPU count 0..shape.gpus], each sorted by (free_cpu, free_mem, ordinal, name)
+        self._index: dict[Shape, list[list[tuple[int, int, int, str]]]] = {}
+        self._shapes_by_type: dict[str, list[Shape]] = {}
+        self._node_gpus: Counter[int] = Counter()
+        self._next_ordinal = 0
+        for node in nodes:
+            self.add_node(node)
+
+    # ------------------------------------------------------------------ reading
+
+    def __len__(self) -> int:
+        return len(self._states)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._states
+
+    def node(self, name: str) -> Node:
+        try:
+            return self._states[name].node
+        except KeyError:
+            raise StateError(f"unknown node {name!r}") from None
+
+    def nodes(self) -> list[Node]:
+        """Nodes in the order they joined."""
+        return [s.node for s in self._states.values()]
+
+    def free(self, name: str) -> Free:
+        state = self._states.get(name)
+        if state is None:
+            raise StateError(f"unknown node {name!r}")
+        return Free(state.free_gpus, state.free_cpu, state.free_mem)
+
+    def jobs_on(self, name: str) -> list[str]:
+        state = self._states.get(name)
+        return sorted(state.jobs) if state is not None else []
+
+    def allocation(self, job_id: str) -> Allocation | None:
+        return self._allocations.get(job_id)
+
+    def allocations(self) -> list[Allocation]:
+        return list(self._allocations.values())
+
+    def max_gpus(self) -> int:
+        return max(self._node_gpus) if self._node_gpus else 0
+
+    def gpu_types(self) -> list[str]:
+        return sorted(self._shapes_by_type)
+
+    def totals(self) -> dict[str, int]:
+        """Capacity and free capacity summed over all nodes (GPUs, millicores, MB)."""
+        out = {"gpus": 0, "cpu_m": 0, "mem_mb": 0, "free_gpus": 0, "free_cpu_m": 0, "free_mem_mb": 0}
+        for s in self._states.values():
+            out["gpus"] += s.shape.gpus
+            out["cpu_m"] += s.shape.cpu_m
+            out["mem_mb"] += s.shape.mem_mb
+            out["free_gpus"] += s.free_gpus
+            out["free_cpu_m"] += s.free_cpu
+            out["free_mem_mb"] += s.free_mem
+        return out
+
+    def snapshot(self) -> dict:
+        """Everything that defines the state, comparable with `==` (node order, free capacity, allocations)."""
+        return {
+            "nodes": [(s.node.to_dict(), (s.free_gpus, s.free_cpu, s.free_mem)) for s in self._states.values()],
+            "allocations": {job: a.to_dict() for job, a in sorted(self._allocations.items())},
+        }
+
+    def check(self) -> list[str]:
+        """Invariant violations (empty when sound): free = capacity - allocated >= 0, and the indexes agree."""
+        problems: list[str] = []
+        used: dict[str, list[int]] = {name: [0, 0, 0] for name in self._states}
+        for job, a in self._allocations.items():
+            if a.node not in used:
+                problems.append(f"{job} is on unknown node {a.node}")
+                continue
+            u = used[a.node]
+            u[0] += a.gpus
+            u[1] += a.cpu_m
+            u[2] += a.mem_mb
+            if job not in self._states[a.node].jobs:
+                problems.append(f"{job} missing from node {a.node}'s job set")
+        for name, s in self._states.items():
+            g, c, m = used[name]
+            if g > s.shape.gpus or c > s.shape.cpu_m or m > s.shape.mem_mb:
+                problems.append(f"{name} overcommitted: used {g} GPUs, {c}m cores, {m} MB of {s.shape}")
+            if (s.free_gpus, s.free_cpu, s.free_mem) != (s.shape.gpus - g, s.shape.cpu_m - c, s.shape.mem_mb - m):
+                problems.append(f"{name} free capacity out of step with its allocations")
+            buckets = self._index.get(s.shape, [])
+            bucket = buckets[s.free_gpus] if s.free_gpus < len(buckets) else []
+            i = bisect_left(bucket, s.key())
+            if i >= len(bucket) or bucket[i] != s.key():
+                problems.append(f"{name} missing from the index")
+        indexed = sum(len(b) for buckets in self._index.values() for b in buckets)
+        if indexed != len(self._states):
+            problems.append(f"index holds {indexed} entries for {len(self._states)} nodes")
+        for buckets in self._index.values():
+            for b in buckets:
+                if any(b[i] > b[i + 1] for i in range(len(b) - 1)):
+                    problems.append("an index bucket is out of order")
+        return problems
+
+    # ------------------------------------------------------------------ queries for policies
+
+    def _shapes(self, gpu_type: GpuTypes) -> Iterable[Shape]:
+        if gpu_type is None:
+            return self._index.keys()
+        if isinstance(gpu_type, str):
+            return self._shapes_by_type.get(gpu_type, ())
+        return [shape for t in gpu_type for shape in self._shapes_by_type.get(t, ())]
+
+    def best_fit(self, gpu_type: GpuTypes, gpus: int, need: Need) -> Fit | None:
+        """The node with the fewest free GPUs >= `gpus`, then the fewest free cores, then RAM, that has `need`.
+
+        `gpu_type`: one type, several, or None for every type. Ties go to the node that joined first.
+        """
+        best: tuple[int, int, int, int, str] | None = None
+        best_shape: Shape | None = None
+        best_need = (0, 0)
+        for shape in self._shapes(gpu_type):
+            if shape.gpus < gpus:
+                continue
+            cpu, mem = need(shape)
+            if cpu > shape.cpu_m or mem > shape.mem_mb:
+                continue
+            buckets = self._index[shape]
+            for k in range(gpus, shape.gpus + 1):
+                if best is not None and k > best[0]:
+                    break
+                bucket = buckets[k]
+                if not bucket:
+                    continue
+                j = bisect_left(bucket, (cpu, mem))
+                n = len(bucket)
+                while j < n:
+                    free_cpu, free_mem, ordinal, name = bucket[j]
+                    if free_mem >= mem:
+                        candidate = (k, free_cpu - cpu, free_mem - mem, ordinal, name)
+                        if best is None or candidate < best:
+                            best, best_shape, best_need = candidate, shape, (cpu, mem)
+                        break
+                    j = bisect_left(bucket, (free_cpu, mem), j + 1)  # skip the rest with these cores, too little RAM
+                else:
+                    continue
+                break  # a fit at k: more free GPUs on this shape can only fit worse
+        if best is None or best_shape is None:
+            return None
+        return Fit(best[4], best_shape.gpu_type, best_need[0], best_need[1])
+
+    def largest_share(self, gpu_type: GpuTypes, gpus: int, want: Need, floor: Need) -> Fit | None:
+        """A node with `gpus` free GPUs and at least min(floor, want) cores and RAM free, for a reduced share.
+
+        Picks the node with the most free cores (then RAM; then fewest free GPUs, then the earlier node) and
+        gives min(want, free) of each: the largest share that any node can give, down to the floor.
+        """
+        best: tuple[int, int, int, int] | None = None  # (-free_cpu, -free_mem, k, ordinal)
+        best_fit: Fit | None = None
+        for shape in self._shapes(gpu_type):
+            if shape.gpus < gpus:
+                continue
+            want_cpu, want_mem = want(shape)
+            floor_cpu, floor_mem = floor(shape)
+            floor_cpu, floor_mem = min(floor_cpu, want_cpu), min(floor_mem, want_mem)
+            buckets = self._index[shape]
+            for k in range(gpus, shape.gpus + 1):
+                bucket = buckets[k]
+                j = len(bucket) - 1
+                while j >= 0:  # from the most free cores down; the first that meets the floor is this bucket's best
+                    free_cpu, free_mem, ordinal, name = bucket[j]
+                    if free_cpu < floor_cpu:
+                        break
+                    if free_mem >= floor_mem:
+                        # the earliest node among those with exactly these free cores and RAM
+                        free_cpu, free_mem, ordinal, name = bucket[bisect_left(bucket, (free_cpu, free_mem), 0, j)]
+                        candidate = (-free_cpu, -free_mem, k, ordinal)
+                        if best is None or candidate < best:
+                            best = candidate
+                            best_fit = Fit(name, shape.gpu_type, min(want_cpu, free_cpu), min(want_mem, free_mem))
+                        break
+                    j = bisect_left(bucket, (free_cpu,), 0, j) - 1  # the rest with these cores have less RAM
+        return best_fit
+
+    def first_fit(self, gpus: int, need: Need) -> Fit | None:
+        """The first node (in joining order) with `gpus` free GPUs and `need` free."""
+        for state in self._states.values():
+            if state.free_gpus < gpus:
+                continue
+            cpu, mem = need(state.shape)
+            if state.free_cpu >= cpu and state.free_mem >= mem:
+                return Fit(state.node.name, state.shape.gpu_type, cpu, mem)
+        return None
+
+    # ------------------------------------------------------------------ changes
+
+    def add_node(self, node: Node) -> None:
+        """Add a new node (empty). `StateError` if the name is taken."""
+        if node.name in self._states:
+            raise StateError(f"node {node.name!r} already exists")
+        state = _NodeState(node, self._next_ordinal)
+        self._next_ordinal += 1
+        self._states[node.name] = state
+        self._node_gpus[state.shape.gpus] += 1
+        self._insert(state)
+
+    def check_update(self, node: Node) -> None:
+        """Raise `StateError` if `update_node(node)` would be refused; change nothing."""
+        state = self._states.get(node.name)
+        if state is None:
+            raise StateError(f"unknown node {node.name!r}")
+        if not state.jobs:
+            return
+        shape, old = node.shape, state.shape
+        if shape.gpu_type != old.gpu_type:
+            raise StateError(f"node {node.name!r} runs {len(state.jobs)} allocations on {old.gpu_type}; "
+                             f"cannot change its GPU type to {shape.gpu_type}")
+        used = (old.gpus - state.free_gpus, old.cpu_m - state.free_cpu, old.mem_mb - state.free_mem)
+        if used[0] > shape.gpus or used[1] > shape.cpu_m or used[2] > shape.mem_mb:
+            raise StateError(f"node {node.name!r} has {used[0]} GPUs, {used[1] / 1000:g} cores and "
+                             f"{used[2] / 1000:g} GB in use; cannot shrink to {shape.gpus} GPUs, "
+                             f"{shape.cpu_m / 1000:g} cores, {shape.mem_mb / 1000:g} GB")
+
+    def update_node(self, node: Node) -> None:
+        """Replace a node's description (capacity, labels), keeping its allocations and its place in the order."""
+        self.check_update(node)
+        state = self._states[node.name]
+        old = state.shape
+        used = (old.gpus - state.free_gpus, old.cpu_m - state.free_cpu, old.mem_mb - state.free_mem)
+        self._remove_from_index(state, leaving=True)
+        self._node_gpus[old.gpus] -= 1
+        if not self._node_gpus[old.gpus]:
+            del self._node_gpus[old.gpus]
+        state.node = node
+        state.shape = node.shape
+        state.free_gpus = state.shape.gpus - used[0]
+        state.free_cpu = state.shape.cpu_m - used[1]
+        state.free_mem = state.shape.mem_mb - used[2]
+        self._node_gpus[state.shape.gpus] += 1
+        self._insert(state)
+
+    def upsert_node(self, node: Node) -> None:
+        if node.name in self._states:
+            self.update_node(node)
+        else:
+            self.add_node(node)
+
+    def check_remove(self, name: str, force: bool = False) -> None:
+        state = self._states.get(name)
+        if state is None:
+            raise StateError(f"unknown node {name!r}")
+        if state.jobs and not force:
+            raise StateError(f"node {name!r} runs {len(state.jobs)} allocations; release them first or force")
+
+    def remove_node(self, name: str, force: bool = False) -> list[Allocation]:
+        """Remove a node; with `force`, release (and return) its allocations, else refuse if it has any."""
+        self.check_remove(name, force)
+        evicted = [self.release(job) for job in sorted(self._states[name].jobs)]
+        state = self._states.pop(name)
+        self._remove_from_index(state, leaving=True)
+        self._node_gpus[state.shape.gpus] -= 1
+        if not self._node_gpus[state.shape.gpus]:
+            del self._node_gpus[state.shape.gpus]
+        return [a for a in evicted if a is not None]
+
+    def apply(self, allocation: Allocation) -> None:
+        """Take the allocation's GPUs, cores and RAM on its node. The only place capacity is taken.
+
+        `OvercommitError` (and nothing changes) if the node is unknown, its GPU type differs, the job id is
+        already allocated, or any resource would go below zero.
+        """
+        a = allocation
+        state = self._states.get(a.node)
+        if state is None:
+            raise OvercommitError(f"{a.job_id}: unknown node {a.node!r}")
+        if a.job_id in self._allocations:
+            raise OvercommitError(f"{a.job_id}: already allocated on {self._allocations[a.job_id].node}")
+        if a.gpu_type != state.shape.gpu_type:
+            raise OvercommitError(f"{a.job_id}: node {a.node} has {state.shape.gpu_type}, not {a.gpu_type}")
+        if a.gpus < 1 or a.cpu_m < 0 or a.mem_mb < 0:
+            raise OvercommitError(f"{a.job_id}: needs at least one GPU and non-negative cores and RAM")
+        if a.gpus > state.free_gpus or a.cpu_m > state.free_cpu or a.mem_mb > state.free_mem:
+            raise OvercommitError(
+                f"{a.job_id}: node {a.node} has {state.free_gpus} GPUs, {state.free_cpu}m cores, {state.free_mem} MB "
+                f"free; asked {a.gpus} GPUs, {a.cpu_m}m cores, {a.mem_mb} MB")
+        self._remove_from_index(state)
+        state.free_gpus -= a.gpus
+        state.free_cpu -= a.cpu_m
+        state.free_mem -= a.mem_mb
+        state.jobs.add(a.job_id)
+        self._allocations[a.job_id] = a
+        self._insert(state)
+
+    def release(self, job_id: str) -> Allocation | None:
+        """Give back a job's resources; return its allocation, or None if the job holds none."""
+        a = self._allocations.pop(job_id, None)
+        if a is None:
+            return None
+        state = self._states[a.node]
+        self._remove_from_index(state)
+        state.free_gpus += a.gpus
+        state.free_cpu += a.cpu_m
+        state.free_mem += a.mem_mb
+        state.jobs.discard(job_id)
+        self._insert(state)
+        return a
+
+    # ------------------------------------------------------------------ index upkeep
+
+    def _insert(self, state: _NodeState) -> None:
+        buckets = self._index.get(state.shape)
+        if buckets is None:
+            buckets = self._index[state.shape] = [[] for _ in range(state.shape.gpus + 1)]
+            self._shapes_by_type.setdefault(state.shape.gpu_type, []).append(state.shape)
+        insort(buckets[state.free_gpus], state.key())
+
+    def _remove_from_index(self, state: _NodeState, leaving: bool = False) -> None:
+        """Take a node's entry out of its bucket; `leaving`: the node leaves its shape (drop the shape if empty)."""
+        buckets = self._index[state.shape]
+        bucket = buckets[state.free_gpus]
+        key = state.key()
+        i = bisect_left(bucket, key)
+        if i >= len(bucket) or bucket[i] != key:
+            raise AssertionError(f"index lost node {state.node.name}")  # a bug, never an input error
+        del bucket[i]
+        if leaving and not any(buckets):
+            del self._index[state.shape]
+            shapes = self._shapes_by_type[state.shape.gpu_type]
+            shapes.remove(state.shape)
+            if not shapes:
+                del self._shapes_by_type[state.shape.gpu_type]
+
+    def __iter__(self) -> Iterator[Node]:
+        return iter(self.nodes())

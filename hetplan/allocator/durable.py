@@ -1,0 +1,178 @@
+"""Durability: the allocator's nodes and allocations in SQLite (WAL), so a restart or a crash loses nothing.
+
+Write-ahead order: a decision is made in memory (pure), committed to the database, and only then applied in
+memory and returned. A crash before the commit loses a decision nobody was told about; a crash after it
+loses nothing, and the restart re-applies every committed allocation through `Cluster.apply`, so a database
+that would overcommit a node is refused at start-up rather than served. `synchronous=FULL` (the default)
+makes each commit survive power loss, not only a process crash.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sqlite3
+import time
+from pathlib import Path
+
+from hetplan.allocator.cluster import Cluster, StateError
+from hetplan.allocator.core import Allocator, NodeChanges
+from hetplan.allocator.policies import Policy
+from hetplan.allocator.sources import HintSource
+from hetplan.allocator.spec import Allocation, Decision, Job, Node
+from hetplan.hints import HintSet
+
+log = logging.getLogger(__name__)
+
+SCHEMA_VERSION = "1"
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS nodes (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT,
+    name TEXT NOT NULL UNIQUE,
+    gpu_type TEXT NOT NULL,
+    gpus INTEGER NOT NULL,
+    cpus REAL NOT NULL,
+    mem_gb REAL NOT NULL,
+    labels TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS allocations (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT,
+    job_id TEXT NOT NULL UNIQUE,
+    model TEXT NOT NULL,
+    node TEXT NOT NULL,
+    gpu_type TEXT NOT NULL,
+    gpus INTEGER NOT NULL,
+    cpu_m INTEGER NOT NULL,
+    mem_mb INTEGER NOT NULL,
+    hint_version TEXT,
+    policy TEXT NOT NULL,
+    share TEXT NOT NULL,
+    rank INTEGER,
+    created_at REAL NOT NULL
+);
+"""
+
+
+class DurableAllocator:
+    """An `Allocator` whose every change is committed to SQLite before it is applied and returned."""
+
+    def __init__(self, path: str | os.PathLike[str], policy: Policy | str = "hint",
+                 hints: HintSet | HintSource | None = None, synchronous: str = "FULL") -> None:
+        if synchronous.upper() not in ("FULL", "NORMAL", "EXTRA"):
+            raise ValueError(f"synchronous must be FULL, NORMAL or EXTRA, got {synchronous!r}")
+        self.path = Path(path)
+        self.synchronous = synchronous.upper()
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute(f"PRAGMA synchronous={synchronous.upper()}")
+        self._db.execute("PRAGMA busy_timeout=5000")
+        self._db.executescript(_SCHEMA)
+        found = self._db.execute("SELECT value FROM meta WHERE key='schema'").fetchone()
+        if found is None:
+            self._db.execute("INSERT INTO meta VALUES ('schema', ?)", (SCHEMA_VERSION,))
+        elif found[0] != SCHEMA_VERSION:
+            raise StateError(f"{self.path}: allocator database schema {found[0]}, this hetplan reads {SCHEMA_VERSION}")
+        self.core = Allocator(Cluster(), policy, hints)
+        self._restore()
+
+    # the same surface as Allocator
+    @property
+    def cluster(self) -> Cluster:
+        return self.core.cluster
+
+    @property
+    def lock(self):  # noqa: ANN201 - threading.RLock has no public type
+        return self.core.lock
+
+    @property
+    def policy(self) -> Policy:
+        return self.core.policy
+
+    @property
+    def hints(self) -> HintSet:
+        return self.core.hints
+
+    @property
+    def hint_source(self) -> HintSource:
+        return self.core.hint_source
+
+    def reload_hints(self) -> HintSet:
+        return self.core.reload_hints()
+
+    def _restore(self) -> None:
+        cluster = self.core.cluster
+        for name, gpu_type, gpus, cpus, mem_gb, labels in self._db.execute(
+                "SELECT name, gpu_type, gpus, cpus, mem_gb, labels FROM nodes ORDER BY seq"):
+            cluster.add_node(Node(name, gpu_type, int(gpus), cpus, mem_gb, json.loads(labels)))
+        rows = self._db.execute("SELECT job_id, model, node, gpu_type, gpus, cpu_m, mem_mb, hint_version, policy, "
+                                "share, rank FROM allocations ORDER BY seq").fetchall()
+        for row in rows:
+            cluster.apply(Allocation(*row))  # refuses (OvercommitError) a database that would overcommit
+        log.info("restored %d nodes and %d allocations from %s", len(cluster), len(rows), self.path)
+
+    def allocate(self, job: Job) -> Decision:
+        with self.core.lock:
+            decision = self.core.decide(job)
+            if isinstance(decision, Allocation) and self.core.cluster.allocation(job.job_id) is None:
+                a = decision
+                self._write([("INSERT INTO allocations (job_id, model, node, gpu_type, gpus, cpu_m, mem_mb, "
+                              "hint_version, policy, share, rank, created_at) VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
+                              (a.job_id, a.model, a.node, a.gpu_type, a.gpus, a.cpu_m, a.mem_mb, a.hint_version,
+                               a.policy, a.share, a.rank, time.time()))])
+                self.core.cluster.apply(a)
+            return decision
+
+    def release(self, job_id: str) -> Allocation | None:
+        with self.core.lock:
+            if self.core.cluster.allocation(job_id) is None:
+                return None
+            self._write([("DELETE FROM allocations WHERE job_id = ?", (job_id,))])
+            return self.core.cluster.release(job_id)
+
+    def change_nodes(self, changes: NodeChanges) -> list[Allocation]:
+        with self.core.lock:
+            self.core.check_node_changes(changes)
+            statements: list[tuple[str, tuple]] = []
+            for name in changes.remove:
+                statements.append(("DELETE FROM allocations WHERE node = ?", (name,)))
+                statements.append(("DELETE FROM nodes WHERE name = ?", (name,)))
+            for n in changes.upsert:
+                statements.append((
+                    "INSERT INTO nodes (name, gpu_type, gpus, cpus, mem_gb, labels) VALUES (?,?,?,?,?,?) "
+                    "ON CONFLICT(name) DO UPDATE SET gpu_type=excluded.gpu_type, gpus=excluded.gpus, "
+                    "cpus=excluded.cpus, mem_gb=excluded.mem_gb, labels=excluded.labels",
+                    (n.name, n.gpu_type, n.gpus, float(n.cpus), float(n.mem_gb),
+                     json.dumps(dict(n.labels), sort_keys=True))))
+            self._write(statements)
+            return self.core.change_nodes(changes)  # checked above: cannot fail
+
+    def upsert_node(self, node: Node) -> None:
+        self.change_nodes(NodeChanges(upsert=[node]))
+
+    def remove_node(self, name: str, force: bool = False) -> list[Allocation]:
+        return self.change_nodes(NodeChanges(remove=[name], force=force))
+
+    def _write(self, statements: list[tuple[str, tuple]]) -> None:
+        """Run statements in one transaction; on any error roll back and re-raise (memory is untouched)."""
+        db = self._db
+        db.execute("BEGIN IMMEDIATE")
+        try:
+            for sql, params in statements:
+                db.execute(sql, params)
+            db.execute("COMMIT")
+        except BaseException:
+            db.execute("ROLLBACK")
+            raise
+
+    def close(self) -> None:
+        with self.core.lock:
+            self._db.close()
+
+    def __enter__(self) -> DurableAllocator:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

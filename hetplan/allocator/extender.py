@@ -1,0 +1,321 @@
+"""Kubernetes scheduler extender: `filter` and `prioritize` from the hint table.
+
+Wire format (kube-scheduler `k8s.io/kube-scheduler/extender/v1`): the scheduler POSTs `ExtenderArgs`
+(`{"Pod": v1.Pod, "Nodes": v1.NodeList}`, or `{"Pod": ..., "NodeNames": [...]}` when the extender is
+`nodeCacheCapable`); filter answers `ExtenderFilterResult` (`Nodes` or `NodeNames`, `FailedNodes`,
+`FailedAndUnresolvableNodes`, `Error`), prioritize a `HostPriorityList` (`[{"Host": ..., "Score": 0..10}]`).
+The top-level keys are the Go field names (no JSON tags upstream); the Pod and Node objects inside use the
+ordinary Kubernetes JSON.
+
+Conventions (see docs/kubernetes.md):
+- job class = (model, GPUs). The model comes from the pod label `hetplan.io/model`, else the pod annotation
+  `hetplan.io/model`; GPUs from the containers' `nvidia.com/gpu` requests (limits when no request), summed
+  over containers, the larger of that and any single init container.
+- GPU type of a node: label `nvidia.com/gpu.product` (set by NVIDIA GPU feature discovery), mapped to
+  hetplan's canonical names by `normalize_gpu`, with `nvidia.com/gpu.memory` (MiB) telling the 40/80 GB
+  A100 and the 16/32 GB V100 apart; GPUs, cores and RAM from the node's `status.allocatable`.
+- With `Nodes` the extender knows capacities only (the scheduler's own fit plugins check what is in use);
+  with `NodeNames` it answers from the allocator's node state (`/v1/nodes`, allocations made through
+  `/v1/allocate`), so it also checks free GPUs and the free cores/RAM for the class's minimum share.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from decimal import Decimal, InvalidOperation
+from typing import Any
+
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from hetplan.allocator.cluster import Free
+from hetplan.allocator.policies import hinted_need
+from hetplan.allocator.spec import Shape
+from hetplan.gpus import UnknownGpuError, normalize_gpu
+from hetplan.hints.index import HintEntry, HintSet
+
+GPU_RESOURCE = "nvidia.com/gpu"
+GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
+GPU_MEMORY_LABEL = "nvidia.com/gpu.memory"
+MODEL_KEY = "hetplan.io/model"
+MAX_SCORE = 10  # extenderv1.MaxExtenderPriority
+
+# ------------------------------------------------------------------ quantities
+
+_QUANTITY = re.compile(r"^([+-]?(?:\d+\.?\d*|\.\d+))(?:([eE][+-]?\d+)|(Ki|Mi|Gi|Ti|Pi|Ei|n|u|m|k|M|G|T|P|E))?$")
+_SUFFIX = {
+    "n": Decimal("1e-9"), "u": Decimal("1e-6"), "m": Decimal("1e-3"), "k": Decimal(10) ** 3,
+    "M": Decimal(10) ** 6, "G": Decimal(10) ** 9, "T": Decimal(10) ** 12, "P": Decimal(10) ** 15,
+    "E": Decimal(10) ** 18, "Ki": Decimal(2) ** 10, "Mi": Decimal(2) ** 20, "Gi": Decimal(2) ** 30,
+    "Ti": Decimal(2) ** 40, "Pi": Decimal(2) ** 50, "Ei": Decimal(2) ** 60,
+}
+
+
+def parse_quantity(value: str | int | float) -> Decimal:
+    """A Kubernetes `resource.Quantity` ("500m", "64", "263843236Ki", "1.5Gi", "1e3") as a Decimal."""
+    if isinstance(value, bool):
+        raise ValueError(f"not a quantity: {value!r}")
+    if isinstance(value, (int, float)):
+        if not math.isfinite(value):
+            raise ValueError(f"not a quantity: {value!r}")
+        return Decimal(str(value))
+    match = _QUANTITY.match(str(value).strip())
+    if match is None:
+        raise ValueError(f"not a quantity: {value!r}")
+    number, exponent, suffix = match.groups()
+    try:
+        amount = Decimal(number)
+        if exponent:
+            return amount * Decimal(10) ** int(exponent[1:])
+    except (InvalidOperation, ValueError) as exc:
+        raise ValueError(f"not a quantity: {value!r}") from exc
+    return amount * _SUFFIX[suffix] if suffix else amount
+
+
+def _whole(value: str | int | float, what: str) -> int:
+    amount = parse_quantity(value)
+    if amount < 0 or amount != amount.to_integral_value():
+        raise ValueError(f"{what} must be a whole number >= 0, got {value!r}")
+    return int(amount)
+
+
+# ------------------------------------------------------------------ the Kubernetes objects we read
+
+Quantity = str | int | float
+
+
+class ObjectMeta(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    name: str = ""
+    namespace: str = "default"
+    uid: str = ""
+    labels: dict[str, str] = Field(default_factory=dict)
+    annotations: dict[str, str] = Field(default_factory=dict)
+
+
+class ResourceRequirements(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    requests: dict[str, Quantity] = Field(default_factory=dict)
+    limits: dict[str, Quantity] = Field(default_factory=dict)
+
+
+class Container(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    name: str = ""
+    resources: ResourceRequirements = Field(default_factory=ResourceRequirements)
+
+
+class PodSpec(BaseModel):
+    model_config = ConfigDict(extra="allow", populate_by_name=True)
+    containers: list[Container] = Field(min_length=1)
+    init_containers: list[Container] = Field(default_factory=list, alias="initContainers")
+
+
+class Pod(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    metadata: ObjectMeta
+    spec: PodSpec
+
+
+class NodeStatus(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    capacity: dict[str, Quantity] = Field(default_factory=dict)
+    allocatable: dict[str, Quantity] = Field(default_factory=dict)
+
+
+class K8sNode(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    metadata: ObjectMeta
+    status: NodeStatus = Field(default_factory=NodeStatus)
+
+
+class NodeList(BaseModel):
+    """A v1.NodeList; items are kept as received so that filter can hand them back unchanged."""
+
+    model_config = ConfigDict(extra="allow")
+    items: list[dict[str, Any]] = Field(default_factory=list)
+
+
+class ExtenderArgs(BaseModel):
+    """extenderv1.ExtenderArgs. Go decodes field names case-insensitively; so do we for the usual spellings."""
+
+    model_config = ConfigDict(extra="ignore", populate_by_name=True)
+    pod: Pod = Field(validation_alias=AliasChoices("Pod", "pod"))
+    nodes: NodeList | None = Field(None, validation_alias=AliasChoices("Nodes", "nodes"))
+    node_names: list[str] | None = Field(None, validation_alias=AliasChoices("NodeNames", "nodeNames", "nodenames"))
+
+    @model_validator(mode="after")
+    def _has_candidates(self) -> ExtenderArgs:
+        if self.nodes is None and self.node_names is None:
+            raise ValueError("ExtenderArgs needs Nodes (a v1.NodeList) or NodeNames (nodeCacheCapable)")
+        return self
+
+
+class ExtenderFilterResult(BaseModel):
+    """extenderv1.ExtenderFilterResult."""
+
+    model_config = ConfigDict(populate_by_name=True)
+    nodes: dict[str, Any] | None = Field(None, alias="Nodes")
+    node_names: list[str] | None = Field(None, alias="NodeNames")
+    failed_nodes: dict[str, str] = Field(default_factory=dict, alias="FailedNodes")
+    failed_and_unresolvable: dict[str, str] = Field(default_factory=dict, alias="FailedAndUnresolvableNodes")
+    error: str = Field("", alias="Error")
+
+
+class HostPriority(BaseModel):
+    """extenderv1.HostPriority; a prioritize answer is a list of them (HostPriorityList)."""
+
+    model_config = ConfigDict(populate_by_name=True)
+    host: str = Field(alias="Host")
+    score: int = Field(ge=0, le=MAX_SCORE, alias="Score")
+
+
+# ------------------------------------------------------------------ what the decisions need
+
+
+@dataclass(frozen=True)
+class PodClass:
+    """The job class of a pod: model (None when the pod names none) and GPUs."""
+
+    name: str
+    namespace: str
+    model: str | None
+    gpus: int
+
+
+def pod_class(pod: Pod) -> PodClass:
+    """Read a pod's job class; `ValueError` when a GPU quantity is not a whole number."""
+    meta = pod.metadata
+    model = meta.labels.get(MODEL_KEY) or meta.annotations.get(MODEL_KEY)
+    model = model.strip() if model and model.strip() else None
+
+    def gpus(container: Container) -> int:
+        res = container.resources
+        value = res.requests.get(GPU_RESOURCE, res.limits.get(GPU_RESOURCE, 0))
+        return _whole(value, f"container {container.name!r} {GPU_RESOURCE}")
+
+    total = sum(gpus(c) for c in pod.spec.containers)
+    init = max((gpus(c) for c in pod.spec.init_containers), default=0)
+    return PodClass(meta.name, meta.namespace, model, max(total, init))
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A node the scheduler asks about: its shape (None: not usable, see `problem`) and, when known, what is free."""
+
+    name: str
+    shape: Shape | None
+    free: Free | None = None
+    problem: str | None = None
+
+
+def node_candidate(raw: dict[str, Any]) -> Candidate:
+    """A Candidate from a v1.Node object (capacity only; usage unknown)."""
+    name = str(((raw.get("metadata") or {}) if isinstance(raw, dict) else {}).get("name", ""))
+    try:
+        node = K8sNode.model_validate(raw)
+    except ValidationError as exc:
+        return Candidate(name or "<unnamed>", None, None, f"not a v1.Node: {exc.errors()[0]['msg']}")
+    name = node.metadata.name
+    labels = node.metadata.labels
+    product = labels.get(GPU_PRODUCT_LABEL)
+    if not product:
+        return Candidate(name, None, None, f"no {GPU_PRODUCT_LABEL} label (not a GPU node)")
+    try:
+        memory = labels.get(GPU_MEMORY_LABEL)
+        memory_gb = float(memory) / 1024 if memory and memory.isdigit() else None
+        gpu_type = normalize_gpu(product, memory_gb)
+    except UnknownGpuError:
+        return Candidate(name, None, None, f"{GPU_PRODUCT_LABEL}={product!r} is not a GPU type hetplan knows")
+    resources = node.status.allocatable or node.status.capacity
+    try:
+        gpus = _whole(resources.get(GPU_RESOURCE, 0), GPU_RESOURCE)
+        cpu_m = int(parse_quantity(resources.get("cpu", 0)) * 1000)
+        mem_mb = int(parse_quantity(resources.get("memory", 0)) / 1_000_000)
+    except ValueError as exc:
+        return Candidate(name, None, None, f"bad allocatable: {exc}")
+    if gpus < 1:
+        return Candidate(name, None, None, f"no allocatable {GPU_RESOURCE}")
+    if cpu_m < 1 or mem_mb < 1:
+        return Candidate(name, None, None, "no allocatable cpu or memory")
+    return Candidate(name, Shape(gpu_type, gpus, cpu_m, mem_mb))
+
+
+def _entry(entries: Sequence[HintEntry], gpu_type: str) -> HintEntry | None:
+    for entry in entries:
+        if entry.gpu_type == gpu_type:
+            return entry
+    return None
+
+
+@dataclass(frozen=True)
+class FilterOutcome:
+    passed: list[str]
+    failed: dict[str, str]
+    unresolvable: dict[str, str]
+
+
+def filter_nodes(pod: PodClass, candidates: Iterable[Candidate], hints: HintSet, strict: bool = False) -> FilterOutcome:
+    """Keep the nodes that can run the pod's class: GPU type known (and hinted, when `strict`), enough GPUs, and,
+    when usage is known, the GPUs and the class's minimum share (min of hinted and GPU-proportional) free.
+
+    Failures that preemption cannot fix (wrong node, too small) go to `unresolvable`; the others to `failed`.
+    """
+    passed: list[str] = []
+    failed: dict[str, str] = {}
+    unresolvable: dict[str, str] = {}
+    entries = hints.lookup(pod.model, pod.gpus) if pod.model and pod.gpus else ()
+    g = pod.gpus
+    for c in candidates:
+        if g == 0:
+            passed.append(c.name)  # not a GPU pod: not ours to judge
+            continue
+        shape = c.shape
+        if shape is None:
+            unresolvable[c.name] = c.problem or "not usable"
+            continue
+        if shape.gpus < g:
+            unresolvable[c.name] = f"has {shape.gpus} {shape.gpu_type} GPUs; the pod needs {g} on one node"
+            continue
+        entry = _entry(entries, shape.gpu_type)
+        if strict and entries and entry is None:
+            unresolvable[c.name] = (f"class ({pod.model}, {g}) has no hint for {shape.gpu_type} "
+                                    f"(hinted: {', '.join(e.gpu_type for e in entries)})")
+            continue
+        if c.free is not None:
+            free = c.free
+            if free.gpus < g:
+                failed[c.name] = f"{free.gpus} of {shape.gpus} GPUs free; the pod needs {g}"
+                continue
+            prop_cpu, prop_mem = shape.proportional(g)
+            want_cpu, want_mem = hinted_need(entry, g)(shape) if entry else (prop_cpu, prop_mem)
+            floor_cpu, floor_mem = min(prop_cpu, want_cpu), min(prop_mem, want_mem)
+            if free.cpu_m < floor_cpu or free.mem_mb < floor_mem:
+                failed[c.name] = (f"{free.cpu_m / 1000:g} cores and {free.mem_mb / 1000:g} GB free; the class needs "
+                                  f"at least {floor_cpu / 1000:g} cores and {floor_mem / 1000:g} GB")
+                continue
+        passed.append(c.name)
+    return FilterOutcome(passed, failed, unresolvable)
+
+
+def score_nodes(pod: PodClass, candidates: Iterable[Candidate], hints: HintSet) -> list[tuple[str, int]]:
+    """Score 0..10 per node: the class's rank-1 GPU type scores 10, the last hinted type 10/R (R types ranked);
+    halved when usage is known and the hinted share is not free; 0 for unhinted types, unusable nodes, or a
+    class with no hints (then every node is equal to the extender and the scheduler's own scores decide)."""
+    entries = hints.lookup(pod.model, pod.gpus) if pod.model and pod.gpus else ()
+    ranks = sorted({e.rank for e in entries})
+    out: list[tuple[str, int]] = []
+    for c in candidates:
+        score = 0
+        entry = _entry(entries, c.shape.gpu_type) if c.shape is not None and entries else None
+        if entry is not None and c.shape is not None and c.shape.gpus >= pod.gpus:
+            position = ranks.index(entry.rank)  # 0 = best
+            score = math.ceil(MAX_SCORE * (len(ranks) - position) / len(ranks))
+            if c.free is not None:
+                cpu, mem = hinted_need(entry, pod.gpus)(c.shape)
+                if c.free.gpus < pod.gpus or c.free.cpu_m < cpu or c.free.mem_mb < mem:
+                    score = max(score // 2, 1) if c.free.gpus >= pod.gpus else 0
+        out.append((c.name, max(0, min(MAX_SCORE, score))))
+    return out

@@ -1,0 +1,150 @@
+"""Placement policies: pure functions of (job, cluster view, hints) -> decision, registered by name.
+
+- `hint`: the hint-driven policy. For the job's class, try its GPU types in rank order with the hinted cores
+  and RAM free (best fit); then, still in rank order, the largest share a node can give down to the
+  GPU-proportional one (Synergy-TUNE's degradation); then (unless `strict`) any other GPU type with the
+  GPU-proportional share. A class missing from the hint table gets the GPU-proportional share, best fit.
+- `proportional`: heterogeneity-agnostic baseline: GPU-proportional share, best fit over every GPU type.
+- `first-fit`: the first node (joining order) with the GPUs and the GPU-proportional share free.
+
+Policies never change the state; the mechanism (`Allocator`) applies the allocation they return.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Protocol
+
+from hetplan.allocator.cluster import ClusterView, Fit, Need
+from hetplan.allocator.spec import Allocation, Decision, Job, Reason, Rejection, Share, to_milli_up
+from hetplan.hints.index import HintEntry, HintSet
+
+
+class Policy(Protocol):
+    """`place` returns an `Allocation` the cluster can take as is (the mechanism still checks it), or a `Rejection`
+    with a reason. It reads `state` and `hints` only."""
+
+    name: str
+
+    def place(self, job: Job, state: ClusterView, hints: HintSet) -> Decision: ...
+
+
+def proportional_need(gpus: int) -> Need:
+    return lambda shape: shape.proportional(gpus)
+
+
+def hinted_need(entry: HintEntry, gpus: int) -> Need:
+    cpu, mem = to_milli_up(entry.cpus_per_gpu * gpus), to_milli_up(entry.mem_gb_per_gpu * gpus)
+    return lambda shape: (cpu, mem)
+
+
+def _allocation(job: Job, fit: Fit, hints: HintSet, policy: str, share: Share, rank: int | None) -> Allocation:
+    return Allocation(job.job_id, job.model, fit.node, fit.gpu_type, job.num_gpus, fit.cpu_m, fit.mem_mb,
+                      hints.version, policy, share, rank)
+
+
+def _too_big(job: Job, state: ClusterView, hints: HintSet, policy: str) -> Rejection | None:
+    largest = state.max_gpus()
+    if job.num_gpus <= largest:
+        return None
+    message = ("the cluster has no nodes" if len(state) == 0 else
+               f"needs {job.num_gpus} GPUs on one node; the largest node has {largest}")
+    return Rejection(job.job_id, Reason.TOO_BIG, message, hints.version, policy)
+
+
+def _no_capacity(job: Job, hints: HintSet, policy: str, where: str) -> Rejection:
+    gpus = f"{job.num_gpus} free GPU{'s' if job.num_gpus > 1 else ''}"
+    return Rejection(job.job_id, Reason.NO_CAPACITY,
+                     f"no node has {gpus}{where} with at least the GPU-proportional share free", hints.version, policy)
+
+
+class HintPolicy:
+    """Hint-driven placement with Synergy-TUNE-style degradation (see the module docstring)."""
+
+    name = "hint"
+
+    def __init__(self, strict: bool = False) -> None:
+        self.strict = strict  # strict: only the GPU types the class's hints list
+
+    def place(self, job: Job, state: ClusterView, hints: HintSet) -> Decision:
+        rejected = _too_big(job, state, hints, self.name)
+        if rejected is not None:
+            return rejected
+        g = job.num_gpus
+        entries = hints.lookup(job.model, g)
+        if not entries:
+            fit = state.best_fit(None, g, proportional_need(g))
+            if fit is None:
+                return _no_capacity(job, hints, self.name, " (no hint for the class)")
+            return _allocation(job, fit, hints, self.name, "proportional", None)
+        for entry in entries:
+            fit = state.best_fit(entry.gpu_type, g, hinted_need(entry, g))
+            if fit is not None:
+                return _allocation(job, fit, hints, self.name, "hinted", entry.rank)
+        floor = proportional_need(g)
+        for entry in entries:
+            fit = state.largest_share(entry.gpu_type, g, hinted_need(entry, g), floor)
+            if fit is not None:
+                return _allocation(job, fit, hints, self.name, "reduced", entry.rank)
+        listed = {e.gpu_type for e in entries}
+        if not self.strict:
+            others = tuple(t for t in state.gpu_types() if t not in listed)
+            fit = state.best_fit(others, g, floor) if others else None
+            if fit is not None:
+                return _allocation(job, fit, hints, self.name, "proportional", None)
+        where = f" of {', '.join(e.gpu_type for e in entries)}" if self.strict else ""
+        return _no_capacity(job, hints, self.name, where)
+
+
+class ProportionalPolicy:
+    """GPU-proportional share, best fit over all GPU types: the heterogeneity- and sensitivity-agnostic baseline."""
+
+    name = "proportional"
+
+    def place(self, job: Job, state: ClusterView, hints: HintSet) -> Decision:
+        rejected = _too_big(job, state, hints, self.name)
+        if rejected is not None:
+            return rejected
+        fit = state.best_fit(None, job.num_gpus, proportional_need(job.num_gpus))
+        if fit is None:
+            return _no_capacity(job, hints, self.name, "")
+        return _allocation(job, fit, hints, self.name, "proportional", None)
+
+
+class FirstFitPolicy:
+    """The first node in joining order with the GPUs and the GPU-proportional share free."""
+
+    name = "first-fit"
+
+    def place(self, job: Job, state: ClusterView, hints: HintSet) -> Decision:
+        rejected = _too_big(job, state, hints, self.name)
+        if rejected is not None:
+            return rejected
+        fit = state.first_fit(job.num_gpus, proportional_need(job.num_gpus))
+        if fit is None:
+            return _no_capacity(job, hints, self.name, "")
+        return _allocation(job, fit, hints, self.name, "proportional", None)
+
+
+POLICIES: dict[str, Callable[..., Policy]] = {
+    HintPolicy.name: HintPolicy,
+    ProportionalPolicy.name: ProportionalPolicy,
+    FirstFitPolicy.name: FirstFitPolicy,
+}
+
+
+def register_policy(name: str, factory: Callable[..., Policy]) -> None:
+    """Make a policy available to `get_policy` (and so to the service and the simulator) under `name`."""
+    if name in POLICIES:
+        raise ValueError(f"policy {name!r} is already registered")
+    POLICIES[name] = factory
+
+
+def get_policy(name: str, **options: object) -> Policy:
+    """A policy by name: `hint` (options: strict), `proportional`, `first-fit`."""
+    try:
+        factory = POLICIES[name]
+    except KeyError:
+        raise ValueError(f"unknown policy {name!r}; one of {', '.join(sorted(POLICIES))}") from None
+    return factory(**options)
+

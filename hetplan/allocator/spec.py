@@ -1,0 +1,163 @@
+"""The allocator's vocabulary: nodes, jobs, and the two kinds of decision (an allocation or a rejection).
+
+Capacity is accounted in whole milli-units so that sums never drift: cores in millicores (`cpu_m`, as
+Kubernetes writes `500m`), memory in megabytes (`mem_mb`, 1 GB = 1000 MB, as the hint table's `mem_gb`).
+The float views (`cpus`, `mem_gb`) are for people and JSON.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from enum import Enum
+from types import MappingProxyType
+from typing import Literal
+
+from hetplan.gpus import normalize_gpu
+
+Share = Literal["hinted", "reduced", "proportional"]
+"""How much of the hinted share a job got: `hinted` all of it; `reduced` less, but at least the GPU-proportional
+share (Synergy-TUNE's degradation); `proportional` the GPU-proportional share (no hint for the class, a GPU type
+the class has no hint for, or a heterogeneity-agnostic policy)."""
+
+MAX_NAME = 253  # a Kubernetes object name
+
+
+def to_milli(value: float) -> int:
+    """Cores or GB as whole milli-units, rounded down (a node never claims more than it has)."""
+    return int(math.floor(float(value) * 1000 + 1e-6))
+
+
+def to_milli_up(value: float) -> int:
+    """A request as whole milli-units, rounded up (a job never gets less than it asked for)."""
+    return int(math.ceil(float(value) * 1000 - 1e-6))
+
+
+def _check_name(name: object, what: str) -> str:
+    if not isinstance(name, str) or not name.strip() or len(name) > MAX_NAME:
+        raise ValueError(f"{what} must be a non-blank string of at most {MAX_NAME} characters, got {name!r}")
+    return name
+
+
+@dataclass(frozen=True, slots=True)
+class Shape:
+    """What a node offers when empty; nodes of one shape are interchangeable for placement."""
+
+    gpu_type: str
+    gpus: int
+    cpu_m: int
+    mem_mb: int
+
+    def proportional(self, gpus: int) -> tuple[int, int]:
+        """The GPU-proportional share of `gpus` GPUs: cores and RAM times gpus / node GPUs (rounded down)."""
+        return self.cpu_m * gpus // self.gpus, self.mem_mb * gpus // self.gpus
+
+
+@dataclass(frozen=True, slots=True)
+class Node:
+    """A GPU node: name, canonical GPU type, GPUs, cores and RAM (GB), labels."""
+
+    name: str
+    gpu_type: str
+    gpus: int
+    cpus: float
+    mem_gb: float
+    labels: Mapping[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        _check_name(self.name, "node name")
+        object.__setattr__(self, "gpu_type", normalize_gpu(self.gpu_type))
+        if isinstance(self.gpus, bool) or not isinstance(self.gpus, int) or self.gpus < 1:
+            raise ValueError(f"node {self.name}: gpus must be a whole number >= 1, got {self.gpus!r}")
+        for what in ("cpus", "mem_gb"):
+            value = getattr(self, what)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
+                    or to_milli(value) < 1:
+                raise ValueError(f"node {self.name}: {what} must be a finite number >= 0.001, got {value!r}")
+        object.__setattr__(self, "labels", MappingProxyType({str(k): str(v) for k, v in dict(self.labels).items()}))
+
+    @property
+    def shape(self) -> Shape:
+        return Shape(self.gpu_type, self.gpus, to_milli(self.cpus), to_milli(self.mem_gb))
+
+    def to_dict(self) -> dict:
+        return {"name": self.name, "gpu_type": self.gpu_type, "gpus": self.gpus, "cpus": self.cpus,
+                "mem_gb": self.mem_gb, "labels": dict(self.labels)}
+
+
+@dataclass(frozen=True, slots=True)
+class Job:
+    """A request: a job id (the idempotency key) and its class (model, GPUs)."""
+
+    job_id: str
+    model: str
+    num_gpus: int
+
+    def __post_init__(self) -> None:
+        _check_name(self.job_id, "job_id")
+        _check_name(self.model, "model")
+        if isinstance(self.num_gpus, bool) or not isinstance(self.num_gpus, int) or self.num_gpus < 1:
+            raise ValueError(f"job {self.job_id}: num_gpus must be a whole number >= 1, got {self.num_gpus!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class Allocation:
+    """A placement: the node, its GPUs and the cores/RAM given, the hint version in effect and how it was chosen."""
+
+    job_id: str
+    model: str
+    node: str
+    gpu_type: str
+    gpus: int
+    cpu_m: int
+    mem_mb: int
+    hint_version: str | None
+    policy: str
+    share: Share
+    rank: int | None = None  # the hint rank of gpu_type for the job's class (None: not from a hint)
+
+    @property
+    def cpus(self) -> float:
+        return self.cpu_m / 1000
+
+    @property
+    def mem_gb(self) -> float:
+        return self.mem_mb / 1000
+
+    def to_dict(self) -> dict:
+        return {"job_id": self.job_id, "model": self.model, "node": self.node, "gpu_type": self.gpu_type,
+                "gpus": self.gpus, "cpus": self.cpus, "mem_gb": self.mem_gb, "hint_version": self.hint_version,
+                "policy": self.policy, "share": self.share, "rank": self.rank}
+
+
+class Reason(str, Enum):
+    """Why a job was not placed. Ordered from 'never fits here' to 'ask again later'."""
+
+    TOO_BIG = "too-big"
+    """No node of the cluster could ever hold the job (more GPUs than any node has, or no nodes at all)."""
+    CONFLICT = "conflict"
+    """The job id is already allocated, for a different class: job ids are idempotency keys."""
+    NO_CAPACITY = "no-capacity"
+    """Some node could hold the job when empty, none has the GPUs plus the minimum share free now."""
+
+    def __str__(self) -> str:
+        return self.value
+
+
+@dataclass(frozen=True, slots=True)
+class Rejection:
+    """A job that was not placed, with the reason and the hint version in effect."""
+
+    job_id: str
+    reason: Reason
+    message: str
+    hint_version: str | None
+    policy: str
+
+    def to_dict(self) -> dict:
+        return {"job_id": self.job_id, "reason": self.reason.value, "message": self.message,
+                "hint_version": self.hint_version, "policy": self.policy}
+
+
+Decision = Allocation | Rejection
