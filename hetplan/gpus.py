@@ -103,6 +103,17 @@ def normalize_gpu(name: str, memory_gb: float | None = None) -> str:
     return canonical
 
 
+# The value NVIDIA's GPU feature discovery writes to the node label `nvidia.com/gpu.product` for the common
+# board of each type (SXM where there is one); schedulers select GPU types by it.
+K8S_PRODUCT: dict[str, str] = {
+    "K80": "Tesla-K80", "M60": "Tesla-M60", "P100": "Tesla-P100-PCIE-16GB", "V100": "Tesla-V100-SXM2-16GB",
+    "V100-32GB": "Tesla-V100-SXM2-32GB", "T4": "Tesla-T4", "RTX2080Ti": "NVIDIA-GeForce-RTX-2080-Ti",
+    "RTX6000": "Quadro-RTX-6000", "A6000": "NVIDIA-RTX-A6000", "A10": "NVIDIA-A10", "A10G": "NVIDIA-A10G",
+    "L4": "NVIDIA-L4", "L40S": "NVIDIA-L40S", "A100": "NVIDIA-A100-SXM4-40GB", "A100-80GB": "NVIDIA-A100-SXM4-80GB",
+    "H100": "NVIDIA-H100-80GB-HBM3", "H200": "NVIDIA-H200", "GH200": "NVIDIA-GH200-480GB",
+}
+
+
 def is_known_gpu(name: str) -> bool:
     """True when `name` normalises to a canonical GPU type."""
     return _match(str(name)) is not None

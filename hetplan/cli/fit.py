@@ -44,7 +44,8 @@ def fit(
                                          f"{'; '.join(str(s) for s in report.skipped)}")])
         CURVES.write(report.curves, out)
     if not no_mlflow:
-        from hetplan.sensitivity.tracking import log_fit_job, tracking_uri as resolve_uri
+        from hetplan.sensitivity.tracking import log_fit_job
+        from hetplan.tracking import tracking_uri as resolve_uri
 
         uri = resolve_uri(tracking_uri)
         with console.status(f"logging to MLflow at {uri}"):

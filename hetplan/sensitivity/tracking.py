@@ -12,7 +12,6 @@ What a data scientist finds in the MLflow UI, experiment `hetplan-sensitivity`:
 from __future__ import annotations
 
 import logging
-import os
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,12 +28,12 @@ from hetplan.sensitivity.curves import FitReport
 from hetplan.sensitivity.estimators import FEATURES
 from hetplan.sensitivity.fitting import PairFit
 from hetplan.sensitivity.plots import plot_model, plot_pair
+from hetplan.tracking import experiment_id, tracking_uri
 
 logger = logging.getLogger(__name__)
 
 EXPERIMENT = "hetplan-sensitivity"
 CHAMPION = "champion"
-DEFAULT_TRACKING_URI = "sqlite:///.hetplan/mlflow.db"
 # Pinned instead of inferred: inference imports and inspects the whole environment for every model.
 PIP_REQUIREMENTS = ["scikit-learn", "pandas", "numpy", "scipy", "hetplan"]
 TRUSTED_PREFIXES = ("hetplan.sensitivity.", "sklearn.")
@@ -56,26 +55,6 @@ class JobLog:
     parent_run_id: str
     experiment_id: str
     registrations: list[Registration] = field(default_factory=list)
-
-
-def tracking_uri(explicit: str | None = None) -> str:
-    """The tracking URI: the argument, else $MLFLOW_TRACKING_URI, else SQLite in the workspace."""
-    uri = explicit or os.environ.get("MLFLOW_TRACKING_URI") or DEFAULT_TRACKING_URI
-    if uri.startswith("sqlite:///"):
-        Path(uri.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
-    return uri
-
-
-def experiment_id(uri: str, name: str) -> str:
-    """The experiment's id, creating it with its artifacts beside a SQLite store (not in the working dir)."""
-    client = MlflowClient(tracking_uri=uri)
-    existing = client.get_experiment_by_name(name)
-    if existing is not None:
-        return existing.experiment_id
-    location = None
-    if uri.startswith("sqlite:///"):
-        location = (Path(uri.removeprefix("sqlite:///")).resolve().parent / "mlartifacts").as_uri()
-    return client.create_experiment(name, artifact_location=location)
 
 
 def registered_name(model: str, gpu_type: str) -> str:

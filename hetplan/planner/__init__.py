@@ -1,0 +1,22 @@
+"""The GPU planner: which node shapes to buy and how to split their cores and RAM among job classes.
+
+One MILP (`build_model`) over integer node counts and per-(class, shape, CPU/RAM option) GPU allocations,
+solved by HiGHS or Gurobi (`solve`), read back into a plan, an allocation and a hint table
+(`plan_cluster`); baselines and budget sweeps reuse the same model and solver.
+"""
+
+from __future__ import annotations
+
+from hetplan.planner.baselines import Evaluation, evaluate_baselines
+from hetplan.planner.kueue import kueue_manifests, kueue_yaml
+from hetplan.planner.model import MilpModel, build_model
+from hetplan.planner.pareto import SweepPoint, frontier_table, sweep
+from hetplan.planner.planner import PlanResult, plan_cluster
+from hetplan.planner.problem import PlanningProblem, build_problem
+from hetplan.planner.solvers import InfeasibleError, Solution, solve
+
+__all__ = [
+    "Evaluation", "InfeasibleError", "MilpModel", "PlanResult", "PlanningProblem", "Solution", "SweepPoint",
+    "build_model", "build_problem", "evaluate_baselines", "frontier_table", "kueue_manifests", "kueue_yaml",
+    "plan_cluster", "solve", "sweep",
+]

@@ -1,0 +1,102 @@
+"""Solve a planning problem into a plan, its allocation and its hint table."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+
+import numpy as np
+import pandas as pd
+
+from hetplan.contracts import HINTS, Plan
+from hetplan.planner.hints import hints_from_allocation
+from hetplan.planner.model import MilpModel, Objective, build_model
+from hetplan.planner.problem import PlanningProblem
+from hetplan.planner.solvers import SolverName, Solution, solve
+
+EPSILON = 1e-6
+
+
+@dataclass
+class PlanResult:
+    """A solved plan: the contract object, the hint table, and the tables behind them."""
+
+    plan: Plan
+    hints: pd.DataFrame
+    allocation: pd.DataFrame  # model, num_gpus, shape, gpu_type, cpus_per_gpu, mem_gb_per_gpu, gpus, throughput
+    nodes: pd.DataFrame  # shape, gpu_type, added, owned, gpus, vcpus, mem_gb, price_per_hour
+    solution: Solution
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def throughput_per_dollar(self) -> float:
+        """Normalised throughput (reference-GPU equivalents) per US$ per hour."""
+        return self.plan.objective / self.plan.cost_per_hour if self.plan.cost_per_hour > 0 else 0.0
+
+
+def plan_id(inputs: dict[str, str], budget: float | None, created: datetime) -> str:
+    digest = hashlib.sha256(json.dumps({"inputs": inputs, "budget": budget}, sort_keys=True).encode()).hexdigest()
+    return f"plan-{created:%Y%m%dT%H%M%SZ}-{digest[:8]}"
+
+
+def plan_cluster(problem: PlanningProblem, *, objective: Objective = "throughput", target: float | None = None,
+                 fairness: float = 0.0, solver: SolverName = "auto", time_limit: float = 60.0, gap: float = 1e-3,
+                 inputs: dict[str, str] | None = None, model: MilpModel | None = None,
+                 fixed_nodes: dict[int, int] | None = None,
+                 only_options: dict[tuple[int, int], tuple[float, float]] | None = None) -> PlanResult:
+    """Build (or reuse) the MILP, solve it, and read the plan, allocation and hints off the solution."""
+    if model is None:
+        model = build_model(problem, objective, fairness, target, fixed_nodes, only_options)
+    solution = solve(model, solver, time_limit, gap)
+    return read_solution(problem, model, solution, inputs or {})
+
+
+def read_solution(problem: PlanningProblem, model: MilpModel, solution: Solution, inputs: dict[str, str]) -> PlanResult:
+    shapes = problem.shapes
+    budget = None if model.budget_row is None else float(model.row_upper[model.budget_row])
+    counts = {s: int(round(v)) for s, v in enumerate(solution.values[: model.n_shapes])}
+    x = solution.values[model.n_shapes :]
+    allocation = model.columns.assign(gpus=x)[x > EPSILON].reset_index(drop=True)
+    created = datetime.now(UTC).replace(microsecond=0)
+    pid = plan_id(inputs, budget, created)
+    throughput_value = float((allocation["gpus"] * allocation["value"]).sum())
+    cost = float(sum(shapes.loc[s, "price_per_hour"] * n for s, n in counts.items()))
+    objective, bound = (solution.objective, solution.lp_bound) if model.maximize else (throughput_value, throughput_value)
+    plan = Plan(
+        plan_id=pid, created_at=created, budget_per_hour=budget, cost_per_hour=round(cost, 6),
+        node_counts={shapes.loc[s, "name"]: n for s, n in counts.items() if n > 0},
+        objective=objective, lp_bound=max(bound, objective), gap=solution.gap, solver=solution.solver,
+        solve_seconds=round(solution.seconds, 4), inputs=inputs,
+        objective_kind="normalized_throughput" if model.maximize else "min_cost",
+        cost_lp_bound=None if model.maximize else solution.lp_bound,
+        owned_nodes={shapes.loc[s, "name"]: int(o) for s, o in enumerate(shapes["owned"]) if o > 0},
+        mip_gap=solution.mip_gap, throughput_value=throughput_value,
+        model_size={"variables": model.num_vars, "constraints": model.num_rows},
+    )
+    # A plan that allocates nothing (a budget below every useful node) has no hints; callers report it.
+    hints = (hints_from_allocation(problem, allocation, counts, pid) if len(allocation)
+             else pd.DataFrame(columns=[c.name for c in HINTS.columns]))
+    nodes = pd.DataFrame({
+        "shape": shapes["name"], "gpu_type": shapes["gpu_type"], "added": [counts[s] for s in range(len(shapes))],
+        "owned": shapes["owned"], "gpus": shapes["gpus"], "vcpus": shapes["vcpus"], "mem_gb": shapes["mem_gb"],
+        "price_per_hour": shapes["price_per_hour"]})
+    nodes = nodes[(nodes["added"] + nodes["owned"]) > 0].reset_index(drop=True)
+    classes = problem.classes
+    table = pd.DataFrame({
+        "model": classes.loc[allocation["j"], "model"].to_numpy(), "num_gpus": classes.loc[allocation["j"], "num_gpus"].to_numpy(),
+        "shape": shapes.loc[allocation["s"], "name"].to_numpy(), "gpu_type": allocation["gpu_type"],
+        "cpus_per_gpu": allocation["cpus"], "mem_gb_per_gpu": allocation["mem_gb"], "gpus": allocation["gpus"],
+        "throughput": allocation["throughput"] * allocation["gpus"], "value": allocation["value"] * allocation["gpus"]})
+    return PlanResult(plan, hints, table, nodes, solution, list(problem.warnings))
+
+
+def nodes_of(result: PlanResult, problem: PlanningProblem) -> dict[int, int]:
+    """The plan's added node counts by shape index (for evaluating other allocators on the same cluster)."""
+    index = {name: s for s, name in enumerate(problem.shapes["name"])}
+    return {index[name]: n for name, n in result.plan.node_counts.items()}
+
+
+def total_gpus(result: PlanResult) -> int:
+    return int(np.sum(result.nodes["gpus"] * (result.nodes["added"] + result.nodes["owned"])))

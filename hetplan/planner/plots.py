@@ -1,0 +1,48 @@
+"""Pictures of plans: the node mix, and the budget-performance frontier beside the baselines."""
+
+from __future__ import annotations
+
+import matplotlib
+
+matplotlib.use("Agg")
+
+import matplotlib.pyplot as plt  # noqa: E402
+import pandas as pd  # noqa: E402
+from matplotlib.figure import Figure  # noqa: E402
+
+
+def plot_node_mix(nodes: pd.DataFrame, allocation: pd.DataFrame, title: str) -> Figure:
+    """Left: GPUs bought per shape (owned hatched). Right: GPUs per model on each GPU type."""
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.5), dpi=100)
+    labels = [f"{r.shape} ({r.gpu_type})" for r in nodes.itertuples()]
+    left.barh(labels, nodes["added"] * nodes["gpus"], color="tab:blue", label="added")
+    left.barh(labels, nodes["owned"] * nodes["gpus"], left=nodes["added"] * nodes["gpus"], color="tab:gray",
+              hatch="//", label="owned")
+    left.set_xlabel("GPUs")
+    left.set_title("node mix")
+    left.legend(fontsize=8)
+    if len(allocation):
+        table = allocation.pivot_table(index="gpu_type", columns="model", values="gpus", aggfunc="sum", fill_value=0)
+        table.plot.bar(stacked=True, ax=right, width=0.7)
+        right.set_ylabel("GPUs allocated")
+        right.legend(fontsize=7, ncol=2)
+    right.set_title("GPUs per model and GPU type")
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
+def plot_frontier(table: pd.DataFrame, title: str = "budget vs performance") -> Figure:
+    """Normalised throughput vs budget for hetplan and each baseline."""
+    fig, ax = plt.subplots(figsize=(7, 4.5), dpi=100)
+    for name, rows in table.groupby("name", sort=False):
+        rows = rows.sort_values("budget")
+        style = "-o" if name == "hetplan" else "--."
+        ax.plot(rows["budget"], rows["normalized_throughput"], style, label=name)
+    ax.set_xlabel("budget (US$ per hour)")
+    ax.set_ylabel("normalised throughput (reference-GPU equivalents)")
+    ax.set_title(title, fontsize=10)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    return fig

@@ -1,0 +1,38 @@
+"""Record a planning run in MLflow (experiment `hetplan-planning`): metrics, the plan, hints and plots."""
+
+from __future__ import annotations
+
+import re
+import tempfile
+from pathlib import Path
+
+import mlflow
+
+from hetplan.planner.planner import PlanResult
+from hetplan.tracking import experiment_id, tracking_uri
+
+EXPERIMENT = "hetplan-planning"
+
+
+def log_planning_run(result: PlanResult, files: list[Path], baselines: dict[str, float], uri: str | None = None) -> str:
+    """Log one plan with its artifacts (`files`: plan, hints, plots, Kueue YAML); return the run id."""
+    uri = tracking_uri(uri)
+    mlflow.set_tracking_uri(uri)
+    mlflow.set_experiment(experiment_id=experiment_id(uri, EXPERIMENT))
+    plan = result.plan
+    with mlflow.start_run(run_name=plan.plan_id) as run:
+        mlflow.set_tags({"plan_id": plan.plan_id, "solver": plan.solver})
+        mlflow.log_params({"budget_per_hour": plan.budget_per_hour, "solver": plan.solver,
+                           "objective_kind": (plan.model_extra or {}).get("objective_kind"),
+                           **{f"input.{k}": v for k, v in plan.inputs.items()}})
+        mlflow.log_metrics({"objective": plan.objective, "lp_bound": plan.lp_bound, "gap": plan.gap,
+                            "cost_per_hour": plan.cost_per_hour, "solve_seconds": plan.solve_seconds,
+                            "throughput_per_dollar": result.throughput_per_dollar,
+                            **{"baseline." + re.sub(r"[^A-Za-z0-9_.-]+", "_", k): v for k, v in baselines.items()}})
+        for path in files:
+            mlflow.log_artifact(str(path))
+        with tempfile.TemporaryDirectory() as tmp:
+            allocation = Path(tmp) / "allocation.csv"
+            result.allocation.to_csv(allocation, index=False)
+            mlflow.log_artifact(str(allocation))
+        return run.info.run_id

@@ -1,0 +1,30 @@
+"""Where MLflow runs go: one tracking URI rule and experiments whose artifacts sit beside a SQLite store."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from mlflow.tracking import MlflowClient
+
+DEFAULT_TRACKING_URI = "sqlite:///.hetplan/mlflow.db"
+
+
+def tracking_uri(explicit: str | None = None) -> str:
+    """The tracking URI: the argument, else $MLFLOW_TRACKING_URI, else SQLite in the workspace."""
+    uri = explicit or os.environ.get("MLFLOW_TRACKING_URI") or DEFAULT_TRACKING_URI
+    if uri.startswith("sqlite:///"):
+        Path(uri.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
+    return uri
+
+
+def experiment_id(uri: str, name: str) -> str:
+    """The experiment's id, creating it with its artifacts beside a SQLite store (not in the working dir)."""
+    client = MlflowClient(tracking_uri=uri)
+    existing = client.get_experiment_by_name(name)
+    if existing is not None:
+        return existing.experiment_id
+    location = None
+    if uri.startswith("sqlite:///"):
+        location = (Path(uri.removeprefix("sqlite:///")).resolve().parent / "mlartifacts").as_uri()
+    return client.create_experiment(name, artifact_location=location)

@@ -1,0 +1,231 @@
+"""The GPU planner: hand-checkable instances, invariants, both solvers, baselines, Kueue, bad input."""
+
+import numpy as np
+import pandas as pd
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from hetplan.catalog import load_default_catalog
+from hetplan.cli import app
+from hetplan.contracts import CURVES, HINTS, load_plan
+from hetplan.planner import (
+    InfeasibleError, build_model, build_problem, evaluate_baselines, kueue_manifests, plan_cluster, solve, sweep,
+)
+from hetplan.reference import build_reference
+from hetplan.sensitivity import fit_profiles
+
+
+def curve(model, gpu, points):
+    return pd.DataFrame([(model, gpu, c, m, t) for c, m, t in points],
+                        columns=["model", "gpu_type", "cpus_per_gpu", "mem_gb_per_gpu", "throughput"])
+
+
+def shape(name, gpu, gpus, vcpus, mem, price, available=np.nan):
+    return dict(name=name, gpu_type=gpu, gpus=gpus, vcpus=vcpus, mem_gb=mem, price_per_hour=price,
+                available=available, cloud="test")
+
+
+TINY_CURVES = pd.concat([
+    curve("img", "A100", [(2, 50, 10.0), (8, 50, 40.0)]),  # CPU-hungry on the fast GPU
+    curve("img", "T4", [(2, 50, 15.0)]),
+])
+TINY_CATALOG = pd.DataFrame([
+    shape("a-lean", "A100", 1, 2, 100, 2.0), shape("a-fat", "A100", 1, 8, 100, 3.0), shape("t4", "T4", 1, 4, 100, 1.0),
+])
+TINY_DEMAND = pd.DataFrame({"model": ["img"], "num_gpus": [1], "share": [1.0]})
+
+
+@pytest.mark.parametrize("solver", ["highs", "gurobi"])
+def test_tiny_instance_solved_by_hand(solver):
+    """Budget 3 $/h: one fat A100 (40) loses to three T4s (3 x 15 = 45); a lean A100 (10) is never worth it."""
+    problem = build_problem(TINY_CURVES, TINY_CATALOG, TINY_DEMAND, budget=3.0, demand_gpus=10)
+    result = plan_cluster(problem, solver=solver)
+    assert result.plan.node_counts == {"t4": 3}
+    assert result.plan.objective == pytest.approx(45.0 / 40.0)  # t_ref = the best throughput (no V100 curve)
+    assert result.plan.solver == solver
+    assert result.hints.iloc[0][["gpu_type", "cpus_per_gpu", "rank"]].tolist() == ["T4", 2.0, 1]
+
+
+def test_co_design_gives_the_cpu_to_the_class_that_needs_it():
+    """One 16-core, 2-GPU node: the CPU-hungry class gets 12 cores, the CPU-light one 1-4."""
+    curves = pd.concat([curve("img", "V100", [(1, 64, 1.0), (4, 64, 2.0), (12, 64, 4.0)]),
+                        curve("nlp", "V100", [(1, 64, 3.0), (4, 64, 3.0)])])
+    catalog = pd.DataFrame([shape("box", "V100", 2, 16, 256, 10.0)])
+    demand = pd.DataFrame({"model": ["img", "nlp"], "num_gpus": [1, 1], "share": [0.5, 0.5]})
+    result = plan_cluster(build_problem(curves, catalog, demand, budget=10.0, demand_gpus=2))
+    by_model = result.allocation.set_index("model")
+    assert by_model.loc["img", "cpus_per_gpu"] == 12 and by_model.loc["nlp", "cpus_per_gpu"] <= 4
+    assert result.plan.objective == pytest.approx(4.0 / 4.0 + 3.0 / 3.0)
+
+
+@pytest.fixture(scope="module")
+def derived_problem_parts():
+    """Derived curves of three models on five GPU types, AWS + GCP shapes (a realistic small instance)."""
+    derived = build_reference().derived
+    curves = derived[derived["model"].isin(["res18", "transformer", "alexnet"])
+                     & derived["gpu_type"].isin(["V100", "T4", "A100", "L4", "A10G"])]
+    catalog = load_default_catalog()
+    catalog = catalog[catalog["cloud"].isin(["aws", "gcp"])]
+    demand = pd.DataFrame({"model": ["res18", "transformer", "alexnet", "res18"], "num_gpus": [1, 1, 1, 4],
+                           "share": [0.4, 0.3, 0.2, 0.1]})
+    return curves, catalog, demand
+
+
+def check_invariants(problem, result):
+    plan, alloc = result.plan, result.allocation
+    assert plan.budget_per_hour is None or plan.cost_per_hour <= plan.budget_per_hour + 1e-6
+    assert all(isinstance(n, int) and n >= 0 for n in plan.node_counts.values())
+    assert plan.lp_bound >= plan.objective - 1e-6
+    shapes = problem.shapes.set_index("name")
+    for name, rows in alloc.groupby("shape"):
+        count = plan.node_counts.get(name, 0) + int(shapes.loc[name, "owned"])
+        assert rows["gpus"].sum() <= shapes.loc[name, "gpus"] * count + 1e-6
+        assert (rows["gpus"] * rows["cpus_per_gpu"]).sum() <= shapes.loc[name, "vcpus"] * count + 1e-6
+        assert (rows["gpus"] * rows["mem_gb_per_gpu"]).sum() <= shapes.loc[name, "mem_gb"] * count + 1e-6
+    demand = problem.classes.set_index(["model", "num_gpus"])["demand_gpus"]
+    for key, gpus in alloc.groupby(["model", "num_gpus"])["gpus"].sum().items():
+        assert gpus <= demand[key] + 1e-6
+
+
+def test_invariants_and_monotone_objective_over_a_budget_sweep(derived_problem_parts):
+    curves, catalog, demand = derived_problem_parts
+    problem = build_problem(curves, catalog, demand, budget=400.0)
+    points = sweep(problem, [25.0, 50.0, 100.0, 200.0, 400.0], baselines=False)
+    objectives = [p.result.plan.objective for p in points]
+    assert all(b >= a * (1 - 1e-3) for a, b in zip(objectives, objectives[1:])), objectives
+    for point in points:
+        check_invariants(problem, point.result)
+        assert point.result.plan.gap <= 0.02
+
+
+def test_gurobi_and_highs_agree_within_the_gap():
+    derived = build_reference().derived
+    curves = derived[derived["model"].isin(["res18", "gnmt"]) & derived["gpu_type"].isin(["V100", "T4", "A100"])]
+    catalog = load_default_catalog()
+    catalog = catalog[catalog["cloud"] == "aws"]
+    demand = pd.DataFrame({"model": ["res18", "gnmt"], "num_gpus": [1, 1], "share": [0.6, 0.4]})
+    problem = build_problem(curves, catalog, demand, budget=60.0)
+    model = build_model(problem)
+    assert model.num_vars <= 2000 and model.num_rows <= 2000
+    highs, gurobi = solve(model, "highs", gap=1e-4), solve(model, "gurobi", gap=1e-4)
+    assert highs.objective == pytest.approx(gurobi.objective, rel=2e-4)
+    assert highs.lp_bound == pytest.approx(gurobi.lp_bound, rel=1e-6)
+
+
+def test_auto_solves_models_beyond_gurobis_licence_with_highs():
+    derived = build_reference().derived
+    demand = pd.DataFrame({"model": sorted(derived["model"].unique())})
+    demand = demand.assign(num_gpus=1, share=1.0 / len(demand))
+    problem = build_problem(derived, load_default_catalog(), demand, budget=200.0)
+    model = build_model(problem)
+    assert model.num_vars > 2000
+    assert solve(model, "auto").solver == "highs"
+    with pytest.raises(ValueError, match="exceeds gurobipy's pip licence"):
+        solve(model, "gurobi")
+
+
+def test_hetplan_is_at_least_as_good_as_every_baseline(derived_problem_parts):
+    curves, catalog, demand = derived_problem_parts
+    problem = build_problem(curves, catalog, demand, budget=150.0)
+    result = plan_cluster(problem, gap=1e-4)
+    evaluations = {e.name: e for e in evaluate_baselines(problem, result)}
+    assert set(evaluations) == {"status quo", "status quo + sensitivity-aware", "GPU-only mix", "hetplan"}
+    for name, evaluation in evaluations.items():
+        assert evaluation.cost_per_hour <= 150.0 + 1e-6
+        assert result.plan.objective >= evaluation.normalized_throughput * (1 - 1e-3), name
+    # sensitivity-aware allocation on the same cluster can only help
+    assert (evaluations["status quo + sensitivity-aware"].normalized_throughput
+            >= evaluations["status quo"].normalized_throughput * (1 - 1e-3))
+
+
+def test_fairness_floor_gives_every_class_its_share(derived_problem_parts):
+    curves, catalog, demand = derived_problem_parts
+    problem = build_problem(curves, catalog, demand, budget=100.0)
+    result = plan_cluster(problem, fairness=0.8)
+    gpus = result.allocation.groupby(["model", "num_gpus"])["gpus"].sum()
+    total = gpus.sum()
+    for cls in problem.classes.itertuples():
+        assert gpus.get((cls.model, cls.num_gpus), 0.0) >= 0.8 * cls.share * total - 1e-6
+
+
+def test_min_cost_mode_reaches_the_target_for_less(derived_problem_parts):
+    curves, catalog, demand = derived_problem_parts
+    rich = plan_cluster(build_problem(curves, catalog, demand, budget=200.0))
+    target = 0.5 * rich.plan.objective
+    cheap = plan_cluster(build_problem(curves, catalog, demand, budget=None, demand_gpus=rich.plan.objective * 4),
+                         objective="cost", target=target)
+    assert cheap.plan.model_extra["throughput_value"] >= target - 1e-6
+    assert cheap.plan.cost_per_hour <= rich.plan.cost_per_hour
+
+
+def test_owned_nodes_are_free_capacity_and_the_plan_says_what_to_add():
+    problem = build_problem(TINY_CURVES, TINY_CATALOG, TINY_DEMAND, budget=1.0, demand_gpus=10, owned={"a-fat": 2})
+    result = plan_cluster(problem)
+    assert result.plan.node_counts == {"t4": 1}  # the budget buys one T4 on top of the two owned A100s
+    assert result.plan.model_extra["owned_nodes"] == {"a-fat": 2}
+    assert result.plan.objective == pytest.approx((2 * 40 + 15) / 40)
+
+
+def test_availability_caps_bind_and_infeasible_floors_are_reported():
+    capped = TINY_CATALOG.assign(available=[np.nan, np.nan, 1])
+    result = plan_cluster(build_problem(TINY_CURVES, capped, TINY_DEMAND, budget=3.0, demand_gpus=10))
+    assert result.plan.node_counts.get("t4", 0) <= 1
+    impossible = build_problem(TINY_CURVES, TINY_CATALOG, TINY_DEMAND, budget=None, demand_gpus=1)
+    with pytest.raises(InfeasibleError):
+        plan_cluster(impossible, objective="cost", target=100.0)
+
+
+def test_kueue_export_carries_the_plans_quotas(derived_problem_parts):
+    curves, catalog, demand = derived_problem_parts
+    result = plan_cluster(build_problem(curves, catalog, demand, budget=100.0))
+    docs = yaml.safe_load_all(yaml.safe_dump_all(kueue_manifests(result.plan, catalog, result.hints)))
+    docs = list(docs)
+    flavors = [d for d in docs if d["kind"] == "ResourceFlavor"]
+    queue = next(d for d in docs if d["kind"] == "ClusterQueue")
+    gpus = {f["name"]: next(r["nominalQuota"] for r in f["resources"] if r["name"] == "nvidia.com/gpu")
+            for f in queue["spec"]["resourceGroups"][0]["flavors"]}
+    assert sum(gpus.values()) == int((result.nodes["gpus"] * result.nodes["added"]).sum())
+    assert {f["metadata"]["name"] for f in flavors} == set(gpus)
+    assert all("nvidia.com/gpu.product" in f["spec"]["nodeLabels"] for f in flavors)
+
+
+@pytest.fixture(scope="module")
+def workspace(tmp_path_factory):
+    root = tmp_path_factory.mktemp("plan")
+    published = build_reference().published
+    report = fit_profiles(published[published["model"].isin(["res18", "transformer"])], gpu_types=["T4", "A100"])
+    CURVES.write(report.curves, root / "curves.parquet")
+    catalog = load_default_catalog()
+    catalog[catalog["cloud"] == "aws"].to_csv(root / "catalog.csv", index=False)
+    pd.DataFrame({"model": ["res18", "transformer", "bert"], "num_gpus": [1, 1, 1], "share": [0.5, 0.3, 0.2]}
+                 ).to_csv(root / "demand.csv", index=False)
+    return root
+
+
+def run_plan(root, *extra):
+    args = ["plan", "--curves", str(root / "curves.parquet"), "--catalog", str(root / "catalog.csv"),
+            "--demand", str(root / "demand.csv"), "--no-mlflow", *extra]
+    return CliRunner().invoke(app, args, env={"COLUMNS": "200"})
+
+
+def test_cli_plan_writes_a_valid_plan_hints_and_kueue(workspace):
+    out = workspace / "out"
+    result = run_plan(workspace, "--budget", "80", "--out-dir", str(out), "--sweep", "20,40,80")
+    assert result.exit_code == 0, result.output
+    assert "demand classes without curves (not planned): bert" in result.output
+    assert "vs status quo" in result.output
+    plan = load_plan(out / "plan.json")
+    hints = HINTS.load(out / "hints.parquet")
+    assert set(hints["plan_id"]) == {plan.plan_id} and plan.cost_per_hour <= 80
+    assert set(hints["model"]) == {"res18", "transformer"}
+    assert (out / "frontier.png").read_bytes()[:4] == b"\x89PNG" and (out / "node_mix.png").exists()
+    assert len(pd.read_csv(out / "frontier.csv")) == 3 * 4
+
+
+def test_cli_plan_with_a_budget_below_any_node_plans_and_writes_nothing(workspace):
+    out = workspace / "poor"
+    result = run_plan(workspace, "--budget", "0.1", "--out-dir", str(out))
+    assert result.exit_code == 1
+    assert "nothing could be planned: budget 0.1 $/h buys no useful node" in result.output
+    assert not out.exists()
