@@ -26,7 +26,7 @@ import yaml
 
 from hetplan.catalog.skypilot import CatalogImport, import_skypilot
 from hetplan.contracts.catalog import CATALOG
-from hetplan.contracts.table import Column, ContractError, Problem, RowLabels, TableSchema, read_raw
+from hetplan.contracts.table import Column, ContractError, Problem, RowLabels, TableSchema, decode_text, read_input, read_raw
 from hetplan.gpus import UnknownGpuError, normalize_gpu
 
 logger = logging.getLogger(__name__)
@@ -139,19 +139,9 @@ def _import_yaml(path: str | os.PathLike[str]) -> CatalogImport:
 
 
 def _read_yaml(name: str) -> tuple[Any, yaml.Node | None]:
-    source = Path(name)
-    if not source.is_file():
-        raise ContractError([Problem(name, "no such file")])
-    data = source.read_bytes()
-    if not data.strip():
-        raise ContractError([Problem(name, "file is empty")])
-    if b"\x00" in data[:4096]:
-        raise ContractError([Problem(name, "not a YAML file (binary content)")])
+    text = decode_text(name, read_input(name), "YAML")
     try:
-        text = data.decode("utf-8-sig")
         return yaml.safe_load(text), yaml.compose(text, Loader=yaml.SafeLoader)
-    except UnicodeDecodeError as exc:
-        raise ContractError([Problem(name, f"not a YAML file: not UTF-8 text (byte {exc.start})")]) from exc
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         reason = getattr(exc, "problem", None) or str(exc).splitlines()[0]

@@ -161,10 +161,9 @@ class TableSchema:
         return target
 
 
-def read_raw(path: str | os.PathLike[str]) -> tuple[pd.DataFrame, RowLabels]:
-    """Read a CSV (every cell as text) or Parquet file untyped, with the row labels of its source."""
-    source = Path(path)
-    name = str(path)
+def read_input(path: str | os.PathLike[str]) -> bytes:
+    """The bytes of an input file; `ContractError` if it is missing, a directory or empty."""
+    source, name = Path(path), str(path)
     if not source.exists():
         raise ContractError([Problem(name, "no such file")])
     if source.is_dir():
@@ -172,7 +171,24 @@ def read_raw(path: str | os.PathLike[str]) -> tuple[pd.DataFrame, RowLabels]:
     data = source.read_bytes()
     if not data.strip():
         raise ContractError([Problem(name, "file is empty")])
-    suffix = source.suffix.lower()
+    return data
+
+
+def decode_text(name: str, data: bytes, kind: str) -> str:
+    """Input bytes as text; `ContractError` naming the expected `kind` of file if they are binary or not UTF-8."""
+    if b"\x00" in data[:4096]:
+        raise ContractError([Problem(name, f"not a {kind} file (binary content)")])
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        raise ContractError([Problem(name, f"not a {kind} file: not UTF-8 text (byte {exc.start})")]) from exc
+
+
+def read_raw(path: str | os.PathLike[str]) -> tuple[pd.DataFrame, RowLabels]:
+    """Read a CSV (every cell as text) or Parquet file untyped, with the row labels of its source."""
+    name = str(path)
+    data = read_input(path)
+    suffix = Path(path).suffix.lower()
     if suffix in PARQUET_SUFFIXES or data[:4] == b"PAR1":
         try:
             frame = pd.read_parquet(io.BytesIO(data))
@@ -183,12 +199,7 @@ def read_raw(path: str | os.PathLike[str]) -> tuple[pd.DataFrame, RowLabels]:
 
 
 def _read_csv_text(name: str, data: bytes) -> tuple[pd.DataFrame, RowLabels]:
-    if b"\x00" in data[:4096]:
-        raise ContractError([Problem(name, "not a CSV or Parquet file (binary content)")])
-    try:
-        text = data.decode("utf-8-sig")
-    except UnicodeDecodeError as exc:
-        raise ContractError([Problem(name, f"not a CSV file: not UTF-8 text (byte {exc.start})")]) from exc
+    text = decode_text(name, data, "CSV or Parquet")
     reader = csv.reader(io.StringIO(text, newline=""))
     try:
         header = next(reader)

@@ -14,7 +14,7 @@ from typing import Any, TypeVar
 import numpy as np
 import pandas as pd
 
-from hetplan.contracts.table import ContractError, Problem, RowLabels, read_raw
+from hetplan.contracts.table import ContractError, Problem, RowLabels, decode_text, read_input, read_raw
 
 T = TypeVar("T")
 
@@ -27,7 +27,7 @@ def read_headerless(
     All lines must share one field count, and it must be a key of `layouts`; blank lines are skipped.
     """
     name = str(path)
-    text = _read_text(Path(path), name)
+    text = decode_text(name, read_input(path), "text")
     rows: list[list[str]] = []
     lines: list[int] = []
     for number, line in enumerate(text.splitlines(), start=1):
@@ -110,22 +110,6 @@ def _parse_numbers(raw: pd.Series) -> tuple[pd.Series, pd.Series]:
     blank = (stripped.isna() | (stripped == "")).astype(bool)
     values = pd.to_numeric(stripped.where(~blank), errors="coerce").astype("float64")
     return values, blank
-
-
-def _read_text(source: Path, name: str) -> str:
-    if not source.exists():
-        raise ContractError([Problem(name, "no such file")])
-    if source.is_dir():
-        raise ContractError([Problem(name, "is a directory, not a file")])
-    data = source.read_bytes()
-    if not data.strip():
-        raise ContractError([Problem(name, "file is empty")])
-    if b"\x00" in data[:4096]:
-        raise ContractError([Problem(name, "not a text file (binary content)")])
-    try:
-        return data.decode("utf-8-sig")
-    except UnicodeDecodeError as exc:
-        raise ContractError([Problem(name, f"not UTF-8 text (byte {exc.start})")]) from exc
 
 
 class _Problems:
