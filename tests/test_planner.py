@@ -229,3 +229,22 @@ def test_cli_plan_with_a_budget_below_any_node_plans_and_writes_nothing(workspac
     assert result.exit_code == 1
     assert "nothing could be planned: budget 0.1 $/h buys no useful node" in result.output
     assert not out.exists()
+
+
+def test_curve_gpu_types_missing_from_the_catalog_are_warned_and_skipped():
+    curves = pd.concat([TINY_CURVES, curve("img", "H200", [(2, 50, 99.0)])])
+    problem = build_problem(curves, TINY_CATALOG, TINY_DEMAND, budget=3.0, demand_gpus=10)
+    assert "curve table has GPU types the catalog lacks (skipped): H200" in problem.warnings
+    assert set(problem.shapes["gpu_type"]) == {"A100", "T4"}
+
+
+def test_cli_plan_with_an_empty_demand_fails_and_writes_nothing(workspace, tmp_path):
+    empty = tmp_path / "demand.csv"
+    empty.write_text("model,num_gpus,share\n")
+    out = tmp_path / "out"
+    args = ["plan", "--curves", str(workspace / "curves.parquet"), "--catalog", str(workspace / "catalog.csv"),
+            "--demand", str(empty), "--budget", "50", "--no-mlflow", "--out-dir", str(out)]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 1
+    assert f"{empty}: no data rows" in result.output
+    assert not out.exists()
