@@ -6,12 +6,7 @@ import logging
 
 import typer
 
-from hetplan.cli import catalog, data, trace, workspace
-from hetplan.cli import fit as fit_cli
-from hetplan.cli import plan as plan_cli
-from hetplan.cli import profile as profile_cli
-from hetplan.cli import hints as hints_cli
-from hetplan.cli import serve as serve_cli
+from hetplan.cli import catalog, data, fit, hints, plan, profile, serve, trace, workspace
 
 app = typer.Typer(
     name="hetplan",
@@ -20,17 +15,18 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     add_completion=False,
 )
-app.add_typer(catalog.app, name="catalog")
-app.add_typer(data.app, name="data")
-app.add_typer(trace.app, name="trace")
+# In pipeline order: inputs, measure, fit, plan, publish, serve; then the data tools.
 app.command("init")(workspace.init)
-app.command("profile")(profile_cli.profile)
-app.command("fit")(fit_cli.fit)
-app.add_typer(fit_cli.curves_app, name="curves")
-app.command("plan")(plan_cli.plan)
-app.add_typer(hints_cli.app, name="hints")
-app.command("publish")(hints_cli.publish)
-app.command("serve")(serve_cli.serve)
+app.add_typer(catalog.app, name="catalog")
+app.add_typer(trace.app, name="trace")
+app.command("profile")(profile.profile)
+app.command("fit")(fit.fit)
+app.add_typer(fit.curves_app, name="curves")
+app.command("plan")(plan.plan)
+app.command("publish")(hints.publish)
+app.add_typer(hints.app, name="hints")
+app.command("serve")(serve.serve)
+app.add_typer(data.app, name="data")
 
 
 @app.callback()
