@@ -3,6 +3,11 @@
 For each job class (model, GPUs per job), its GPU types in order of preference (`rank` 1 = best), each with
 the cores and RAM per GPU to give and the throughput to expect. A class missing from the table falls back
 to the GPU-proportional share.
+
+Units: `expected_throughput` is the whole job's (per-GPU throughput x `num_gpus`, in the profiles' unit,
+usually samples/s); `normalized_throughput` is per GPU, relative to the class's throughput on the reference
+allocation (a V100 with 3 cores and 62.5 GB); `throughput_per_dollar` is per-GPU throughput x 3600 over the
+per-GPU hourly price of the plan's shape (samples per US$).
 """
 
 from __future__ import annotations
