@@ -6,7 +6,11 @@ import io
 import json
 import logging
 import os
+import signal
 import socket
+import subprocess
+import sys
+import time
 import textwrap
 from pathlib import Path
 
@@ -24,8 +28,9 @@ from hetplan.profiling import (
     Workload, command_workload, detect_gpu, entry_workload, host_facts, make_grid, parse_line, pick_cores,
     profile_gpu_type, resolve_gpu_type, resolve_workload,
 )
-from hetplan.profiling.enforce import cgroup_mounts
-from hetplan.profiling.grid import Host, format_cores, parse_cores
+from hetplan.profiling.enforce import cgroup_mounts, remove_stale
+from hetplan.profiling.grid import Host, Point, format_cores, parse_cores
+from hetplan.profiling.harness import workload_env
 from hetplan.profiling.protocol import Meter, Report
 from hetplan.profiling.procs import Observation, cpu_use
 from hetplan.profiling.telemetry import GpuInfo, Sample, Sampler
@@ -66,7 +71,7 @@ def masks(report, out_dir, workers=2):
 
 def limits(report, out_dir):
     """Write the memory limit this process is under, read from its own cgroups."""
-    from hetplan.profiling.enforce import cgroup_mounts
+    from hetplan.profiling.enforce import cgroup_mounts, remove_stale
     found = {}
     for mount in cgroup_mounts():
         for name in ("memory.max", "memory.limit_in_bytes"):
@@ -315,6 +320,48 @@ def test_no_cgroups_are_left_behind(wl: Path) -> None:
         assert leftovers == [], mount
 
 
+HARNESS = """
+import sys
+from hetplan.profiling import ProfileSettings, command_workload, profile_gpu_type
+marker = sys.argv[1]
+loop = 'echo $$ > ' + marker + '; while true; do echo "{\\"hetplan\\": 1, \\"samples\\": 1}"; sleep 0.05; done'
+profile_gpu_type(command_workload(loop, "x"), cpus="1", mem_gb="1", gpu_type="T4",
+                 settings=ProfileSettings(warmup_s=600, measure_s=1, repeats=1, timeout_s=900))
+"""
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL])
+def test_a_killed_harness_leaves_no_workload_running(tmp_path: Path, sig: signal.Signals) -> None:
+    script, marker = tmp_path / "harness.py", tmp_path / "workload.pid"
+    script.write_text(HARNESS)
+    harness = subprocess.Popen([sys.executable, str(script), str(marker)])
+    try:
+        deadline = time.monotonic() + 20
+        while not (marker.exists() and marker.read_text().strip()) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        workload = int(marker.read_text())
+        harness.send_signal(sig)
+        harness.wait(timeout=20)
+        deadline = time.monotonic() + 10
+        while _running(workload) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not _running(workload)
+    finally:
+        if harness.poll() is None:
+            harness.kill()
+    for mount in cgroup_mounts():  # SIGTERM: removed on the way out; SIGKILL: by the next harness
+        remove_stale(mount.own)
+        assert not list(mount.own.glob(f"hetplan-{harness.pid}-*"))
+
+
+def _running(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state != "Z"
+
+
 # --- failures are points, not crashes --------------------------------------------------------------------
 
 @pytest.mark.parametrize(("script", "reason"), [
@@ -361,6 +408,17 @@ def test_records_validate_and_carry_the_measurement_conditions(tmp_path: Path, w
                    "cpu_model", "workload"):
         assert column in frame.columns
     assert run.records["measured_at"].notna().all()
+
+
+def test_environment_sizes_thread_pools_and_cannot_override_the_allocation() -> None:
+    mine = command_workload("true", "m", env={"OMP_NUM_THREADS": "7", "HETPLAN_CPUS": "64"})
+    env = workload_env(mine, Point(2, 8.0), (0, 1), None)
+    assert (env["HETPLAN_CPUS"], env["HETPLAN_WORKERS"], env["HETPLAN_MEM_GB"], env["HETPLAN_CORES"]) == (
+        "2", "2", "8", "0-1")
+    assert env["OMP_NUM_THREADS"] == "7" and env["OPENBLAS_NUM_THREADS"] == "2"
+    assert "CUDA_VISIBLE_DEVICES" not in mine.env
+    builtin = resolve_workload("image-pipeline", params={"data_dir": "/nonexistent"})
+    assert workload_env(builtin, Point(2, 8.0), (0, 1), None)["OPENBLAS_NUM_THREADS"] == "1"  # NumPy step: 1 thread
 
 
 def test_unknown_workloads_are_refused() -> None:

@@ -12,6 +12,9 @@ enforced is recorded per point (`cpu_enforced`, `mem_enforced`, `enforcement`), 
 live worker is read back from /proc at the end of the measurement. No limit is ever claimed that was not
 written and read back. Cores come from this host's allowed set: the GPU's NUMA-local ones first, then the
 lowest ids. A grid that asks for more cores or RAM than the host has is refused before anything runs.
+Nothing outlives the harness: a SIGTERM stops the running point's process group and removes its
+cgroups; after a SIGKILL the workload dies with it (parent-death signal) and the next run removes the
+stale cgroups, killing anything left in them.
 
 ## The records
 Profile records (`hetplan.contracts.PROFILES`), one per point: `num_gpus=1`, `throughput` in samples/s,

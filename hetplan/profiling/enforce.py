@@ -45,7 +45,7 @@ def pick_cores(n: int, host_cores: tuple[int, ...], preferred: tuple[int, ...] =
 
 def launcher_argv(cores: tuple[int, ...], joins: list[str], command: list[str]) -> list[str]:
     """The command line that starts `command` pinned to `cores` and inside the cgroups `joins`."""
-    argv = [sys.executable, "-I", "-S", str(LAUNCHER), "--cores", format_cores(cores)]
+    argv = [sys.executable, "-I", "-S", str(LAUNCHER), "--cores", format_cores(cores), "--parent", str(os.getpid())]
     for path in joins:
         argv += ["--join", path]
     return argv + ["--", *command]
@@ -128,6 +128,8 @@ class Sandbox:
 
     def __enter__(self) -> Sandbox:
         mounts = self.mounts if self.mounts is not None else cgroup_mounts()
+        for mount in mounts:
+            remove_stale(mount.own)
         name = f"hetplan-{os.getpid()}-{next(_counter)}"
         want = [("cpu", self.cpus)] + ([("memory", self.mem_gb)] if self.mem_gb is not None else [])
         for resource, amount in want:
@@ -219,6 +221,44 @@ class Sandbox:
                     time.sleep(0.02)
             else:
                 log.warning("could not remove cgroup %s (still busy)", child)
+
+
+def remove_stale(own: Path) -> list[Path]:
+    """Remove the cgroups a dead harness left under `own` (killing whatever still runs in them)."""
+    removed: list[Path] = []
+    try:
+        entries = list(own.glob("hetplan-*-*"))
+    except OSError:
+        return removed
+    for child in entries:
+        try:
+            pid = int(child.name.split("-")[1])
+        except (IndexError, ValueError):
+            continue
+        if pid == os.getpid() or _alive(pid):
+            continue
+        _kill_members(child)
+        for _ in range(50):
+            try:
+                child.rmdir()
+                removed.append(child)
+                log.info("removed cgroup %s left by dead harness %d", child, pid)
+                break
+            except FileNotFoundError:
+                break
+            except OSError:
+                time.sleep(0.02)
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def _kill_members(child: Path) -> None:

@@ -11,12 +11,15 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import statistics
-from collections.abc import Callable, Mapping, Sequence
-from contextlib import nullcontext
+import threading
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
+from types import FrameType
 
 import pandas as pd
 
@@ -234,19 +237,38 @@ def profile_gpu_type(
     if workload.prepare is not None:
         workload.prepare()
     results: list[PointResult] = []
-    for point in grid.points():
-        if on_start is not None:
-            on_start(point)
-        result = profile_point(workload, point, settings=settings, host=host, gpu=probe.gpu)
-        if not result.ok:
-            log.warning("%s at %s failed: %s", workload.model, point, result.error)
-        results.append(result)
-        if on_done is not None:
-            on_done(result)
+    with _sigterm_unwinds():
+        for point in grid.points():
+            if on_start is not None:
+                on_start(point)
+            result = profile_point(workload, point, settings=settings, host=host, gpu=probe.gpu)
+            if not result.ok:
+                log.warning("%s at %s failed: %s", workload.model, point, result.error)
+            results.append(result)
+            if on_done is not None:
+                on_done(result)
     records = records_frame(results, workload=workload, gpu_type=resolved, host=host, gpu=probe.gpu)
     if out is not None:
         PROFILES.write(records, out)
     return ProfileRun(workload, resolved, probe, host, results, records)
+
+
+@contextmanager
+def _sigterm_unwinds() -> Iterator[None]:
+    """While the grid runs, SIGTERM raises SystemExit (if nothing else handles it), so the running point's
+    process group is stopped and its cgroups removed instead of being left behind."""
+    if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGTERM) != signal.SIG_DFL:
+        yield
+        return
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
+def _exit_on_sigterm(signum: int, frame: FrameType | None) -> None:
+    raise SystemExit(128 + signum)
 
 
 def records_frame(results: Sequence[PointResult], *, workload: Workload, gpu_type: str, host: Host,
