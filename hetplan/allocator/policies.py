@@ -12,6 +12,8 @@ Policies never change the state; the mechanism (`Allocator`) applies the allocat
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
+
 from collections.abc import Callable
 from typing import Protocol
 
@@ -96,34 +98,41 @@ class HintPolicy:
         return _no_capacity(job, hints, self.name, where)
 
 
-class ProportionalPolicy:
+class _ProportionalShare(ABC):
+    """Baselines that give the GPU-proportional share; subclasses say how a node is searched for."""
+
+    name = ""
+
+    def place(self, job: Job, state: ClusterView, hints: HintSet) -> Decision:
+        rejected = _too_big(job, state, hints, self.name)
+        if rejected is not None:
+            return rejected
+        fit = self._search(job, state)
+        if fit is None:
+            return _no_capacity(job, hints, self.name, "")
+        return _allocation(job, fit, hints, self.name, "proportional", None)
+
+    @abstractmethod
+    def _search(self, job: Job, state: ClusterView):
+        """The node to place `job` on with the proportional share free, or None."""
+
+
+class ProportionalPolicy(_ProportionalShare):
     """GPU-proportional share, best fit over all GPU types: the heterogeneity- and sensitivity-agnostic baseline."""
 
     name = "proportional"
 
-    def place(self, job: Job, state: ClusterView, hints: HintSet) -> Decision:
-        rejected = _too_big(job, state, hints, self.name)
-        if rejected is not None:
-            return rejected
-        fit = state.best_fit(None, job.num_gpus, proportional_need(job.num_gpus))
-        if fit is None:
-            return _no_capacity(job, hints, self.name, "")
-        return _allocation(job, fit, hints, self.name, "proportional", None)
+    def _search(self, job: Job, state: ClusterView):
+        return state.best_fit(None, job.num_gpus, proportional_need(job.num_gpus))
 
 
-class FirstFitPolicy:
+class FirstFitPolicy(_ProportionalShare):
     """The first node in joining order with the GPUs and the GPU-proportional share free."""
 
     name = "first-fit"
 
-    def place(self, job: Job, state: ClusterView, hints: HintSet) -> Decision:
-        rejected = _too_big(job, state, hints, self.name)
-        if rejected is not None:
-            return rejected
-        fit = state.first_fit(job.num_gpus, proportional_need(job.num_gpus))
-        if fit is None:
-            return _no_capacity(job, hints, self.name, "")
-        return _allocation(job, fit, hints, self.name, "proportional", None)
+    def _search(self, job: Job, state: ClusterView):
+        return state.first_fit(job.num_gpus, proportional_need(job.num_gpus))
 
 
 POLICIES: dict[str, Callable[..., Policy]] = {
