@@ -13,7 +13,6 @@ Policies never change the state; the mechanism (`Allocator`) applies the allocat
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-
 from collections.abc import Callable
 from typing import Protocol
 
