@@ -248,3 +248,41 @@ def test_cli_plan_with_an_empty_demand_fails_and_writes_nothing(workspace, tmp_p
     assert result.exit_code == 1
     assert f"{empty}: no data rows" in result.output
     assert not out.exists()
+
+
+BOX_CURVES = pd.concat([curve("img", "V100", [(1, 64, 1.0), (4, 64, 2.0), (12, 64, 4.0)]),
+                        curve("nlp", "V100", [(1, 64, 3.0), (4, 64, 3.0)])])
+BOX = pd.DataFrame([shape("box", "V100", 2, 16, 256, 10.0)])
+BOX_DEMAND = pd.DataFrame({"model": ["img", "nlp"], "num_gpus": [1, 1], "share": [0.5, 0.5]})
+
+
+def test_spare_budget_buys_no_idle_nodes():
+    result = plan_cluster(build_problem(BOX_CURVES, BOX, BOX_DEMAND, budget=50.0, demand_gpus=2))
+    assert result.plan.node_counts == {"box": 1} and result.plan.cost_per_hour == 10.0
+
+
+def test_a_sweep_from_a_small_budget_still_climbs():
+    """Demand derived from the budget is derived again for the sweep's largest budget."""
+    problem = build_problem(BOX_CURVES, BOX, BOX_DEMAND, budget=10.0)
+    objectives = [p.result.plan.objective for p in sweep(problem, [10.0, 20.0, 40.0], baselines=False)]
+    assert objectives[0] < objectives[1] < objectives[2]
+
+
+def test_min_cost_without_a_budget_or_a_demand_total():
+    result = plan_cluster(build_problem(BOX_CURVES, BOX, BOX_DEMAND, budget=None), objective="cost", target=10.0)
+    assert result.plan.model_extra["throughput_value"] >= 10.0 - 1e-6
+    assert result.plan.gap == 0.0 and result.plan.model_extra["cost_gap"] is not None
+
+
+def test_a_class_no_shape_can_run_does_not_zero_the_fair_plan():
+    demand = pd.concat([BOX_DEMAND, pd.DataFrame({"model": ["img"], "num_gpus": [4], "share": [0.5]})])
+    demand["share"] /= demand["share"].sum()
+    result = plan_cluster(build_problem(BOX_CURVES, BOX, demand, budget=10.0, demand_gpus=4), fairness=0.5)
+    assert result.plan.objective > 0
+
+
+def test_baselines_carry_the_same_fairness_floor():
+    problem = build_problem(BOX_CURVES, BOX, BOX_DEMAND, budget=10.0, demand_gpus=4)
+    result = plan_cluster(problem, fairness=1.0)
+    for evaluation in evaluate_baselines(problem, result, fairness=1.0):
+        assert result.plan.objective >= evaluation.normalized_throughput * (1 - 1e-3), evaluation.name

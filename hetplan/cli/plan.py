@@ -67,9 +67,11 @@ def plan(
             raise ContractError([Problem(str(catalog), f"nothing could be planned: {exc}")]) from None
         if result.plan.objective <= 0 and not fleet:
             cheapest = float(problem.shapes["price_per_hour"].min())
-            raise ContractError([Problem(str(catalog), f"nothing could be planned: budget {budget:g} $/h buys no "
-                                         f"useful node (the cheapest usable node costs {cheapest:g} $/h)")])
-        baselines = evaluate_baselines(problem, result, solver, time_limit) if objective == "throughput" else []
+            spend = f"budget {budget:g} $/h" if budget is not None else "the plan"
+            raise ContractError([Problem(str(catalog), f"nothing could be planned: {spend} buys no useful node "
+                                         f"(the cheapest usable node costs {cheapest:g} $/h)")])
+        baselines = (evaluate_baselines(problem, result, solver, time_limit, fairness)
+                     if objective == "throughput" else [])
         files = _write(result, shapes, baselines, out_dir)
         if sweep_budgets:
             files += _sweep(problem, [float(b) for b in sweep_budgets.split(",")], solver, time_limit, gap, fairness,

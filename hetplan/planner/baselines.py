@@ -47,10 +47,12 @@ def proportional_options(problem: PlanningProblem) -> dict[tuple[int, int], tupl
 
 
 def best_value_shape(problem: PlanningProblem, only: dict[tuple[int, int], tuple[float, float]]) -> int | None:
-    """The shape with the most demand-weighted normalised throughput per dollar at the proportional share."""
+    """The affordable shape with the most demand-weighted normalised throughput per dollar at the
+    proportional share (one the budget can buy at least one of, and that is available)."""
     best, best_value = None, 0.0
     for s, shape in problem.shapes.iterrows():
-        if shape["price_per_hour"] <= 0:
+        affordable = problem.budget is None or shape["price_per_hour"] <= problem.budget
+        if shape["price_per_hour"] <= 0 or not affordable or (pd.notna(shape["available"]) and shape["available"] == 0):
             continue
         per_gpu = 0.0
         for j, cls in problem.classes.iterrows():
@@ -64,8 +66,8 @@ def best_value_shape(problem: PlanningProblem, only: dict[tuple[int, int], tuple
 
 
 def evaluate_baselines(problem: PlanningProblem, hetplan: PlanResult, solver: SolverName = "auto",
-                       time_limit: float = 60.0) -> list[Evaluation]:
-    """Score the three baselines and hetplan's plan on the same problem and budget."""
+                       time_limit: float = 60.0, fairness: float = 0.0) -> list[Evaluation]:
+    """Score the three baselines and hetplan's plan on the same problem, budget and fairness floor."""
     only = proportional_options(problem)
     results = []
     shape = best_value_shape(problem, only)
@@ -74,15 +76,15 @@ def evaluate_baselines(problem: PlanningProblem, hetplan: PlanResult, solver: So
         count = int(np.floor(problem.budget / problem.shapes.loc[shape, "price_per_hour"] + 1e-9))
         count = count if pd.isna(cap) else min(count, int(cap))
         fixed = {shape: count}
-        results.append(_evaluate("status quo", problem, fixed, only, solver, time_limit))
-        results.append(_evaluate("status quo + sensitivity-aware", problem, fixed, None, solver, time_limit))
+        results.append(_evaluate("status quo", problem, fixed, only, solver, time_limit, fairness))
+        results.append(_evaluate("status quo + sensitivity-aware", problem, fixed, None, solver, time_limit, fairness))
     # As if every GPU reached its plateau on the least cores and RAM of the grid: CPU and RAM ignored.
     gpu_only = replace(problem, options={
         key: [Option(min(o.cpus for o in opts), min(o.mem_gb for o in opts), max(o.throughput for o in opts))]
         for key, opts in problem.options.items() if opts})
     try:
-        mix = plan_cluster(gpu_only, solver=solver, time_limit=time_limit)
-        results.append(_evaluate("GPU-only mix", problem, nodes_of(mix, gpu_only), only, solver, time_limit))
+        mix = plan_cluster(gpu_only, solver=solver, time_limit=time_limit, fairness=fairness)
+        results.append(_evaluate("GPU-only mix", problem, nodes_of(mix, gpu_only), only, solver, time_limit, fairness))
     except InfeasibleError:
         pass
     results.append(Evaluation("hetplan", dict(hetplan.plan.node_counts), hetplan.plan.cost_per_hour,
@@ -92,7 +94,11 @@ def evaluate_baselines(problem: PlanningProblem, hetplan: PlanResult, solver: So
 
 def _evaluate(name: str, problem: PlanningProblem, fixed: dict[int, int],
               only: dict[tuple[int, int], tuple[float, float]] | None, solver: SolverName,
-              time_limit: float) -> Evaluation:
+              time_limit: float, fairness: float) -> Evaluation:
     fixed = {s: fixed.get(s, 0) for s in range(len(problem.shapes))}
-    result = plan_cluster(problem, fixed_nodes=fixed, only_options=only, solver=solver, time_limit=time_limit)
+    try:
+        result = plan_cluster(problem, fixed_nodes=fixed, only_options=only, solver=solver, time_limit=time_limit,
+                              fairness=fairness)
+    except InfeasibleError:  # e.g. a fairness floor this cluster cannot meet
+        return Evaluation(name, {}, 0.0, 0.0)
     return Evaluation(name, dict(result.plan.node_counts), result.plan.cost_per_hour, result.plan.objective)

@@ -55,8 +55,9 @@ class MilpModel:
         row_upper = self.row_upper.copy()
         row_upper[self.budget_row] = budget
         upper = self.upper.copy()
-        upper[: self.n_shapes] = _node_bounds(self.available, self.price, budget)
-        upper[: self.n_shapes] = np.maximum(upper[: self.n_shapes], self.lower[: self.n_shapes])
+        pinned = self.lower[: self.n_shapes] == self.upper[: self.n_shapes]
+        upper[: self.n_shapes] = np.where(pinned, self.upper[: self.n_shapes],
+                                          _node_bounds(self.available, self.price, budget, self.maximize))
         return MilpModel(**{**self.__dict__, "row_upper": row_upper, "upper": upper})
 
 
@@ -99,7 +100,7 @@ def build_model(problem: PlanningProblem, objective: Objective = "throughput", f
     for j, cls in classes.iterrows():
         idx = by_class.get(j, np.array([], dtype=int))
         add(xs[idx], np.ones(len(idx)), -INF, float(cls["demand_gpus"]), f"demand[{cls['model']}x{cls['num_gpus']}]")
-        if fairness > 0:
+        if fairness > 0 and len(idx):  # a class no shape can run gets no floor (it would force zero for all)
             share = fairness * float(cls["share"])
             coef = np.full(n_x, share) - np.isin(np.arange(n_x), idx).astype(float)
             add(xs, coef, -INF, 0.0, f"fair[{cls['model']}x{cls['num_gpus']}]")
@@ -113,7 +114,7 @@ def build_model(problem: PlanningProblem, objective: Objective = "throughput", f
     col_lower = np.zeros(n_shapes + n_x)
     col_upper = np.full(n_shapes + n_x, INF)
     available = shapes["available"].to_numpy(dtype=float)
-    col_upper[:n_shapes] = _node_bounds(available, price, problem.budget)
+    col_upper[:n_shapes] = _node_bounds(available, price, problem.budget, objective == "throughput")
     for s, count in (fixed_nodes or {}).items():
         col_lower[s] = col_upper[s] = count
     integer = np.zeros(n_shapes + n_x, dtype=bool)
@@ -127,9 +128,12 @@ def build_model(problem: PlanningProblem, objective: Objective = "throughput", f
                      objective == "throughput", n_shapes, columns, names, budget_row, price, available)
 
 
-def _node_bounds(available: np.ndarray, price: np.ndarray, budget: float | None) -> np.ndarray:
-    """Upper bounds on nodes to add: the availability cap, and what the budget alone could buy."""
+def _node_bounds(available: np.ndarray, price: np.ndarray, budget: float | None, maximize: bool) -> np.ndarray:
+    """Upper bounds on nodes to add: the availability cap, and what the budget alone could buy (maximising
+    throughput with no budget at all buys nothing: the plan uses the owned fleet)."""
     bound = np.where(np.isnan(available), INF, available)
+    if budget is None and maximize:
+        return np.zeros(len(price))
     if budget is not None:
         affordable = np.full(len(price), INF)
         paid = price > 0

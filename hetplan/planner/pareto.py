@@ -13,7 +13,7 @@ import pandas as pd
 from hetplan.planner.baselines import evaluate_baselines
 from hetplan.planner.model import build_model
 from hetplan.planner.planner import PlanResult, plan_cluster
-from hetplan.planner.problem import PlanningProblem
+from hetplan.planner.problem import PlanningProblem, with_budget
 from hetplan.planner.solvers import InfeasibleError, SolverName
 
 
@@ -28,7 +28,7 @@ def sweep(problem: PlanningProblem, budgets: list[float], solver: SolverName = "
           gap: float = 1e-3, fairness: float = 0.0, baselines: bool = True) -> list[SweepPoint]:
     """Plan at each budget (ascending), reusing one model; infeasible budgets yield `result=None`."""
     budgets = sorted(budgets)
-    top = replace(problem, budget=budgets[-1])
+    top = with_budget(problem, budgets[-1])
     base = build_model(top, fairness=fairness)
     points = []
     for budget in budgets:
@@ -39,7 +39,7 @@ def sweep(problem: PlanningProblem, budgets: list[float], solver: SolverName = "
             points.append(SweepPoint(budget, None, pd.DataFrame()))
             continue
         rows = [(e.name, e.cost_per_hour, e.normalized_throughput, e.per_dollar)
-                for e in (evaluate_baselines(at, result, solver, time_limit) if baselines else [])]
+                for e in (evaluate_baselines(at, result, solver, time_limit, fairness) if baselines else [])]
         evaluations = pd.DataFrame(rows, columns=["name", "cost_per_hour", "normalized_throughput", "per_dollar"])
         points.append(SweepPoint(budget, result, evaluations))
     return points

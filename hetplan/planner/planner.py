@@ -56,21 +56,24 @@ def plan_cluster(problem: PlanningProblem, *, objective: Objective = "throughput
 def read_solution(problem: PlanningProblem, model: MilpModel, solution: Solution, inputs: dict[str, str]) -> PlanResult:
     shapes = problem.shapes
     budget = None if model.budget_row is None else float(model.row_upper[model.budget_row])
-    counts = {s: int(round(v)) for s, v in enumerate(solution.values[: model.n_shapes])}
     x = solution.values[model.n_shapes :]
     allocation = model.columns.assign(gpus=x)[x > EPSILON].reset_index(drop=True)
+    counts = trim_idle_nodes(problem, model, solution.values, allocation)
     created = datetime.now(UTC).replace(microsecond=0)
     pid = plan_id(inputs, budget, created)
     throughput_value = float((allocation["gpus"] * allocation["value"]).sum())
     cost = float(sum(shapes.loc[s, "price_per_hour"] * n for s, n in counts.items()))
+    # The contract's objective, bound and gap are in normalised throughput; a min-cost solve reports the
+    # throughput it reached (its own optimality is in cost_lp_bound and cost_gap).
     objective, bound = (solution.objective, solution.lp_bound) if model.maximize else (throughput_value, throughput_value)
     plan = Plan(
         plan_id=pid, created_at=created, budget_per_hour=budget, cost_per_hour=round(cost, 6),
         node_counts={shapes.loc[s, "name"]: n for s, n in counts.items() if n > 0},
-        objective=objective, lp_bound=max(bound, objective), gap=solution.gap, solver=solution.solver,
-        solve_seconds=round(solution.seconds, 4), inputs=inputs,
+        objective=objective, lp_bound=max(bound, objective), gap=solution.gap if model.maximize else 0.0,
+        solver=solution.solver, solve_seconds=round(solution.seconds, 4), inputs=inputs,
         objective_kind="normalized_throughput" if model.maximize else "min_cost",
         cost_lp_bound=None if model.maximize else solution.lp_bound,
+        cost_gap=None if model.maximize else solution.gap,
         owned_nodes={shapes.loc[s, "name"]: int(o) for s, o in enumerate(shapes["owned"]) if o > 0},
         mip_gap=solution.mip_gap, throughput_value=throughput_value,
         model_size={"variables": model.num_vars, "constraints": model.num_rows},
@@ -90,6 +93,32 @@ def read_solution(problem: PlanningProblem, model: MilpModel, solution: Solution
         "cpus_per_gpu": allocation["cpus"], "mem_gb_per_gpu": allocation["mem_gb"], "gpus": allocation["gpus"],
         "throughput": allocation["throughput"] * allocation["gpus"], "value": allocation["value"] * allocation["gpus"]})
     return PlanResult(plan, hints, table, nodes, solution, list(problem.warnings))
+
+
+def trim_idle_nodes(problem: PlanningProblem, model: MilpModel, values: np.ndarray,
+                    allocation: pd.DataFrame) -> dict[int, int]:
+    """Node counts without the nodes the allocation leaves idle.
+
+    Node counts carry no weight in the throughput objective, so a solver may spend spare budget on nodes
+    nothing runs on; keeping only as many as the allocation's GPUs, cores and RAM need (pinned counts stay)
+    lowers the cost and changes nothing else.
+    """
+    shapes = problem.shapes
+    used = allocation.assign(cpu=allocation["gpus"] * allocation["cpus"], mem=allocation["gpus"] * allocation["mem_gb"])
+    used = used.groupby("s")[["gpus", "cpu", "mem"]].sum()
+    counts = {}
+    for s, value in enumerate(values[: model.n_shapes]):
+        count = int(round(value))
+        if model.lower[s] == model.upper[s]:
+            counts[s] = count
+            continue
+        need = 0.0
+        if s in used.index:
+            need = max(used.loc[s, "gpus"] / shapes.loc[s, "gpus"], used.loc[s, "cpu"] / shapes.loc[s, "vcpus"],
+                       used.loc[s, "mem"] / shapes.loc[s, "mem_gb"])
+        needed = max(0, int(np.ceil(need - 1e-6)) - int(shapes.loc[s, "owned"]))
+        counts[s] = min(count, max(needed, int(model.lower[s])))
+    return counts
 
 
 def nodes_of(result: PlanResult, problem: PlanningProblem) -> dict[int, int]:

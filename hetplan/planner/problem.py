@@ -9,7 +9,7 @@ training" whichever model it trains.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import pandas as pd
@@ -40,6 +40,7 @@ class PlanningProblem:
     options: dict[tuple[int, str], list[Option]]  # (class, gpu_type) -> frontier options
     budget: float | None
     warnings: list[str] = field(default_factory=list)
+    demand_fixed: bool = False  # True when the total demand was given, not derived from the budget
 
     @property
     def gpu_types(self) -> list[str]:
@@ -108,14 +109,8 @@ def build_problem(curves: pd.DataFrame, catalog: pd.DataFrame, demand: pd.DataFr
         raise ContractError([Problem("<catalog>", "no catalog shape has a GPU type with curves: nothing to plan")])
     classes["share"] = classes["share"] / classes["share"].sum()
 
-    per_gpu_price = shapes["price_per_hour"] / shapes["gpus"]
-    if demand_gpus is None:
-        cheapest = float(per_gpu_price[per_gpu_price > 0].min()) if (per_gpu_price > 0).any() else 1.0
-        owned_gpus = float((shapes["owned"] * shapes["gpus"]).sum())
-        demand_gpus = owned_gpus + (budget / cheapest if budget else 0.0)
-        if demand_gpus <= 0:
-            demand_gpus = float(shapes["gpus"].max())
-    classes["demand_gpus"] = classes["share"] * demand_gpus
+    fixed = demand_gpus is not None
+    classes["demand_gpus"] = classes["share"] * (demand_gpus if fixed else default_demand_gpus(shapes, budget))
 
     options: dict[tuple[int, str], list[Option]] = {}
     t_ref = []
@@ -126,16 +121,39 @@ def build_problem(curves: pd.DataFrame, catalog: pd.DataFrame, demand: pd.DataFr
             options[(j, str(gpu))] = frontier([Option(float(r.cpus_per_gpu), float(r.mem_gb_per_gpu),
                                                       float(r.throughput)) for r in rows.itertuples()
                                                if r.throughput > 0])
-    classes["t_ref"] = t_ref
-    return PlanningProblem(shapes, classes, options, budget, warnings)
+    classes["t_ref"] = [value for value, _ in t_ref]
+    fallback = [cls for cls, (_, exact) in zip(classes["model"], t_ref) if not exact]
+    if fallback:
+        warnings.append(f"no V100 curve at or below {REFERENCE[1]:g} cores and {REFERENCE[2]:g} GB for "
+                        f"{', '.join(sorted(set(fallback)))}: normalised by their best throughput on any GPU instead")
+    return PlanningProblem(shapes, classes, options, budget, warnings, fixed)
 
 
-def _reference_throughput(model_curves: pd.DataFrame) -> float:
-    """Throughput on the reference allocation (or the nearest below it, or the model's best if no V100)."""
+def default_demand_gpus(shapes: pd.DataFrame, budget: float | None) -> float:
+    """Total GPU demand when none is given: owned GPUs plus what the budget buys at the cheapest GPU price;
+    without a budget, unbounded (the cost objective or the owned fleet bounds the plan)."""
+    if budget is None:
+        return float("inf")
+    per_gpu_price = shapes["price_per_hour"] / shapes["gpus"]
+    cheapest = float(per_gpu_price[per_gpu_price > 0].min()) if (per_gpu_price > 0).any() else 1.0
+    return float((shapes["owned"] * shapes["gpus"]).sum()) + budget / cheapest
+
+
+def with_budget(problem: PlanningProblem, budget: float) -> PlanningProblem:
+    """The problem under another budget; a demand derived from the old budget is derived again."""
+    classes = problem.classes.copy()
+    if not problem.demand_fixed:
+        classes["demand_gpus"] = classes["share"] * default_demand_gpus(problem.shapes, budget)
+    return replace(problem, budget=budget, classes=classes)
+
+
+def _reference_throughput(model_curves: pd.DataFrame) -> tuple[float, bool]:
+    """Throughput on the reference allocation (or the nearest below it), and whether that point exists;
+    else the model's best throughput on any GPU type."""
     gpu, cpus, mem = REFERENCE
     ref = model_curves[(model_curves["gpu_type"] == gpu) & (model_curves["cpus_per_gpu"] <= cpus)
                        & (model_curves["mem_gb_per_gpu"] <= mem)]
     value = float(ref["throughput"].max()) if len(ref) else float("nan")
-    if not np.isfinite(value) or value <= 0:
-        value = float(model_curves["throughput"].max())
-    return value
+    if np.isfinite(value) and value > 0:
+        return value, True
+    return float(model_curves["throughput"].max()), False

@@ -119,7 +119,7 @@ def find_outliers(X: np.ndarray, y: np.ndarray, out_of_fold: np.ndarray) -> np.n
     cores = np.searchsorted(np.unique(X[:, 0]), X[:, 0])
     mems = np.searchsorted(np.unique(X[:, 1]), X[:, 1])
     adjacent = np.abs(cores[:, None] - cores[None, :]) + np.abs(mems[:, None] - mems[None, :]) <= 1
-    agree = adjacent & (np.abs(y[:, None] / y[None, :] - 1) <= OUTLIER_CONFIRM_TOLERANCE)
+    agree = adjacent & (np.abs(np.log(y[:, None] / y[None, :])) <= np.log1p(OUTLIER_CONFIRM_TOLERANCE))
     np.fill_diagonal(agree, False)
     confirmed = (agree & ~suspect[None, :]).any(axis=1)
     group = _component_sizes(agree & suspect[:, None] & suspect[None, :])
