@@ -2,12 +2,19 @@
 # Both create the virtualenv on first use and reinstall only when requirements.txt or pyproject.toml change.
 PYTHON ?= python3
 VENV ?= .venv
-WORKSPACE ?= .hetplan
+WORKSPACE ?= $(CURDIR)/.hetplan
 BUDGET ?= 200
 BIN = $(VENV)/bin
 export MLFLOW_TRACKING_URI ?= sqlite:///$(WORKSPACE)/mlflow.db
+# Airflow on embedded defaults: SQLite metadata in the workspace, this repo's DAGs and plugins, loopback only.
+export AIRFLOW_HOME ?= $(WORKSPACE)/airflow
+export AIRFLOW__CORE__LOAD_EXAMPLES = False
+export AIRFLOW__CORE__DAGS_FOLDER = $(CURDIR)/dags
+export AIRFLOW__CORE__PLUGINS_FOLDER = $(CURDIR)/plugins
+export AIRFLOW__CORE__PARALLELISM = 4
+export AIRFLOW__API__HOST = 127.0.0.1
 
-.PHONY: setup main test
+.PHONY: setup main pipeline test
 
 setup: $(VENV)/.installed
 
@@ -16,9 +23,22 @@ $(VENV)/.installed: requirements.txt pyproject.toml
 	$(BIN)/python -m pip install -q --disable-pip-version-check -r requirements.txt -e .
 	touch $@
 
-# The main job on embedded defaults: seed a workspace, fit the sensitivity models (MLflow on SQLite),
-# plan under a budget (HiGHS or gurobipy in-process), publish the hint table, show it.
+# The main job: the nightly Airflow DAG run for real on embedded defaults (profile this host for real,
+# derived profiles for the GPU types not present, fit with MLflow on SQLite, plan in-process, publish),
+# then the Kueue export DAG it triggers, then what was published and how to look at it.
 main: setup
+	$(BIN)/airflow db migrate
+	$(BIN)/airflow dags test hetplan_nightly -c '{"workspace": "$(WORKSPACE)", "budget": $(BUDGET)}'
+	$(BIN)/airflow dags test hetplan_publish -c '{"workspace": "$(WORKSPACE)"}'
+	$(BIN)/hetplan hints show --store $(WORKSPACE)/hints
+	@echo
+	@echo "Plan and hints:  $(WORKSPACE)/runs/*/plan/ (plan.json, hints.parquet, kueue.yaml, baselines.csv)"
+	@echo "Published:       $$(cat $(WORKSPACE)/hints/LATEST) in $(WORKSPACE)/hints"
+	@echo "MLflow UI:       $(BIN)/mlflow ui --backend-store-uri $(MLFLOW_TRACKING_URI) --host 127.0.0.1 --port 5000"
+	@echo "Allocator:       $(BIN)/hetplan serve --store $(WORKSPACE)/hints --host 127.0.0.1 --port 8080"
+
+# The same offline steps through the CLI, with plots and a budget sweep (no Airflow).
+pipeline: setup
 	$(BIN)/hetplan init --workspace $(WORKSPACE)
 	$(BIN)/hetplan fit --profiles $(WORKSPACE)/profiles.csv --out $(WORKSPACE)/curves.parquet
 	$(BIN)/hetplan plan --budget $(BUDGET) --curves $(WORKSPACE)/curves.parquet --catalog $(WORKSPACE)/catalog.csv \
@@ -26,10 +46,6 @@ main: setup
 	$(BIN)/hetplan publish --plan $(WORKSPACE)/plan/plan.json --hints $(WORKSPACE)/plan/hints.parquet \
 		--store $(WORKSPACE)/hints
 	$(BIN)/hetplan hints show --store $(WORKSPACE)/hints
-	@echo
-	@echo "Published hint table: $$(cat $(WORKSPACE)/hints/LATEST) in $(WORKSPACE)/hints"
-	@echo "MLflow UI:       $(BIN)/mlflow ui --backend-store-uri $(MLFLOW_TRACKING_URI) --host 127.0.0.1 --port 5000"
-	@echo "Allocator:       $(BIN)/hetplan serve --store $(WORKSPACE)/hints --host 127.0.0.1 --port 8080"
 
 test: setup
 	$(BIN)/python -m pytest

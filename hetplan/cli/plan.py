@@ -10,10 +10,11 @@ import typer
 from rich.table import Table
 
 from hetplan.cli.common import console, contract_errors, warn
-from hetplan.contracts import CATALOG, CURVES, DEMAND, HINTS, ContractError, Problem, fingerprint, write_plan
+from hetplan.contracts import CATALOG, CURVES, DEMAND, ContractError, Problem, fingerprint
 from hetplan.contracts.table import Column, TableSchema, atomic_write_bytes
+from hetplan.pipeline import write_plan_artifacts
 from hetplan.planner import (
-    InfeasibleError, PlanResult, build_problem, evaluate_baselines, frontier_table, kueue_yaml, plan_cluster, sweep,
+    InfeasibleError, PlanResult, build_problem, evaluate_baselines, frontier_table, plan_cluster, sweep,
 )
 from hetplan.planner.plots import plot_frontier, plot_node_mix
 
@@ -85,22 +86,13 @@ def plan(
 
 
 def _write(result: PlanResult, catalog: pd.DataFrame, baselines: list, out_dir: Path) -> list[Path]:
-    out_dir.mkdir(parents=True, exist_ok=True)
-    plan_path = write_plan(result.plan, out_dir / "plan.json")
-    hints_path = HINTS.write(result.hints, out_dir / "hints.parquet")
-    kueue = out_dir / "kueue.yaml"
-    atomic_write_bytes(kueue, kueue_yaml(result.plan, catalog, result.hints).encode())
-    baseline_path = out_dir / "baselines.csv"
-    table = pd.DataFrame([(b.name, b.cost_per_hour, b.normalized_throughput, b.per_dollar, b.node_counts)
-                          for b in baselines], columns=["name", "cost_per_hour", "normalized_throughput",
-                                                        "per_dollar", "node_counts"])
-    atomic_write_bytes(baseline_path, table.to_csv(index=False).encode())
+    files = write_plan_artifacts(result, catalog, baselines, out_dir)
     mix = out_dir / "node_mix.png"
     figure = plot_node_mix(result.nodes, result.allocation, f"{result.plan.plan_id}: "
                            f"{result.plan.cost_per_hour:.2f} $/h, {result.plan.objective:.1f} reference-GPU equivalents")
     figure.savefig(mix)
     plt.close(figure)
-    return [plan_path, hints_path, kueue, baseline_path, mix]
+    return [*files, mix]
 
 
 def _sweep(problem, budgets: list[float], solver: str, time_limit: float, gap: float, fairness: float,

@@ -1,0 +1,47 @@
+"""hetplan's publish follow-up, scheduled on the hints asset: export the Kueue YAML of the published hint
+table to `<workspace>/exports/<version>/kueue.yaml` and, when `allocator_url` is set, tell a running
+allocator to reload (`POST /v1/hints/reload`).
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+
+from airflow.sdk import dag, task
+from hetplan_airflow import ASSETS, AllocatorHook, export_params
+
+
+@dag(
+    dag_id="hetplan_publish",
+    schedule=[ASSETS["hints"]],
+    start_date=datetime(2026, 1, 1),
+    catchup=False,
+    params=export_params(),
+    default_args={"retries": 2, "retry_delay": timedelta(seconds=30)},
+    tags=["hetplan"],
+    doc_md=__doc__,
+)
+def hetplan_publish():
+    @task
+    def export(params=None, triggering_asset_events=None) -> dict:
+        """The version the triggering event names (else the store's LATEST), exported as Kueue YAML."""
+        from hetplan.pipeline import export_kueue
+
+        workspace, version = params["workspace"], None
+        for events in (triggering_asset_events or {}).values():
+            for event in events:
+                workspace = event.extra.get("workspace", workspace)
+                version = event.extra.get("version", version)
+        return export_kueue(workspace, version)
+
+    @task
+    def reload(exported: dict, params=None) -> dict:
+        if not params["allocator_url"]:
+            return {"reloaded": False, "version": exported["version"]}
+        reply = AllocatorHook(params["allocator_url"], params["allocator_token"]).reload_hints()
+        return {"reloaded": True, "version": exported["version"], "reply": reply}
+
+    reload(export())
+
+
+hetplan_publish()

@@ -1,0 +1,256 @@
+"""The nightly pipeline's steps as plain functions: what the Airflow DAGs call, one function per task.
+
+Every step reads and writes files under one run directory, `<workspace>/runs/<run_key>/` (the run key is
+the DAG run's logical date), so a retried task rewrites the same files and a re-run of a night is
+idempotent. Steps take and return JSON-able values (paths as strings), so they travel as XComs.
+
+    prepare(ws)                                   -> seeds the workspace from the embedded defaults if empty
+    profile_gpu(ws, key, "T4", "token-batch", ...) -> measures one GPU type, else falls back to its last good
+    fit_step(ws, key, ["T4", "L4"], ...)          -> merged profiles -> curves (+ MLflow runs and models)
+    plan_step(ws, key, budget=200, ...)           -> plan.json (with `stale_gpu_types`), hints, Kueue YAML
+    publish_step(ws, key)                         -> the hint table published into `<workspace>/hints`
+    export_kueue(ws)                              -> `<workspace>/exports/<version>/kueue.yaml`
+
+Profiles: the workspace's `profiles.csv` (derived, from `hetplan init`) is the base; a GPU type's fresh
+measurements (or, when profiling fails, its last good measurements) replace the base's rows for the same
+(model, GPU type) pairs. A GPU type whose profiling failed is listed in the plan's `stale_gpu_types`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import replace
+from pathlib import Path
+from typing import Any, Sequence
+
+import pandas as pd
+
+from hetplan.contracts import CATALOG, CURVES, DEMAND, HINTS, PROFILES, ContractError, Problem, fingerprint, load_plan
+from hetplan.contracts.plan import Plan, write_plan
+from hetplan.contracts.table import atomic_write_bytes
+from hetplan.gpus import normalize_gpu
+
+log = logging.getLogger(__name__)
+
+MEASURED = "measured"
+STALE = "stale"
+
+
+def run_dir(workspace: str | Path, run_key: str) -> Path:
+    """The directory one pipeline run writes into."""
+    return Path(workspace) / "runs" / run_key
+
+
+def last_good_path(workspace: str | Path, gpu_type: str) -> Path:
+    """Where a GPU type's last successful measurements are kept, across runs."""
+    return Path(workspace) / "profiles" / "last_good" / f"{gpu_type}.csv"
+
+
+def prepare(workspace: str | Path) -> dict[str, str]:
+    """Seed the workspace from the embedded defaults unless it already holds them; return its files."""
+    from hetplan.workspace import Workspace, init_workspace
+
+    ws = Workspace(Path(workspace))
+    if not all(p.is_file() for p in (ws.catalog, ws.profiles, ws.demand)):
+        init_workspace(ws.root)
+        log.info("seeded workspace %s from the embedded defaults", ws.root)
+    return {"catalog": str(ws.catalog), "profiles": str(ws.profiles), "demand": str(ws.demand)}
+
+
+def profile_gpu(workspace: str | Path, run_key: str, gpu_type: str, workload: str, *, cpus: str | Sequence[float],
+                mem_gb: str | Sequence[float] | None = None, warmup_s: float = 2.0, measure_s: float = 2.0,
+                repeats: int = 2) -> dict[str, Any]:
+    """Profile `workload` as GPU type `gpu_type`; on failure fall back to the type's last good profiles.
+
+    Never raises for a failed measurement: returns (and writes beside the run) a status record
+    `{"gpu_type", "status": "measured"|"stale", "profiles": path or None, "error"}`.
+    """
+    from hetplan.profiling import ProfileSettings, profile_gpu_type
+
+    gpu = normalize_gpu(gpu_type)
+    out_dir = run_dir(workspace, run_key) / "profiles"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    out = out_dir / f"{gpu}.csv"
+    settings = ProfileSettings(warmup_s=warmup_s, measure_s=measure_s, repeats=repeats)
+    error = None
+    try:
+        run = profile_gpu_type(workload, cpus=cpus, mem_gb=mem_gb, gpu_type=gpu, settings=settings, out=out)
+        if run.failed == len(run.results):
+            reasons = sorted({r.error for r in run.results if r.error})
+            error = f"all {run.failed} points failed: {'; '.join(reasons)}"
+    except Exception as exc:  # a broken workload or grid must not stop the night: fall back
+        error = f"{type(exc).__name__}: {exc}"
+    if error is None:
+        good = last_good_path(workspace, gpu)
+        good.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_bytes(good, out.read_bytes())
+        status = {"gpu_type": gpu, "status": MEASURED, "profiles": str(out), "error": None}
+    else:
+        out.unlink(missing_ok=True)
+        good = last_good_path(workspace, gpu)
+        fallback = str(good) if good.is_file() else None
+        log.warning("profiling %s failed (%s); using %s", gpu, error, fallback or "the derived profiles")
+        status = {"gpu_type": gpu, "status": STALE, "profiles": fallback, "error": error}
+    atomic_write_bytes(out_dir / f"{gpu}.json", json.dumps(status, indent=2).encode())
+    return status
+
+
+def profile_statuses(workspace: str | Path, run_key: str, gpu_types: Sequence[str]) -> list[dict[str, Any]]:
+    """The status record of each GPU type's profiling task; a type whose task never finished is stale."""
+    out = []
+    for gpu in (normalize_gpu(g) for g in gpu_types):
+        path = run_dir(workspace, run_key) / "profiles" / f"{gpu}.json"
+        if path.is_file():
+            out.append(json.loads(path.read_text()))
+        else:
+            good = last_good_path(workspace, gpu)
+            out.append({"gpu_type": gpu, "status": STALE, "profiles": str(good) if good.is_file() else None,
+                        "error": "the profiling task did not finish"})
+    return out
+
+
+def merge_profiles(base: pd.DataFrame, updates: Sequence[pd.DataFrame]) -> pd.DataFrame:
+    """`base` with the rows of every (model, GPU type) pair found in `updates` replaced by the updates'."""
+    frames = [u for u in updates if len(u)]
+    if not frames:
+        return base
+    fresh = pd.concat(frames, ignore_index=True)
+    pairs = set(zip(fresh["model"], fresh["gpu_type"]))
+    keep = [pair not in pairs for pair in zip(base["model"], base["gpu_type"])]
+    return pd.concat([base[keep], fresh], ignore_index=True)
+
+
+def fit_step(workspace: str | Path, run_key: str, gpu_types: Sequence[str], *, models: Sequence[str] = (),
+             keep_gpu_types: Sequence[str] = (), tracking_uri: str | None = None,
+             mlflow: bool = True) -> dict[str, Any]:
+    """Merge profiles (base + measured/last good), fit curves, log to MLflow; return paths and stale types.
+
+    `models` / `keep_gpu_types` (empty: all) restrict what is fitted, e.g. for a small test run; the
+    measured workloads' models are always kept.
+    """
+    from hetplan.sensitivity import fit_profiles
+
+    here = run_dir(workspace, run_key)
+    here.mkdir(parents=True, exist_ok=True)
+    statuses = profile_statuses(workspace, run_key, gpu_types)
+    updates = [PROFILES.load(s["profiles"]) for s in statuses if s["profiles"]]
+    base = PROFILES.load(Path(workspace) / "profiles.csv")
+    measured_models = {m for u in updates for m in u["model"]}
+    if models:
+        base = base[base["model"].isin(set(models) | measured_models)]
+    if keep_gpu_types:
+        wanted = {normalize_gpu(g) for g in keep_gpu_types} | {s["gpu_type"] for s in statuses}
+        base = base[base["gpu_type"].isin(wanted)]
+    profiles = merge_profiles(base.reset_index(drop=True), updates)
+    profiles_path = PROFILES.write(profiles, here / "profiles.csv")
+    report = fit_profiles(PROFILES.load(profiles_path))
+    if report.curves.empty:
+        raise ContractError([Problem(str(profiles_path), "no (model, GPU type) could be fitted: "
+                                     + "; ".join(str(s) for s in report.skipped))])
+    curves_path = CURVES.write(report.curves, here / "curves.parquet")
+    for skipped in report.skipped:
+        log.warning("fit skipped: %s", skipped)
+    result: dict[str, Any] = {
+        "profiles": str(profiles_path), "curves": str(curves_path),
+        "stale_gpu_types": sorted(s["gpu_type"] for s in statuses if s["status"] != MEASURED),
+        "skipped": [str(s) for s in report.skipped], "mlflow_run": None,
+    }
+    if mlflow:
+        from hetplan.sensitivity.tracking import log_fit_job
+
+        job = log_fit_job(report, tracking_uri, run_name=f"nightly-{run_key}",
+                          params={"profiles": str(profiles_path), "profiles_sha256": fingerprint(profiles_path),
+                                  "run_key": run_key})
+        result["mlflow_run"] = job.parent_run_id
+        result["registered"] = len(job.registrations)
+    return result
+
+
+def with_stale(plan: Plan, stale_gpu_types: Sequence[str]) -> Plan:
+    """The plan with the extra field `stale_gpu_types`: GPU types planned from last good or derived profiles."""
+    return Plan.model_validate({**plan.model_dump(), "stale_gpu_types": sorted(stale_gpu_types)})
+
+
+def write_plan_artifacts(result, catalog: pd.DataFrame, baselines: Sequence, out_dir: Path) -> list[Path]:
+    """Write plan.json, hints.parquet, kueue.yaml and baselines.csv of a solved plan into `out_dir`."""
+    from hetplan.planner import kueue_yaml
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    plan_path = write_plan(result.plan, out_dir / "plan.json")
+    hints_path = HINTS.write(result.hints, out_dir / "hints.parquet")
+    kueue = out_dir / "kueue.yaml"
+    atomic_write_bytes(kueue, kueue_yaml(result.plan, catalog, result.hints).encode())
+    table = pd.DataFrame([(b.name, b.cost_per_hour, b.normalized_throughput, b.per_dollar, b.node_counts)
+                          for b in baselines], columns=["name", "cost_per_hour", "normalized_throughput",
+                                                        "per_dollar", "node_counts"])
+    baseline_path = out_dir / "baselines.csv"
+    atomic_write_bytes(baseline_path, table.to_csv(index=False).encode())
+    return [plan_path, hints_path, kueue, baseline_path]
+
+
+def plan_step(workspace: str | Path, run_key: str, *, budget: float, stale_gpu_types: Sequence[str] = (),
+              clouds: Sequence[str] = (), solver: str = "auto", time_limit: float = 60.0,
+              tracking_uri: str | None = None, mlflow: bool = True) -> dict[str, Any]:
+    """Plan under `budget` from this run's curves; write the artifacts to `<run>/plan/`; return their paths."""
+    from hetplan.planner import InfeasibleError, build_problem, evaluate_baselines, plan_cluster
+
+    ws = Path(workspace)
+    here = run_dir(ws, run_key)
+    curves_path = here / "curves.parquet"
+    shapes = CATALOG.load(ws / "catalog.csv")
+    if clouds:
+        shapes = shapes[shapes["cloud"].isin(list(clouds))]
+    problem = build_problem(CURVES.load(curves_path), shapes, DEMAND.load(ws / "demand.csv"), budget)
+    for warning in problem.warnings:
+        log.warning("%s", warning)
+    inputs = {"curves": fingerprint(curves_path), "catalog": fingerprint(ws / "catalog.csv"),
+              "demand": fingerprint(ws / "demand.csv")}
+    try:
+        result = plan_cluster(problem, solver=solver, time_limit=time_limit, inputs=inputs)
+    except InfeasibleError as exc:
+        raise ContractError([Problem(str(ws / "catalog.csv"), f"nothing could be planned: {exc}")]) from None
+    result = replace(result, plan=with_stale(result.plan, stale_gpu_types))
+    baselines = evaluate_baselines(problem, result, solver, time_limit)
+    files = write_plan_artifacts(result, shapes, baselines, here / "plan")
+    out: dict[str, Any] = {"plan": str(files[0]), "hints": str(files[1]), "kueue": str(files[2]),
+                           "plan_id": result.plan.plan_id, "stale_gpu_types": sorted(stale_gpu_types),
+                           "mlflow_run": None}
+    if mlflow:
+        from hetplan.planner.tracking import log_planning_run
+
+        out["mlflow_run"] = log_planning_run(result, files, {b.name: b.normalized_throughput for b in baselines},
+                                             tracking_uri)
+    return out
+
+
+def publish_step(workspace: str | Path, run_key: str, keep: int = 5) -> dict[str, str]:
+    """Publish this run's hint table into `<workspace>/hints`; a retry after a completed publish is a no-op."""
+    from hetplan.hints import HintStore
+    from hetplan.hints.store import VersionExistsError
+
+    plan_dir = run_dir(workspace, run_key) / "plan"
+    plan = load_plan(plan_dir / "plan.json")
+    hints = HINTS.load(plan_dir / "hints.parquet")
+    store = HintStore(Path(workspace) / "hints", keep=keep)
+    try:
+        published = store.publish(plan, hints)
+    except VersionExistsError:
+        published = store.load(plan.plan_id)  # published by an earlier try of this task
+        log.info("version %s already published", plan.plan_id)
+    return {"version": published.version, "store": str(store.root), "path": str(published.path)}
+
+
+def export_kueue(workspace: str | Path, version: str | None = None, queue: str = "hetplan") -> dict[str, str]:
+    """Write the Kueue YAML of a published version (default: LATEST) to `<workspace>/exports/<version>/`."""
+    from hetplan.hints import HintStore
+    from hetplan.planner import kueue_yaml
+
+    ws = Path(workspace)
+    published = HintStore(ws / "hints").load(version)
+    out = ws / "exports" / published.version / "kueue.yaml"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_bytes(out, kueue_yaml(published.plan, CATALOG.load(ws / "catalog.csv"), published.hints,
+                                       queue).encode())
+    return {"version": published.version, "kueue": str(out)}
+

@@ -1,0 +1,88 @@
+"""DAG params (with sane defaults), the assets the DAGs exchange, and the run key that makes tasks idempotent."""
+
+from __future__ import annotations
+
+import os
+from datetime import datetime
+from pathlib import Path
+from typing import Any, Mapping
+
+from airflow.sdk import Asset, Param
+
+# The embedded defaults: a real measurement of a built-in CPU workload on this host, at 1 and 2 cores, with
+# short windows, reported as the GPU types named here (there is no GPU on the development machines). GPU
+# types not measured keep the workspace's (derived) profiles.
+DEFAULTS: dict[str, Any] = {
+    "workspace": os.environ.get("HETPLAN_WORKSPACE", ".hetplan"),  # deployments set HETPLAN_WORKSPACE
+    "budget": 200.0,
+    "gpu_types": ["T4"],
+    "workload": "token-batch",
+    "workloads": {},          # per-GPU-type override of `workload`, e.g. {"L4": "image-pipeline"}
+    "cpus": "1,2",
+    "mem_gb": "",             # empty: the profiler's default RAM point
+    "warmup_s": 2.0,
+    "measure_s": 2.0,
+    "repeats": 2,
+    "models": [],             # empty: fit every model of the profiles; else only these (+ measured ones)
+    "keep_gpu_types": [],     # empty: every GPU type; else only these (+ profiled ones)
+    "clouds": [],             # empty: every cloud of the catalog
+    "solver": "auto",
+    "time_limit": 60.0,
+    "mlflow_tracking_uri": "",  # empty: $MLFLOW_TRACKING_URI, else sqlite:///<workspace>/mlflow.db
+    "allocator_url": "",      # export DAG: POST <url>/v1/hints/reload after exporting, when set
+    "allocator_token": "",
+}
+
+ASSETS = {
+    "profiles": Asset(name="hetplan_profiles", uri="file:///hetplan/workspace/profiles"),
+    "curves": Asset(name="hetplan_curves", uri="file:///hetplan/workspace/curves"),
+    "hints": Asset(name="hetplan_hints", uri="file:///hetplan/workspace/hints"),
+}
+
+
+def nightly_params(**overrides: Any) -> dict[str, Param]:
+    """The nightly DAG's params: DEFAULTS (updated by `overrides`) with types and descriptions."""
+    values = {**DEFAULTS, **overrides}
+    return {
+        "workspace": Param(values["workspace"], type="string", description="Workspace directory (hetplan init)."),
+        "budget": Param(values["budget"], type="number", minimum=0, description="US$ per hour to plan under."),
+        "gpu_types": Param(values["gpu_types"], type="array", description="GPU types to profile (one mapped task each)."),
+        "workload": Param(values["workload"], type="string", description="Workload to profile: built-in or module:fn."),
+        "workloads": Param(values["workloads"], type="object", description="Per-GPU-type workload overrides."),
+        "cpus": Param(values["cpus"], type="string", description="Cores per GPU to measure, comma-separated."),
+        "mem_gb": Param(values["mem_gb"], type="string", description="RAM per GPU (GiB) to measure; empty: default."),
+        "warmup_s": Param(values["warmup_s"], type="number", minimum=0),
+        "measure_s": Param(values["measure_s"], type="number", exclusiveMinimum=0),
+        "repeats": Param(values["repeats"], type="integer", minimum=1),
+        "models": Param(values["models"], type="array", description="Models to fit (empty: all)."),
+        "keep_gpu_types": Param(values["keep_gpu_types"], type="array", description="GPU types to fit (empty: all)."),
+        "clouds": Param(values["clouds"], type="array", description="Clouds to buy from (empty: all)."),
+        "solver": Param(values["solver"], type="string", enum=["auto", "gurobi", "highs"]),
+        "time_limit": Param(values["time_limit"], type="number", exclusiveMinimum=0),
+        "mlflow_tracking_uri": Param(values["mlflow_tracking_uri"], type="string"),
+    }
+
+
+def export_params(**overrides: Any) -> dict[str, Param]:
+    """The export DAG's params."""
+    values = {**DEFAULTS, **overrides}
+    return {
+        "workspace": Param(values["workspace"], type="string", description="Workspace directory."),
+        "allocator_url": Param(values["allocator_url"], type="string",
+                               description="Running allocator to tell to reload (empty: none)."),
+        "allocator_token": Param(values["allocator_token"], type="string"),
+    }
+
+
+def tracking_uri(params: Mapping[str, Any]) -> str:
+    """The MLflow URI a run uses: the param, else $MLFLOW_TRACKING_URI, else SQLite in the workspace."""
+    explicit = params.get("mlflow_tracking_uri") or os.environ.get("MLFLOW_TRACKING_URI")
+    return explicit or f"sqlite:///{Path(params['workspace']).resolve() / 'mlflow.db'}"
+
+
+def run_key(context: Mapping[str, Any]) -> str:
+    """The run's logical date (or, for runs without one, when it was due) as a path-safe key."""
+    when: datetime | None = context.get("logical_date")
+    if when is None:
+        when = context["dag_run"].run_after
+    return when.strftime("%Y%m%dT%H%M%S")
