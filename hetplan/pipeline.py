@@ -194,6 +194,7 @@ def plan_step(workspace: str | Path, run_key: str, *, budget: float, stale_gpu_t
               tracking_uri: str | None = None, mlflow: bool = True) -> dict[str, Any]:
     """Plan under `budget` from this run's curves; write the artifacts to `<run>/plan/`; return their paths."""
     from hetplan.planner import InfeasibleError, build_problem, evaluate_baselines, plan_cluster
+    from hetplan.planner.planner import require_allocation
 
     ws = Path(workspace)
     here = run_dir(ws, run_key)
@@ -210,6 +211,7 @@ def plan_step(workspace: str | Path, run_key: str, *, budget: float, stale_gpu_t
         result = plan_cluster(problem, solver=solver, time_limit=time_limit, inputs=inputs)
     except InfeasibleError as exc:
         raise ContractError([Problem(str(ws / "catalog.csv"), f"nothing could be planned: {exc}")]) from None
+    require_allocation(problem, result, str(ws / "catalog.csv"))
     result = replace(result, plan=with_stale(result.plan, stale_gpu_types))
     baselines = evaluate_baselines(problem, result, solver, time_limit)
     files = write_plan_artifacts(result, shapes, baselines, here / "plan")

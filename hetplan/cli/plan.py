@@ -16,6 +16,7 @@ from hetplan.pipeline import write_plan_artifacts
 from hetplan.planner import (
     InfeasibleError, PlanResult, build_problem, evaluate_baselines, frontier_table, plan_cluster, sweep,
 )
+from hetplan.planner.planner import require_allocation
 from hetplan.planner.plots import plot_frontier, plot_node_mix
 
 OWNED = TableSchema("owned fleet", (Column("name", "str"), Column("count", "int", min=0)), key=("name",))
@@ -66,11 +67,7 @@ def plan(
                                   time_limit=time_limit, gap=gap, inputs=inputs)
         except InfeasibleError as exc:
             raise ContractError([Problem(str(catalog), f"nothing could be planned: {exc}")]) from None
-        if result.plan.objective <= 0 and not fleet:
-            cheapest = float(problem.shapes["price_per_hour"].min())
-            spend = f"budget {budget:g} $/h" if budget is not None else "the plan"
-            raise ContractError([Problem(str(catalog), f"nothing could be planned: {spend} buys no useful node "
-                                         f"(the cheapest usable node costs {cheapest:g} $/h)")])
+        require_allocation(problem, result, str(catalog))
         baselines = (evaluate_baselines(problem, result, solver, time_limit, fairness)
                      if objective == "throughput" else [])
         files = _write(result, shapes, baselines, out_dir)

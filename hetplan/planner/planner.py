@@ -10,7 +10,7 @@ from datetime import UTC, datetime
 import numpy as np
 import pandas as pd
 
-from hetplan.contracts import HINTS, Plan
+from hetplan.contracts import HINTS, ContractError, Plan, Problem
 from hetplan.planner.hints import hints_from_allocation
 from hetplan.planner.model import MilpModel, Objective, build_model
 from hetplan.planner.problem import PlanningProblem
@@ -93,6 +93,17 @@ def read_solution(problem: PlanningProblem, model: MilpModel, solution: Solution
         "cpus_per_gpu": allocation["cpus"], "mem_gb_per_gpu": allocation["mem_gb"], "gpus": allocation["gpus"],
         "throughput": allocation["throughput"] * allocation["gpus"], "value": allocation["value"] * allocation["gpus"]})
     return PlanResult(plan, hints, table, nodes, solution, list(problem.warnings))
+
+
+def require_allocation(problem: PlanningProblem, result: PlanResult, source: str) -> None:
+    """Raise `ContractError` when a plan allocates nothing (a budget below every useful node): such a plan
+    has no hints and must not be written or published."""
+    if len(result.allocation):
+        return
+    cheapest = float(problem.shapes["price_per_hour"].min())
+    spend = f"budget {problem.budget:g} $/h" if problem.budget is not None else "the plan"
+    raise ContractError([Problem(source, f"nothing could be planned: {spend} buys no useful node "
+                                 f"(the cheapest usable node costs {cheapest:g} $/h)")])
 
 
 def trim_idle_nodes(problem: PlanningProblem, model: MilpModel, values: np.ndarray,
