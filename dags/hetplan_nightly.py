@@ -1,9 +1,12 @@
 """hetplan's nightly pipeline: profile each GPU type (mapped) -> fit (MLflow) -> plan -> publish the hints.
 
 Each task calls one function of `hetplan.pipeline` on files under `<workspace>/runs/<logical date>/`, so
-retries and re-runs rewrite the same files. A GPU type whose profiling fails falls back to its last good
-profiles and is listed in the plan's `stale_gpu_types`; the hints asset is emitted only when publishing
-succeeds, which schedules `hetplan_publish` (Kueue export, allocator reload).
+retries and re-runs rewrite the same files. A GPU type is profiled by the `profile` task on a worker, or, for
+the types the `kubernetes` param sends to pods, by `profile_pod` in a pod on a node of that type (the same
+step, `python -m hetplan.cli.nightly profile-gpu`, on the shared workspace; docs/airflow-kubernetes.md); an
+empty list skips that task. A GPU type whose profiling fails, or whose pod never finishes, falls back to its
+last good profiles and is listed in the plan's `stale_gpu_types`; the hints asset is emitted only when
+publishing succeeds, which schedules `hetplan_publish` (Kueue export, allocator reload).
 """
 
 from __future__ import annotations
@@ -13,7 +16,9 @@ from pathlib import Path
 
 from airflow.sdk import dag, task
 from hetplan_airflow import ASSETS, nightly_params, run_key
-from hetplan_airflow.config import tracking_uri
+from hetplan_airflow.config import profile_kwargs, tracking_uri
+from hetplan_airflow.operators import ProfilePodOperator
+from hetplan_airflow.pods import POD_MAP_INDEX_TEMPLATE, profiled_gpu_types, profiling_plan
 
 
 @dag(
@@ -29,30 +34,32 @@ from hetplan_airflow.config import tracking_uri
 )
 def hetplan_nightly():
     @task
-    def resolve(params=None) -> list[str]:
-        """Seed the workspace if empty; the GPU types to profile, one mapped task each."""
-        from hetplan.gpus import normalize_gpu
+    def resolve(params=None, **context) -> list[str]:
+        """Seed the workspace if empty; the GPU types profiled on the workers, one mapped `profile` each."""
         from hetplan.pipeline import prepare
 
         prepare(params["workspace"])
-        return [normalize_gpu(g) for g in params["gpu_types"]]
+        return profiling_plan(params, run_key(context))["local"]
+
+    @task
+    def pod_specs(params=None, **context) -> list[dict]:
+        """The kwargs of one mapped `profile_pod` per GPU type profiled in Kubernetes (none without a target)."""
+        return profiling_plan(params, run_key(context))["pods"]
 
     @task(map_index_template="{{ task.op_kwargs['gpu_type'] }}")
     def profile(gpu_type: str, params=None, **context) -> dict:
         from hetplan.pipeline import profile_gpu
 
-        workload = params["workloads"].get(gpu_type, params["workload"])
-        return profile_gpu(params["workspace"], run_key(context), gpu_type, workload, cpus=params["cpus"],
-                           mem_gb=params["mem_gb"] or None, warmup_s=params["warmup_s"],
-                           measure_s=params["measure_s"], repeats=params["repeats"])
+        return profile_gpu(params["workspace"], run_key(context), gpu_type, **profile_kwargs(params, gpu_type))
 
     @task(trigger_rule="all_done", outlets=[ASSETS["profiles"], ASSETS["curves"]])
-    def fit(gpu_types: list[str], params=None, **context) -> dict:
-        """Runs even when a profiling task failed for good: that type is then stale (last good profiles)."""
+    def fit(local: list[str], pods: list[dict], params=None, **context) -> dict:
+        """Runs even when a profiling task or pod failed for good: that type is then stale (last good profiles)."""
         from hetplan.pipeline import fit_step
 
-        return fit_step(params["workspace"], run_key(context), gpu_types, models=params["models"],
-                        keep_gpu_types=params["keep_gpu_types"], tracking_uri=tracking_uri(params))
+        return fit_step(params["workspace"], run_key(context), profiled_gpu_types(local, pods),
+                        models=params["models"], keep_gpu_types=params["keep_gpu_types"],
+                        tracking_uri=tracking_uri(params))
 
     @task
     def plan(fitted: dict, params=None, **context) -> dict:
@@ -71,10 +78,12 @@ def hetplan_nightly():
                                                 "version": published["version"]}
         return published
 
-    gpu_types = resolve()
-    profiled = profile.expand(gpu_type=gpu_types)
-    fitted = fit(gpu_types)
-    profiled >> fitted
+    local, pods = resolve(), pod_specs()
+    profiled = profile.expand(gpu_type=local)
+    profiled_in_pods = ProfilePodOperator.partial(task_id="profile_pod", map_index_template=POD_MAP_INDEX_TEMPLATE
+                                                  ).expand_kwargs(pods)
+    fitted = fit(local, pods)
+    [profiled, profiled_in_pods] >> fitted
     publish(plan(fitted))
 
 

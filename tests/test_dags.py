@@ -6,6 +6,7 @@ directories before airflow is imported, then creates the metadata DB.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -28,6 +29,9 @@ TINY = {  # 2 models x 3 GPU types, 2 profiled types at 1 and 2 cores with sub-s
     "budget": 20.0,
     "time_limit": 20.0,
 }
+RUN_KEY = "20260102T000000"
+TARGET = {"image": "registry.example/hetplan:0.1", "workspace_claim": "hetplan-workspace", "namespace": "gpu",
+          "gpu_types": ["L4"]}
 
 
 @pytest.fixture(scope="session")
@@ -68,17 +72,133 @@ def test_dags_import_without_errors(dagbag):
 
 
 def test_nightly_task_graph(dagbag):
+    from airflow.providers.cncf.kubernetes.operators.pod import KubernetesPodOperator
+
     dag = dagbag.get_dag("hetplan_nightly")
     tasks = {t.task_id: t for t in dag.tasks}
-    assert set(tasks) == {"resolve", "profile", "fit", "plan", "publish"}
+    assert set(tasks) == {"resolve", "pod_specs", "profile", "profile_pod", "fit", "plan", "publish"}
     assert tasks["resolve"].downstream_task_ids == {"profile", "fit"}
+    assert tasks["pod_specs"].downstream_task_ids == {"profile_pod", "fit"}
     assert tasks["profile"].downstream_task_ids == {"fit"}
+    assert tasks["profile_pod"].downstream_task_ids == {"fit"}
+    assert issubclass(tasks["profile_pod"].operator_class, KubernetesPodOperator)
     assert tasks["fit"].downstream_task_ids == {"plan"}
     assert tasks["plan"].downstream_task_ids == {"publish"}
     assert tasks["fit"].trigger_rule == "all_done"
     assert [a.name for a in tasks["publish"].outlets] == ["hetplan_hints"]
     assert all(t.retries >= 1 for t in dag.tasks)
     assert dag.params["budget"] == 200.0 and dag.params["workspace"] == ".hetplan"
+    assert dag.params["kubernetes"] == {}  # default: every GPU type is profiled on the workers
+
+
+def _params(dagbag, **overrides) -> dict:
+    """The nightly DAG's default params with `overrides`, as a run sees them."""
+    return {**dagbag.get_dag("hetplan_nightly").params.dump(), **TINY, **overrides}
+
+
+@pytest.mark.parametrize(("gpu_types", "kubernetes", "local", "pods"), [
+    (["T4", "nvidia-l4", "T4"], {}, ["T4", "L4"], []),                    # no target: all local, canonical, once
+    (["T4", "L4"], {"gpu_types": []}, [], ["T4", "L4"]),                  # a target without gpu_types: all pods
+    (["T4", "L4"], {"gpu_types": ["Tesla-T4"]}, ["L4"], ["T4"]),          # node-label spellings are fine
+    (["T4", "L4"], {"gpu_types": ["H100"]}, ["T4", "L4"], []),            # not in this run: nothing to do
+])
+def test_profiling_plan_splits_gpu_types(dagbag, tmp_path, gpu_types, kubernetes, local, pods):
+    from hetplan_airflow.pods import profiled_gpu_types, profiling_plan
+
+    target = {**TARGET, **kubernetes} if kubernetes else {}
+    plan = profiling_plan(_params(dagbag, gpu_types=gpu_types, workspace=str(tmp_path), kubernetes=target), RUN_KEY)
+    assert plan["local"] == local
+    assert profiled_gpu_types([], plan["pods"]) == pods
+    assert sorted(profiled_gpu_types(plan["local"], plan["pods"])) == sorted(local + pods)
+    assert json.loads(json.dumps(plan)) == plan  # XCom carries it
+
+
+@pytest.mark.parametrize(("overrides", "message"), [
+    ({"gpu_types": ["B300"]}, "unknown GPU type 'B300'"),
+    ({"kubernetes": {**TARGET, "gpu_types": ["Z9"]}}, "unknown GPU type 'Z9'"),
+    ({"kubernetes": {**TARGET, "products": {"X1": "NVIDIA-X1"}}}, "unknown GPU type 'X1'"),
+    ({"kubernetes": {"image": "hetplan:0.1"}}, "workspace_claim required"),
+    ({"kubernetes": {**TARGET, "imgae": "typo"}}, "unknown field(s) imgae"),
+    ({"kubernetes": {**TARGET, "memory_gb": 0}}, "memory_gb must be > 0"),
+])
+def test_profiling_plan_rejects_bad_targets(dagbag, tmp_path, overrides, message):
+    from hetplan_airflow.pods import profiling_plan
+
+    with pytest.raises(ValueError) as caught:
+        profiling_plan(_params(dagbag, workspace=str(tmp_path), **overrides), RUN_KEY)
+    assert message in str(caught.value)
+
+
+def test_pod_kwargs_node_label_and_resources(dagbag, tmp_path):
+    from hetplan_airflow.pods import PodTarget, node_product, pod_kwargs
+
+    target = PodTarget.from_param({**TARGET, "products": {"h100": "NVIDIA-H100-PCIe"}, "memory_gb": 8})
+    grid = {"workload": "token-batch", "cpus": "1,4,2", "mem_gb": None, "warmup_s": 1.0, "measure_s": 1.0,
+            "repeats": 1}
+    kwargs = pod_kwargs("H100", target, str(tmp_path), RUN_KEY, grid)
+    assert kwargs["node_selector"] == {"nvidia.com/gpu.product": "NVIDIA-H100-PCIe"}  # products beat K8S_PRODUCT
+    limits = {"cpu": "4", "memory": "9Gi", "nvidia.com/gpu": "1"}  # largest cores point; memory_gb + harness
+    assert kwargs["container_resources"] == {"requests": limits, "limits": limits}
+    assert kwargs["arguments"][kwargs["arguments"].index("--mem-gb") + 1] == "8"
+    sized = pod_kwargs("T4", target, str(tmp_path), RUN_KEY, {**grid, "mem_gb": "4,16"})
+    assert sized["node_selector"] == {"nvidia.com/gpu.product": "Tesla-T4"}
+    assert sized["container_resources"]["limits"]["memory"] == "17Gi"
+    with pytest.raises(ValueError, match="GPU type 'T4'"):
+        node_product("T4", {})
+
+
+def test_pod_task_renders_the_profiling_pod(dagbag, tmp_path):
+    from hetplan_airflow.pods import POD_MAP_INDEX_TEMPLATE, profiling_plan
+    from jinja2 import Template
+    from kubernetes.client import ApiClient
+
+    workspace = tmp_path / "ws"
+    plan = profiling_plan(_params(dagbag, workspace=str(workspace), kubernetes=TARGET), RUN_KEY)
+    mapped = dagbag.get_dag("hetplan_nightly").get_task("profile_pod")
+    task = mapped.unmap(plan["pods"][0])  # what the worker runs for map index 0
+    assert mapped.map_index_template == POD_MAP_INDEX_TEMPLATE
+    assert Template(POD_MAP_INDEX_TEMPLATE).render(task=task) == "L4"  # the pod task's name in the UI
+    pod = ApiClient().sanitize_for_serialization(task.build_pod_request_obj(dry_run=True))  # the API's JSON
+
+    assert pod["metadata"]["namespace"] == "gpu"
+    assert pod["metadata"]["name"].startswith("hetplan-profile-l4-")
+    assert pod["metadata"]["labels"]["hetplan.io/gpu-type"] == "L4"
+    spec = pod["spec"]
+    assert spec["nodeSelector"] == {"nvidia.com/gpu.product": "NVIDIA-L4"}
+    assert spec["restartPolicy"] == "Never"
+    assert spec["volumes"] == [{"name": "workspace", "persistentVolumeClaim": {"claimName": "hetplan-workspace"}}]
+    (container,) = spec["containers"]
+    assert container["image"] == TARGET["image"]
+    assert container["volumeMounts"] == [{"name": "workspace", "mountPath": str(workspace)}]
+    amounts = {"cpu": "2", "memory": "17Gi", "nvidia.com/gpu": "1"}  # cpus "1,2"; 16 GiB point + 1 for the harness
+    assert container["resources"] == {"requests": amounts, "limits": amounts}
+    assert container["command"] == ["python", "-m", "hetplan.cli.nightly"]
+    args = container["args"]
+    assert args[:7] == ["profile-gpu", "--workspace", str(workspace), "--run-key", RUN_KEY, "--gpu-type", "L4"]
+    assert args[args.index("--workload") + 1] == TINY["workloads"]["L4"]
+    assert args[args.index("--cpus") + 1] == "1,2"
+
+
+def test_pod_command_profiles_like_the_local_task_and_reruns_idempotently(dagbag, tmp_path):
+    """The pod's command run here (no cluster): a retry rewrites the same files with the same outcome."""
+    from hetplan_airflow.pods import profiling_plan
+
+    workspace = tmp_path / "ws"
+    params = _params(dagbag, workspace=str(workspace), kubernetes={**TARGET, "gpu_types": ["T4"]},
+                     cpus="1", mem_gb="1")
+    (pod,) = profiling_plan(params, RUN_KEY)["pods"]
+    command = [sys.executable, *pod["cmds"][1:], *pod["arguments"]]
+    outcomes = []
+    for _ in range(2):
+        done = subprocess.run(command, capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stderr
+        status = json.loads(done.stdout.strip().splitlines()[-1])
+        files = sorted(str(p.relative_to(workspace)) for p in workspace.rglob("*") if p.is_file())
+        outcomes.append((status, files))
+    assert outcomes[0] == outcomes[1]
+    status, files = outcomes[0]
+    assert status["status"] == "measured" and status["gpu_type"] == "T4"
+    assert files == ["profiles/last_good/T4.csv", f"runs/{RUN_KEY}/profiles/T4.csv", f"runs/{RUN_KEY}/profiles/T4.json"]
 
 
 def test_publish_dag_is_scheduled_on_the_hints_asset(dagbag):
@@ -96,6 +216,10 @@ def test_nightly_run_publishes_hints_and_marks_failed_profiling_stale(dagbag, ai
     workspace = tmp_path / "ws"
     run = dagbag.get_dag("hetplan_nightly").test(run_conf={**TINY, "workspace": str(workspace)})
     assert run.state == "success"
+    states = _task_states(run.run_id)
+    assert states[("profile", 0)] == states[("profile", 1)] == "success"  # L4 failed, and fell back (stale)
+    assert states[("profile_pod", -1)] == "skipped"  # no Kubernetes target: zero pods, the mapped task skips
+    assert states[("fit", -1)] == states[("publish", -1)] == "success"
 
     published = HintStore(workspace / "hints").load()  # LATEST exists and loads
     assert len(published.hints) > 0
@@ -114,6 +238,17 @@ def test_nightly_run_publishes_hints_and_marks_failed_profiling_stale(dagbag, ai
     export = dagbag.get_dag("hetplan_publish").test(run_conf={"workspace": str(workspace)})
     assert export.state == "success"
     assert (workspace / "exports" / published.version / "kueue.yaml").is_file()
+
+
+def _task_states(run_id: str, dag_id: str = "hetplan_nightly") -> dict[tuple[str, int], str]:
+    from airflow.models.taskinstance import TaskInstance
+    from airflow.utils.session import create_session
+    from sqlalchemy import select
+
+    with create_session() as session:
+        query = select(TaskInstance).where(TaskInstance.dag_id == dag_id, TaskInstance.run_id == run_id)
+        tis = session.scalars(query).all()
+        return {(ti.task_id, ti.map_index): str(ti.state) for ti in tis}
 
 
 @pytest.mark.skipif(shutil.which("docker-compose") is None, reason="docker-compose (Debian 1.29) not installed")

@@ -1,4 +1,5 @@
-"""Airflow glue for hetplan: DAG params with their defaults, the run key, the allocator hook.
+"""Airflow glue for hetplan: DAG params with their defaults, the run key, the allocator hook, and (in `pods`
+and `operators`, imported by the nightly DAG only) the specs and operator of the profiling pods.
 
 Thin on purpose: the steps themselves live in `hetplan.pipeline`; this package only turns Airflow's
 context and params into that module's arguments.

@@ -29,6 +29,7 @@ DEFAULTS: dict[str, Any] = {
     "solver": "auto",
     "time_limit": 60.0,
     "mlflow_tracking_uri": "",  # empty: $MLFLOW_TRACKING_URI, else sqlite:///<workspace>/mlflow.db
+    "kubernetes": {},         # empty: profile on the Airflow workers; else one pod per GPU type (hetplan_airflow.pods)
     "allocator_url": "",      # export DAG: POST <url>/v1/hints/reload after exporting, when set
     "allocator_token": "",
 }
@@ -60,6 +61,8 @@ def nightly_params(**overrides: Any) -> dict[str, Param]:
         "solver": Param(values["solver"], type="string", enum=["auto", "gurobi", "highs"]),
         "time_limit": Param(values["time_limit"], type="number", exclusiveMinimum=0),
         "mlflow_tracking_uri": Param(values["mlflow_tracking_uri"], type="string"),
+        "kubernetes": Param(values["kubernetes"], type="object",
+                            description="Profile in Kubernetes pods ({}: on the workers); docs/airflow-kubernetes.md."),
     }
 
 
@@ -78,6 +81,13 @@ def tracking_uri(params: Mapping[str, Any]) -> str:
     """The MLflow URI a run uses: the param, else $MLFLOW_TRACKING_URI, else SQLite in the workspace."""
     explicit = params.get("mlflow_tracking_uri") or os.environ.get("MLFLOW_TRACKING_URI")
     return explicit or f"sqlite:///{Path(params['workspace']).resolve() / 'mlflow.db'}"
+
+
+def profile_kwargs(params: Mapping[str, Any], gpu_type: str) -> dict[str, Any]:
+    """The keyword arguments of `hetplan.pipeline.profile_gpu` for one GPU type, from the nightly DAG's params."""
+    return {"workload": params["workloads"].get(gpu_type, params["workload"]), "cpus": params["cpus"],
+            "mem_gb": params["mem_gb"] or None, "warmup_s": params["warmup_s"], "measure_s": params["measure_s"],
+            "repeats": params["repeats"]}
 
 
 def run_key(context: Mapping[str, Any]) -> str:
