@@ -143,10 +143,10 @@ def test_fairness_floor_gives_every_class_its_share(derived_problem_parts):
     curves, catalog, demand = derived_problem_parts
     problem = build_problem(curves, catalog, demand, budget=100.0)
     result = plan_cluster(problem, fairness=0.8)
-    gpus = result.allocation.groupby(["model", "num_gpus"])["gpus"].sum()
-    total = gpus.sum()
+    work = result.allocation.groupby(["model", "num_gpus"])["value"].sum()  # normalised throughput, not GPUs
+    total = work.sum()
     for cls in problem.classes.itertuples():
-        assert gpus.get((cls.model, cls.num_gpus), 0.0) >= 0.8 * cls.share * total - 1e-6
+        assert work.get((cls.model, cls.num_gpus), 0.0) >= 0.8 * cls.share * total - 1e-6
 
 
 def test_min_cost_mode_reaches_the_target_for_less(derived_problem_parts):

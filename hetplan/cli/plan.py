@@ -31,7 +31,7 @@ def plan(
                                   "(min cost for --target)."),
     target: float | None = typer.Option(None, "--target", min=0.0, help="Normalised throughput to reach (cost)."),
     fairness: float = typer.Option(0.0, "--fairness", min=0.0, max=1.0, help="Each class gets at least this "
-                                   "fraction of its share of the GPUs."),
+                                   "fraction of its share of the normalised throughput."),
     owned: Path | None = typer.Option(None, "--owned", help="CSV name,count of nodes already owned."),
     demand_gpus: float | None = typer.Option(None, "--demand-gpus", min=0.0, help="Total GPU demand (default: "
                                              "what the budget buys at the cheapest GPU price)."),

@@ -1,7 +1,8 @@
 """One MILP description of a planning problem, built once and handed to any solver backend.
 
 Columns: n_s (integer nodes to add of shape s), then x_{j,s,k} (GPUs of class j on shape s with option k).
-Rows: budget; per shape GPUs, cores and RAM; demand per class; an optional fairness floor per class; in the
+Rows: budget; per shape GPUs, cores and RAM; demand per class; an optional fairness floor per class (its share
+of the normalised throughput, so a floor cannot be met with GPUs starved of cores or RAM); in the
 min-cost objective, a throughput target. Objective: maximise sum v x (v = per-GPU throughput / t_ref), or
 minimise sum p n.
 """
@@ -97,14 +98,14 @@ def build_model(problem: PlanningProblem, objective: Objective = "throughput", f
                                  ("mem", shape["mem_gb"], columns["mem_gb"].to_numpy()[idx])):
             add(cols, np.concatenate([[-float(cap)], per_x]), -INF, float(cap) * owned[s], f"{name}[{shape['name']}]")
     by_class = columns.groupby("j").indices
+    value = columns["value"].to_numpy(float)
     for j, cls in classes.iterrows():
         idx = by_class.get(j, np.array([], dtype=int))
         add(xs[idx], np.ones(len(idx)), -INF, float(cls["demand_gpus"]), f"demand[{cls['model']}x{cls['num_gpus']}]")
         if fairness > 0 and len(idx):  # a class no shape can run gets no floor (it would force zero for all)
-            share = fairness * float(cls["share"])
-            coef = np.full(n_x, share) - np.isin(np.arange(n_x), idx).astype(float)
+            # floor on work, not GPUs: a class's normalised throughput >= fairness x share x the total
+            coef = fairness * float(cls["share"]) * value - np.isin(np.arange(n_x), idx) * value
             add(xs, coef, -INF, 0.0, f"fair[{cls['model']}x{cls['num_gpus']}]")
-    value = columns["value"].to_numpy(float)
     if objective == "cost":
         if target is None:
             raise ValueError("the cost objective needs a throughput target")
