@@ -65,6 +65,19 @@ class Allocator:
                                  f"{existing.node}", existing.hint_version, self.policy.name)
             return self.policy.place(job, self.cluster, self.hint_source.current())
 
+    def restore(self, allocation: Allocation) -> bool:
+        """Re-apply a released allocation if its node still has room for it (and the job holds none);
+        preemptive schedulers use this to keep a job where it ran. False, and nothing changes, otherwise."""
+        with self.lock:
+            a = allocation
+            if a.node not in self.cluster or self.cluster.allocation(a.job_id) is not None:
+                return False
+            free = self.cluster.free(a.node)
+            if a.gpus > free.gpus or a.cpu_m > free.cpu_m or a.mem_mb > free.mem_mb:
+                return False
+            self.cluster.apply(a)
+            return True
+
     def release(self, job_id: str) -> Allocation | None:
         """Free a job's resources; None when the job holds none (releasing twice is harmless)."""
         with self.lock:

@@ -21,6 +21,12 @@ from hetplan.planner.problem import Option, PlanningProblem
 from hetplan.planner.solvers import InfeasibleError, SolverName
 
 
+STATUS_QUO = "status quo"
+SENSITIVITY_AWARE = "status quo + sensitivity-aware"
+GPU_ONLY = "GPU-only mix"
+HETPLAN = "hetplan"
+
+
 @dataclass(frozen=True)
 class Evaluation:
     """One way of buying and allocating, scored by the planner's objective."""
@@ -76,18 +82,18 @@ def evaluate_baselines(problem: PlanningProblem, hetplan: PlanResult, solver: So
         count = int(np.floor(problem.budget / problem.shapes.loc[shape, "price_per_hour"] + 1e-9))
         count = count if pd.isna(cap) else min(count, int(cap))
         fixed = {shape: count}
-        results.append(_evaluate("status quo", problem, fixed, only, solver, time_limit, fairness))
-        results.append(_evaluate("status quo + sensitivity-aware", problem, fixed, None, solver, time_limit, fairness))
+        results.append(_evaluate(STATUS_QUO, problem, fixed, only, solver, time_limit, fairness))
+        results.append(_evaluate(SENSITIVITY_AWARE, problem, fixed, None, solver, time_limit, fairness))
     # As if every GPU reached its plateau on the least cores and RAM of the grid: CPU and RAM ignored.
     gpu_only = replace(problem, options={
         key: [Option(min(o.cpus for o in opts), min(o.mem_gb for o in opts), max(o.throughput for o in opts))]
         for key, opts in problem.options.items() if opts})
     try:
         mix = plan_cluster(gpu_only, solver=solver, time_limit=time_limit, fairness=fairness)
-        results.append(_evaluate("GPU-only mix", problem, nodes_of(mix, gpu_only), only, solver, time_limit, fairness))
+        results.append(_evaluate(GPU_ONLY, problem, nodes_of(mix, gpu_only), only, solver, time_limit, fairness))
     except InfeasibleError:
         pass
-    results.append(Evaluation("hetplan", dict(hetplan.plan.node_counts), hetplan.plan.cost_per_hour,
+    results.append(Evaluation(HETPLAN, dict(hetplan.plan.node_counts), hetplan.plan.cost_per_hour,
                               hetplan.plan.objective))
     return results
 

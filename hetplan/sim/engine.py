@@ -1,0 +1,375 @@
+"""The discrete-event simulator: a workload replayed on a cluster, placed by the allocator core itself.
+
+One readable main loop over three kinds of event, earliest first: job completions, job arrivals and round
+boundaries. Between rounds the scheduler is work-conserving: on every arrival or completion it places
+waiting jobs in priority order wherever they fit, never preempting. At a round boundary (every `round_s`,
+as Gavel and Synergy do) a waiting job that outranks a running one triggers a reschedule: all running jobs
+are released and the whole active set is placed again in priority order, so lower-priority jobs may be
+preempted (and placed jobs may move). Priorities:
+
+- `fifo`: arrival time;
+- `srtf`: remaining work in reference seconds (the trace duration is known, as in Gavel's SRTF);
+- `las`: attained service in GPU-seconds (Tiresias-style least attained service).
+
+Placement is `hetplan.allocator.Allocator` with a named policy and hint set: the simulator never decides
+where a job goes or what share it gets. A job's speed is read off the truth curves for the allocation it got.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+import pandas as pd
+
+from hetplan.allocator import Allocator
+from hetplan.allocator.policies import Policy
+from hetplan.allocator.spec import Allocation, Job, Node
+from hetplan.hints import HintSet
+from hetplan.sim.truth import TruthCurves
+
+Scheduler = Literal["fifo", "srtf", "las"]
+SCHEDULERS: tuple[str, ...] = ("fifo", "srtf", "las")
+EPS = 1e-9
+
+
+class SimulationError(RuntimeError):
+    """An invariant broke during a simulation (a bug, never an input error)."""
+
+
+@dataclass(frozen=True)
+class SimConfig:
+    scheduler: Scheduler = "las"
+    round_s: float = 300.0
+    check_every: int = 0
+    """Check the cluster's invariants every N events (0: at the end only); tests use 1."""
+
+    def __post_init__(self) -> None:
+        if self.scheduler not in SCHEDULERS:
+            raise ValueError(f"unknown scheduler {self.scheduler!r}; one of {', '.join(SCHEDULERS)}")
+        if not self.round_s > 0:
+            raise ValueError(f"round_s must be positive, got {self.round_s}")
+
+
+class _Job:
+    """A job's simulation state. Work and remaining are in reference seconds."""
+
+    __slots__ = ("idx", "request", "model", "gpus", "arrival", "work", "remaining", "attained", "last", "speed",
+                 "alloc", "start", "finish", "run_s", "preemptions", "migrations", "version", "gpu_type", "share")
+
+    def __init__(self, idx: int, request: Job, arrival: float, work: float) -> None:
+        self.idx = idx
+        self.request = request
+        self.model = request.model
+        self.gpus = request.num_gpus
+        self.arrival = arrival
+        self.work = work
+        self.remaining = work
+        self.attained = 0.0  # GPU-seconds
+        self.last = arrival
+        self.speed = 0.0
+        self.alloc: Allocation | None = None
+        self.start = math.nan
+        self.finish = math.nan
+        self.run_s = 0.0
+        self.preemptions = 0
+        self.migrations = 0
+        self.version = 0
+        self.gpu_type = ""
+        self.share = ""
+
+
+PRIORITY: dict[str, Callable[[_Job], tuple]] = {
+    "fifo": lambda j: (j.arrival, j.idx),
+    "srtf": lambda j: (j.remaining, j.arrival, j.idx),
+    "las": lambda j: (j.attained, j.arrival, j.idx),
+}
+
+
+@dataclass
+class SimResult:
+    """Per-job outcomes, the resource-use timeline, the cluster's capacity and event counts."""
+
+    jobs: pd.DataFrame
+    timeline: pd.DataFrame  # time_s, gpus, cpus, mem_gb in use from that time on
+    capacity: dict[str, float]  # gpus, cpus, mem_gb
+    counts: dict[str, int]
+
+
+class Simulator:
+    """Replays `jobs` (a prepared workload: job_id, sim_model, num_gpus, arrival_s, duration_s) on an allocator."""
+
+    def __init__(self, jobs: pd.DataFrame, allocator: Allocator, truth: TruthCurves, config: SimConfig) -> None:
+        self.allocator = allocator
+        self.truth = truth
+        self.config = config
+        self.priority = PRIORITY[config.scheduler]
+        self.frame = jobs.reset_index(drop=True)
+        self.jobs = [
+            _Job(i, Job(str(job_id), str(model), int(gpus)), float(arrival), float(duration))
+            for i, (job_id, model, gpus, arrival, duration) in enumerate(zip(
+                self.frame["job_id"], self.frame["sim_model"], self.frame["num_gpus"], self.frame["arrival_s"],
+                self.frame["duration_s"]))
+        ]
+        totals = allocator.cluster.totals()
+        self.capacity = {"gpus": totals["gpus"], "cpus": totals["cpu_m"] / 1000, "mem_gb": totals["mem_mb"] / 1000}
+        self.free_gpus = totals["free_gpus"]
+        self.used = [0, 0, 0]  # GPUs, millicores, MB
+        self.running: dict[int, _Job] = {}
+        self.queue: list[tuple] = []  # sorted (priority..., idx); a waiting job's priority does not change
+        self.finishes: list[tuple[float, int, int]] = []  # heap of (time, version, idx)
+        self.timeline: list[tuple[float, int, int, int]] = []
+        self.last_round = -math.inf
+        self.now = 0.0
+        self.counts = {"jobs": len(self.jobs), "completed": 0, "rejected_too_big": 0, "starts": 0,
+                       "kept": 0, "preemptions": 0, "migrations": 0, "rounds": 0, "reschedules": 0, "events": 0}
+        self.status = ["pending"] * len(self.jobs)
+
+    # ------------------------------------------------------------------ the main loop
+
+    def run(self) -> SimResult:
+        largest = self.allocator.cluster.max_gpus()
+        arrivals = sorted((j for j in self.jobs), key=lambda j: (j.arrival, j.idx))
+        too_big = [j for j in arrivals if j.gpus > largest]
+        for job in too_big:
+            self.status[job.idx] = "rejected_too_big"
+        self.counts["rejected_too_big"] = len(too_big)
+        arrivals = [j for j in arrivals if j.gpus <= largest]
+        missing = self.truth.missing_pairs({j.model for j in arrivals}, self.allocator.cluster.gpu_types())
+        if missing:
+            raise KeyError("truth has no curve for " + ", ".join(f"{m} on {g}" for m, g in missing))
+        self._record(arrivals[0].arrival if arrivals else 0.0)
+        nxt = 0
+        while nxt < len(arrivals) or self.running or self.queue:
+            t_arrival = arrivals[nxt].arrival if nxt < len(arrivals) else math.inf
+            t_finish = self._next_finish()
+            t_round = self._next_round() if self.queue else math.inf
+            now = self.now = min(t_arrival, t_finish, t_round)
+            if now == math.inf:
+                raise SimulationError(f"{len(self.queue)} jobs wait on an idle cluster that cannot place them")
+            while self.finishes and self.finishes[0][0] <= now + EPS:
+                _, version, idx = heapq.heappop(self.finishes)
+                job = self.jobs[idx]
+                if version == job.version and job.alloc is not None:
+                    self._complete(job, now)
+            while nxt < len(arrivals) and arrivals[nxt].arrival <= now:
+                self._enqueue(arrivals[nxt])
+                nxt += 1
+            if now >= t_round - EPS:
+                self._round(now)
+            else:
+                self._fill(now)
+            self._record(now)
+            self.counts["events"] += 1
+            if self.config.check_every and self.counts["events"] % self.config.check_every == 0:
+                self._check()
+        self._check(final=True)
+        return SimResult(self._job_frame(), self._timeline_frame(), self.capacity, dict(self.counts))
+
+    def _next_finish(self) -> float:
+        while self.finishes:
+            time, version, idx = self.finishes[0]
+            if version == self.jobs[idx].version:
+                return time
+            heapq.heappop(self.finishes)  # stale: the job was preempted or moved since
+        return math.inf
+
+    def _next_round(self) -> float:
+        """The first round boundary at or after now that has not been processed (asked while jobs wait)."""
+        r = self.config.round_s
+        boundary = math.ceil(self.now / r) * r
+        return boundary if boundary > self.last_round else self.last_round + r
+
+    # ------------------------------------------------------------------ scheduling
+
+    def _enqueue(self, job: _Job) -> None:
+        self.status[job.idx] = "waiting"
+        self.queue.append((*self.priority(job), job.idx))
+        if len(self.queue) > 1 and self.queue[-1] < self.queue[-2]:
+            self.queue.sort()
+
+    def _fill(self, now: float, candidates: Iterable[tuple] | None = None,
+              previous: dict[int, Allocation] | None = None) -> list[tuple]:
+        """Place waiting jobs in priority order where they fit, without preempting; the rest wait on.
+
+        A job in `previous` (it ran until this reschedule) first gets its old allocation back if its node
+        still has room, so that a job keeps running where it ran unless a higher-priority job took its place.
+        """
+        if candidates is None:
+            if not self.queue or self.free_gpus == 0:
+                return self.queue
+            candidates = self.queue
+        previous = previous or {}
+        failed: set[tuple[str, int]] = set()  # classes that did not fit: nothing is freed during a pass
+        waiting: list[tuple] = []
+        for entry in candidates:
+            job = self.jobs[entry[-1]]
+            if self.free_gpus == 0 or job.gpus > self.free_gpus:
+                waiting.append(entry)
+                continue
+            old = previous.get(job.idx)
+            if old is not None and self.allocator.restore(old):
+                self._start(job, old, now)
+                self.counts["kept"] += 1
+                continue
+            if (job.model, job.gpus) in failed:
+                waiting.append(entry)
+                continue
+            decision = self.allocator.allocate(job.request)
+            if isinstance(decision, Allocation):
+                self._start(job, decision, now)
+            else:
+                failed.add((job.model, job.gpus))
+                waiting.append(entry)
+        self.queue = waiting
+        return waiting
+
+    def _round(self, now: float) -> None:
+        """A round boundary: reschedule when a waiting job outranks a running one, else fill."""
+        self.last_round = now
+        self.counts["rounds"] += 1
+        if not self.queue:
+            return
+        running = list(self.running.values())
+        for job in running:
+            self._advance(job, now)
+        ranked = sorted((*self.priority(job), job.idx) for job in running)
+        if not ranked or self.queue[0] > ranked[-1]:
+            self._fill(now)
+            return
+        self.counts["reschedules"] += 1
+        before = {job.idx: job.alloc for job in running if job.alloc is not None}
+        for job in running:
+            self._stop(job, now)
+        waiting = self._fill(now, heapq.merge(ranked, self.queue), before)
+        for idx, old in before.items():
+            job = self.jobs[idx]
+            if job.alloc is None:
+                job.preemptions += 1
+                self.counts["preemptions"] += 1
+            elif job.alloc.node != old.node:
+                job.migrations += 1
+                self.counts["migrations"] += 1
+        self.queue = sorted(waiting)
+
+    # ------------------------------------------------------------------ job state changes
+
+    def _advance(self, job: _Job, now: float) -> None:
+        if job.alloc is not None:
+            dt = now - job.last
+            job.remaining -= job.speed * dt
+            job.attained += job.gpus * dt
+            job.run_s += dt
+        job.last = now
+
+    def _start(self, job: _Job, a: Allocation, now: float) -> None:
+        speed = self.truth.speed(job.model, a.gpu_type, a.gpus, a.cpu_m, a.mem_mb)
+        if not speed > 0:
+            raise SimulationError(f"{job.request.job_id}: truth speed {speed} for {job.model} on {a.gpu_type} with "
+                                  f"{a.cpus:g} cores, {a.mem_gb:g} GB: the job would never finish")
+        job.alloc, job.speed, job.last = a, speed, now
+        job.gpu_type, job.share = a.gpu_type, a.share
+        if math.isnan(job.start):
+            job.start = now
+        job.version += 1
+        heapq.heappush(self.finishes, (now + max(job.remaining, 0.0) / speed, job.version, job.idx))
+        self.running[job.idx] = job
+        self.status[job.idx] = "running"
+        self._use(a, +1)
+        self.counts["starts"] += 1
+
+    def _stop(self, job: _Job, now: float) -> None:
+        """Take a running job off the cluster (preempted or finished)."""
+        self._advance(job, now)
+        a = job.alloc
+        if a is None:
+            raise SimulationError(f"{job.request.job_id} stopped while not running")
+        released = self.allocator.release(job.request.job_id)
+        if released != a:
+            raise SimulationError(f"{job.request.job_id}: the allocator released {released}, expected {a}")
+        job.alloc, job.speed = None, 0.0
+        job.version += 1
+        del self.running[job.idx]
+        self.status[job.idx] = "waiting"
+        self._use(a, -1)
+
+    def _complete(self, job: _Job, now: float) -> None:
+        if not math.isnan(job.finish):
+            raise SimulationError(f"{job.request.job_id} finished twice")
+        self._stop(job, now)
+        if job.remaining > 1e-6 * max(job.work, 1.0):
+            raise SimulationError(f"{job.request.job_id} completed with {job.remaining:g} reference seconds left")
+        job.remaining = 0.0
+        job.finish = now
+        self.status[job.idx] = "completed"
+        self.counts["completed"] += 1
+
+    def _use(self, a: Allocation, sign: int) -> None:
+        self.used[0] += sign * a.gpus
+        self.used[1] += sign * a.cpu_m
+        self.used[2] += sign * a.mem_mb
+        self.free_gpus -= sign * a.gpus
+
+    # ------------------------------------------------------------------ invariants and results
+
+    def _record(self, now: float) -> None:
+        point = (now, self.used[0], self.used[1], self.used[2])
+        if self.timeline and self.timeline[-1][0] == now:
+            self.timeline[-1] = point
+        else:
+            self.timeline.append(point)
+
+    def _check(self, final: bool = False) -> None:
+        cluster = self.allocator.cluster
+        problems = cluster.check()
+        totals = cluster.totals()
+        in_use = [totals["gpus"] - totals["free_gpus"], totals["cpu_m"] - totals["free_cpu_m"],
+                  totals["mem_mb"] - totals["free_mem_mb"]]
+        if in_use != self.used:
+            problems.append(f"simulator counts {self.used} in use, the cluster {in_use}")
+        if any(u > c for u, c in zip(in_use, (totals["gpus"], totals["cpu_m"], totals["mem_mb"]))):
+            problems.append(f"more in use than exists: {in_use} of {totals}")
+        if len(cluster.allocations()) != len(self.running):
+            problems.append(f"{len(cluster.allocations())} allocations for {len(self.running)} running jobs")
+        if final:
+            unfinished = [j.request.job_id for j, s in zip(self.jobs, self.status) if s not in
+                          ("completed", "rejected_too_big")]
+            if unfinished:
+                problems.append(f"{len(unfinished)} jobs never finished (first: {unfinished[0]})")
+            done = self.counts["completed"] + self.counts["rejected_too_big"]
+            if done != len(self.jobs):
+                problems.append(f"{done} jobs accounted for out of {len(self.jobs)}")
+        if problems:
+            raise SimulationError("; ".join(problems))
+
+    def _job_frame(self) -> pd.DataFrame:
+        f = self.frame
+        start = np.array([j.start for j in self.jobs])
+        finish = np.array([j.finish for j in self.jobs])
+        arrival = np.array([j.arrival for j in self.jobs])
+        run_s = np.array([j.run_s for j in self.jobs])
+        return pd.DataFrame({
+            "job_id": f["job_id"].astype(str), "model": f["model"].astype(str), "sim_model": f["sim_model"],
+            "num_gpus": f["num_gpus"].astype(int), "arrival_s": arrival, "duration_s": f["duration_s"].astype(float),
+            "status": self.status, "start_s": start, "finish_s": finish, "jct_s": finish - arrival,
+            "queue_s": start - arrival, "run_s": run_s,
+            "mean_speed": np.divide(f["duration_s"].to_numpy(float), run_s, out=np.full(len(f), np.nan),
+                                    where=run_s > 0),
+            "preemptions": [j.preemptions for j in self.jobs], "migrations": [j.migrations for j in self.jobs],
+            "gpu_type": [j.gpu_type for j in self.jobs], "share": [j.share for j in self.jobs],
+        })
+
+    def _timeline_frame(self) -> pd.DataFrame:
+        t = np.array(self.timeline, dtype=float).reshape(-1, 4)
+        return pd.DataFrame({"time_s": t[:, 0], "gpus": t[:, 1], "cpus": t[:, 2] / 1000, "mem_gb": t[:, 3] / 1000})
+
+
+def simulate(jobs: pd.DataFrame, nodes: Iterable[Node], truth: TruthCurves, policy: Policy | str = "hint",
+             hints: HintSet | None = None, config: SimConfig | None = None) -> SimResult:
+    """Simulate a prepared workload on `nodes`, placed by the allocator core with `policy` and `hints`."""
+    allocator = Allocator(list(nodes), policy, hints or HintSet.empty())
+    return Simulator(jobs, allocator, truth, config or SimConfig()).run()

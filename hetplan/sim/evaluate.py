@@ -1,0 +1,113 @@
+"""Four-way evaluation: plan the setups once, then simulate each on the same workload per load and scheduler.
+
+The planner sees the fitted curves and the trace's demand mix; the simulator advances jobs by the truth
+curves. Ratios are against the status quo of the same load and scheduler: `jct_speedup` = status quo's
+average JCT / this setup's (above 1 is better), `work_per_dollar_ratio` = this setup's work per dollar /
+status quo's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import pandas as pd
+
+from hetplan.contracts import ContractError, Problem, demand_from_trace
+from hetplan.planner import build_problem, evaluate_baselines, plan_cluster
+from hetplan.planner.baselines import STATUS_QUO
+from hetplan.planner.planner import require_allocation
+from hetplan.planner.solvers import SolverName
+from hetplan.sim.engine import SimConfig, simulate
+from hetplan.sim.metrics import summarize
+from hetplan.sim.setups import Setup, build_setups
+from hetplan.sim.truth import TruthCurves
+from hetplan.sim.workload import MIX, prepare_workload
+
+Progress = Callable[[int, int, str], None]
+"""Called before each run with (runs done, runs in all, what runs next)."""
+
+
+@dataclass
+class EvaluationResult:
+    summary: pd.DataFrame  # one row per (load, scheduler, setup)
+    jobs: pd.DataFrame  # one row per job and run, keyed by load, scheduler, setup
+    timelines: pd.DataFrame  # resource use over time per run
+    setups: list[Setup]
+    report: dict[str, int] = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)
+
+
+def plan_setups(jobs: pd.DataFrame, catalog: pd.DataFrame, curves: pd.DataFrame, budget: float,
+                fairness: float = 1.0, solver: SolverName = "auto",
+                time_limit: float = 60.0) -> tuple[list[Setup], list[str]]:
+    """Plan hetplan and its baselines for the workload's demand mix under `budget`; the four setups.
+
+    `fairness` is the planner's floor (each class gets at least this fraction of its share of the GPUs); the
+    default 1 plans for the trace's own mix, which the replay will ask every setup to serve.
+    """
+    demand = demand_from_trace(jobs.assign(model=jobs["sim_model"]))
+    problem = build_problem(curves, catalog, demand, budget)
+    result = plan_cluster(problem, solver=solver, time_limit=time_limit, fairness=fairness)
+    require_allocation(problem, result, "<catalog>")
+    evaluations = evaluate_baselines(problem, result, solver, time_limit, fairness)
+    return build_setups(problem.shapes, curves, problem.classes, result, evaluations), list(problem.warnings)
+
+
+def evaluate(trace: pd.DataFrame, catalog: pd.DataFrame, curves: pd.DataFrame, truth: TruthCurves, budget: float, *,
+             schedulers: Sequence[str] = ("las",), loads: Sequence[float | None] = (None,),
+             unknown_model: str = MIX, seed: int = 0, round_s: float = 300.0, fairness: float = 1.0,
+             solver: SolverName = "auto",
+             time_limit: float = 60.0, progress: Progress | None = None) -> EvaluationResult:
+    """Simulate the four setups on `trace` for every (load, scheduler); see the module docstring."""
+    base = prepare_workload(trace, truth.models, unknown_model, seed)
+    setups, warnings = plan_setups(base.jobs, catalog, curves, budget, fairness, solver, time_limit)
+    warnings = base.warnings + warnings
+    check_truth(truth, base.jobs, setups)
+    rows, job_frames, timelines = [], [], []
+    total, done = len(loads) * len(schedulers) * len(setups), 0
+    for load in loads:
+        workload = base if load is None else prepare_workload(trace, truth.models, unknown_model, seed, load)
+        if load is not None:
+            warnings.append(workload.warnings[-1])
+        for scheduler in schedulers:
+            config = SimConfig(scheduler, round_s)  # type: ignore[arg-type]
+            for setup in setups:
+                if progress:
+                    progress(done, total, f"{setup.name} | {scheduler} | load {load or 'trace'}")
+                done += 1
+                result = simulate(workload.jobs, setup.nodes, truth, setup.policy, setup.hints, config)
+                key = {"load_jobs_per_h": float("nan") if load is None else float(load), "scheduler": scheduler, "setup": setup.name}
+                rows.append({**key, "policy": setup.policy, "gpus": setup.gpus, "cost_per_hour": setup.cost_per_hour,
+                             "predicted_throughput": setup.predicted_throughput,
+                             **summarize(result, setup.cost_per_hour)})
+                job_frames.append(result.jobs.assign(**key))
+                timelines.append(result.timeline.assign(**key))
+    summary = with_ratios(pd.DataFrame(rows))
+    too_big = int(summary["rejected_too_big"].max()) if len(summary) else 0
+    if too_big:
+        warnings.append(f"up to {too_big} jobs need more GPUs than any node of a setup has: rejected there "
+                        f"(counted per run in rejected_too_big)")
+    return EvaluationResult(summary, pd.concat(job_frames, ignore_index=True),
+                            pd.concat(timelines, ignore_index=True), setups, dict(base.report), warnings)
+
+
+def check_truth(truth: TruthCurves, jobs: pd.DataFrame, setups: list[Setup]) -> None:
+    """Raise `ContractError` naming the (model, GPU type) pairs a setup needs and the truth lacks."""
+    gpu_types = {n.gpu_type for setup in setups for n in setup.nodes}
+    missing = truth.missing_pairs(set(jobs["sim_model"]), gpu_types)
+    if missing:
+        pairs = ", ".join(f"{m} on {g}" for m, g in missing)
+        raise ContractError([Problem("<truth curves>", f"no truth curve for {pairs}: add profiles or fallback curves")])
+
+
+def with_ratios(summary: pd.DataFrame) -> pd.DataFrame:
+    """Add `jct_speedup` and `work_per_dollar_ratio` against the status quo of the same load and scheduler."""
+    keys = list(zip(summary["load_jobs_per_h"].fillna(-1.0), summary["scheduler"]))
+    base = {k: (jct, wpd) for k, jct, wpd, name in zip(keys, summary["avg_jct_h"], summary["work_per_dollar"],
+                                                         summary["setup"]) if name == STATUS_QUO}
+    nan = (float("nan"), float("nan"))
+    return summary.assign(
+        jct_speedup=[base.get(k, nan)[0] / jct for k, jct in zip(keys, summary["avg_jct_h"])],
+        work_per_dollar_ratio=[wpd / base.get(k, nan)[1] if base.get(k, nan)[1] > 0 else float("nan")
+                               for k, wpd in zip(keys, summary["work_per_dollar"])])

@@ -1,0 +1,51 @@
+"""What a simulation run is scored by: JCTs, makespan, utilisation, work per dollar, queueing delay.
+
+Times are reported in hours. `work_per_dollar` is the reference GPU-hours completed (a trace job's
+duration at the reference allocation times its GPUs) per US$ spent on the cluster over the makespan: the
+cluster's delivered throughput per dollar-hour.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from hetplan.sim.engine import SimResult
+
+HOUR = 3600.0
+
+
+def utilisation(timeline: pd.DataFrame, capacity: float, column: str, start: float, end: float) -> float:
+    """Time-weighted mean of `column` in use over [start, end] as a fraction of `capacity`."""
+    if end <= start or capacity <= 0:
+        return 0.0
+    t = timeline["time_s"].to_numpy()
+    held = np.diff(np.clip(np.append(t, end), start, end))  # each point holds until the next one
+    return float((timeline[column].to_numpy() * held).sum() / (capacity * (end - start)))
+
+
+def summarize(result: SimResult, cost_per_hour: float) -> dict[str, float]:
+    """One row of metrics for a run."""
+    jobs = result.jobs
+    done = jobs[jobs["status"] == "completed"]
+    jct, queue = done["jct_s"].to_numpy() / HOUR, done["queue_s"].to_numpy() / HOUR
+    start = float(jobs["arrival_s"].min()) if len(jobs) else 0.0
+    end = float(done["finish_s"].max()) if len(done) else start
+    makespan_h = (end - start) / HOUR
+    work = float((done["duration_s"] * done["num_gpus"]).sum()) / HOUR
+    cap = result.capacity
+
+    def pct(values: np.ndarray, q: float) -> float:
+        return float(np.percentile(values, q)) if len(values) else float("nan")
+
+    return {
+        "jobs": len(jobs), "completed": len(done), "rejected_too_big": result.counts["rejected_too_big"],
+        "avg_jct_h": float(jct.mean()) if len(jct) else float("nan"), "median_jct_h": pct(jct, 50),
+        "p99_jct_h": pct(jct, 99), "makespan_h": makespan_h,
+        "avg_queue_h": float(queue.mean()) if len(queue) else float("nan"), "p99_queue_h": pct(queue, 99),
+        "gpu_util": utilisation(result.timeline, cap["gpus"], "gpus", start, end),
+        "cpu_util": utilisation(result.timeline, cap["cpus"], "cpus", start, end),
+        "mem_util": utilisation(result.timeline, cap["mem_gb"], "mem_gb", start, end),
+        "work_per_dollar": work / (cost_per_hour * makespan_h) if cost_per_hour > 0 and makespan_h > 0 else 0.0,
+        "preemptions": result.counts["preemptions"], "migrations": result.counts["migrations"],
+    }

@@ -1,0 +1,335 @@
+"""The simulator: truth curves, hand-computed JCTs, invariants under random traces, the four-way evaluation."""
+
+from __future__ import annotations
+
+import zlib
+
+import numpy as np
+import pandas as pd
+import pytest
+from typer.testing import CliRunner
+
+from hetplan.allocator import Allocator
+from hetplan.allocator.spec import Node
+from hetplan.catalog import load_default_catalog
+from hetplan.cli import app
+from hetplan.contracts import CURVES, PROFILES, ContractError
+from hetplan.hints import HintSet
+from hetplan.hints.index import HintEntry
+from hetplan.reference import build_reference
+from hetplan.sensitivity.curves import fit_profiles
+from hetplan.sim.engine import SimConfig, SimulationError, Simulator, simulate
+from hetplan.sim.evaluate import evaluate
+from hetplan.sim.metrics import summarize, utilisation
+from hetplan.sim.setups import knee_hints, nodes_from_counts
+from hetplan.sim.truth import TruthCurves
+from hetplan.sim.workload import prepare_workload, with_load
+
+# A tiny literal truth: model "m" on a V100 at 1, 3, 6 cores per GPU (62.5 GB): 50, 100, 200 samples/s, so
+# the reference allocation (3 cores, 62.5 GB) runs at speed 1 and 6 cores at speed 2. "flat" ignores cores.
+TINY = pd.DataFrame({
+    "model": ["m"] * 3 + ["flat"] * 3, "gpu_type": "V100", "num_gpus": 1,
+    "cpus_per_gpu": [1.0, 3.0, 6.0] * 2, "mem_gb_per_gpu": 62.5,
+    "throughput": [50.0, 100.0, 200.0, 10.0, 10.0, 10.0], "source": "published:test",
+})
+
+
+@pytest.fixture(scope="module")
+def tiny_truth() -> TruthCurves:
+    return TruthCurves.from_profiles(PROFILES.validate(TINY, "<tiny>"))
+
+
+def trace(*jobs: tuple) -> pd.DataFrame:
+    """(job_id, model, num_gpus, arrival_s, duration_s) tuples as a trace frame."""
+    return pd.DataFrame(jobs, columns=["job_id", "model", "num_gpus", "arrival_s", "duration_s"])
+
+
+def run(truth, jobs, nodes, scheduler="fifo", policy="proportional", hints=None, round_s=30.0):
+    workload = prepare_workload(jobs, truth.models, unknown_model="m")
+    result = simulate(workload.jobs, nodes, truth, policy, hints, SimConfig(scheduler, round_s, check_every=1))
+    return result, result.jobs.set_index("job_id")
+
+
+# ---------------------------------------------------------------------- truth curves
+
+def test_truth_interpolates_between_grid_points_and_clamps_outside(tiny_truth):
+    speed = tiny_truth.speed
+    assert speed("m", "V100", 1, 3000, 62500) == pytest.approx(1.0)      # the reference allocation
+    assert speed("m", "V100", 1, 6000, 62500) == pytest.approx(2.0)      # a grid point
+    assert speed("m", "V100", 1, 4500, 62500) == pytest.approx(1.5)      # halfway 3 -> 6 cores
+    assert speed("m", "V100", 1, 24000, 500000) == pytest.approx(2.0)    # above the grid: its edge
+    assert speed("m", "V100", 1, 500, 62500) == pytest.approx(0.25)      # below: linear towards zero
+    assert speed("m", "V100", 2, 12000, 125000) == pytest.approx(2.0)    # per GPU: 6 cores, 62.5 GB each
+
+
+def test_truth_fills_unmeasured_cells_from_the_points_they_dominate():
+    sparse = pd.DataFrame({"model": "m", "gpu_type": "V100", "num_gpus": 1, "cpus_per_gpu": [3.0, 6.0, 3.0],
+                           "mem_gb_per_gpu": [62.5, 20.0, 20.0], "throughput": [100.0, 80.0, 40.0]})
+    truth = TruthCurves.from_profiles(PROFILES.validate(sparse, "<sparse>"))
+    assert truth.speed("m", "V100", 1, 6000, 62500) == pytest.approx(1.0)  # (6, 62.5) unmeasured: best below
+
+
+def test_truth_without_a_reference_point_is_refused():
+    t4_only = TINY.assign(gpu_type="T4")
+    with pytest.raises(ContractError, match="reference allocation"):
+        TruthCurves.from_profiles(PROFILES.validate(t4_only, "<t4>"))
+
+
+def test_derived_truth_reproduces_the_published_v100_speedups():
+    truth = TruthCurves.from_profiles(build_reference().derived)
+    assert truth.speed("res18", "V100", 1, 9000, 62500) == pytest.approx(2.4)  # Synergy: res18 2.4x at 9 cores
+    assert truth.speed("transformer", "V100", 1, 1000, 62500) == pytest.approx(1.0)
+
+
+# ---------------------------------------------------------------------- hand-computed JCTs
+
+ONE_V100 = [Node("n1", "V100", 1, 3, 62.5)]
+
+
+@pytest.mark.parametrize("scheduler, expected", [
+    # two 100 s jobs at t=0 and a 50 s job at t=10 on one GPU, rounds of 30 s
+    ("fifo", {"a": (0, 100), "b": (100, 200), "c": (200, 250)}),
+    # SRTF: at the 30 s round c (50 s left) outranks a (70 s left): c runs 30-80, a resumes 80-150, b 150-250
+    ("srtf", {"a": (0, 150), "b": (150, 250), "c": (30, 80)}),
+    # LAS: the least attained service runs each round; ties go to the earlier arrival
+    ("las", {"a": (0, 240), "b": (30, 250), "c": (60, 170)}),
+])
+def test_hand_computed_jcts_on_one_gpu(tiny_truth, scheduler, expected):
+    result, jobs = run(tiny_truth, trace(("a", "m", 1, 0, 100.0), ("b", "m", 1, 0, 100.0), ("c", "m", 1, 10, 50.0)),
+                       ONE_V100, scheduler)
+    for job, (start, finish) in expected.items():
+        assert jobs.loc[job, "start_s"] == pytest.approx(start), job
+        assert jobs.loc[job, "finish_s"] == pytest.approx(finish), job
+    assert jobs["jct_s"].to_dict() == pytest.approx({j: f - a for (j, (_, f)), a in zip(expected.items(),
+                                                                                        (0, 0, 10))})
+    assert result.counts["completed"] == 3
+
+
+def test_one_job_runs_at_its_truth_speed(tiny_truth):
+    # a 1-GPU node with 6 cores: the proportional share is all 6 cores, speed 2
+    _, jobs = run(tiny_truth, trace(("a", "m", 1, 5, 100.0)), [Node("n", "V100", 1, 6, 62.5)])
+    assert jobs.loc["a", "jct_s"] == pytest.approx(50.0)
+    assert jobs.loc["a", "mean_speed"] == pytest.approx(2.0)
+
+
+def test_hints_give_a_sensitive_job_more_cores_than_its_proportional_share(tiny_truth):
+    node = [Node("n", "V100", 2, 8, 125)]  # proportional: 4 cores per GPU -> speed 4/3
+    hints = HintSet("h", {("m", 1): (HintEntry("V100", 1, 6.0, 62.5),)})
+    _, proportional = run(tiny_truth, trace(("a", "m", 1, 0, 100.0)), node)
+    _, hinted = run(tiny_truth, trace(("a", "m", 1, 0, 100.0)), node, policy="hint", hints=hints)
+    assert proportional.loc["a", "jct_s"] == pytest.approx(100.0 / (4 / 3))
+    assert hinted.loc["a", "jct_s"] == pytest.approx(50.0)
+    assert hinted.loc["a", "share"] == "hinted"
+
+
+def test_a_preempted_job_keeps_its_progress(tiny_truth):
+    # SRTF on one GPU: the long job runs 0-30, waits while the short one runs 30-40, resumes 40-110
+    _, jobs = run(tiny_truth, trace(("long", "m", 1, 0, 100.0), ("short", "m", 1, 20, 10.0)), ONE_V100, "srtf")
+    assert jobs.loc["short", "finish_s"] == pytest.approx(40.0)
+    assert jobs.loc["long", "finish_s"] == pytest.approx(110.0)
+    assert jobs.loc["long", "preemptions"] == 1
+    assert jobs.loc["long", "run_s"] == pytest.approx(100.0)
+
+
+def test_a_multi_gpu_job_waits_for_a_whole_node(tiny_truth):
+    nodes = [Node("n1", "V100", 2, 6, 125)]
+    _, jobs = run(tiny_truth, trace(("one", "m", 1, 0, 30.0), ("two", "m", 2, 1, 60.0)), nodes)
+    assert jobs.loc["two", "start_s"] == pytest.approx(30.0)  # needs both GPUs: waits for "one" to finish
+    assert jobs.loc["two", "finish_s"] == pytest.approx(90.0)
+
+
+# ---------------------------------------------------------------------- bad input and accounting
+
+def test_jobs_larger_than_any_node_are_rejected_and_counted(tiny_truth):
+    result, jobs = run(tiny_truth, trace(("ok", "m", 1, 0, 10.0), ("huge", "m", 16, 0, 10.0)), ONE_V100)
+    assert jobs.loc["huge", "status"] == "rejected_too_big"
+    assert result.counts["rejected_too_big"] == 1 and result.counts["completed"] == 1
+    assert summarize(result, 1.0)["rejected_too_big"] == 1
+
+
+def test_unknown_models_are_mapped_and_counted(tiny_truth):
+    jobs = trace(("a", "M", 1, 0, 1.0), ("b", "bert", 1, 0, 1.0), ("c", "gpt", 1, 0, 1.0))
+    fixed = prepare_workload(jobs, tiny_truth.models, unknown_model="flat")
+    assert fixed.jobs["sim_model"].tolist() == ["m", "flat", "flat"]  # names match case-insensitively
+    assert fixed.report["mapped_unknown_model"] == 2 and "bert, gpt" in fixed.warnings[0]
+    drawn = prepare_workload(jobs, tiny_truth.models, unknown_model="mix", seed=3)
+    assert set(drawn.jobs["sim_model"]) <= {"m", "flat"}
+    assert drawn.jobs["sim_model"].tolist() == prepare_workload(jobs, tiny_truth.models, "mix", 3).jobs[
+        "sim_model"].tolist()
+    with pytest.raises(ContractError, match="not a truth model"):
+        prepare_workload(jobs, tiny_truth.models, unknown_model="bert")
+
+
+@pytest.mark.parametrize("bad", [
+    {"duration_s": 0.0},    # zero duration
+    {"arrival_s": -5.0},    # negative time
+    {"num_gpus": 0},        # no GPU
+])
+def test_bad_trace_rows_are_refused_with_the_row(tiny_truth, bad):
+    jobs = trace(("a", "m", 1, 0, 10.0), ("b", "m", 1, 0, 10.0))
+    for column, value in bad.items():
+        jobs.loc[1, column] = value
+    with pytest.raises(ContractError, match=f"<trace>:2:{next(iter(bad))}: must be"):  # the second job
+        prepare_workload(jobs, tiny_truth.models)
+
+
+def test_load_redraws_poisson_arrivals_in_trace_order():
+    jobs = trace(*[(str(i), "m", 1, float(i), 1.0) for i in range(4000)])
+    loaded = with_load(jobs, 120.0, seed=1)
+    assert loaded["job_id"].tolist() == jobs["job_id"].tolist()
+    gaps = np.diff(loaded["arrival_s"])
+    assert (gaps >= 0).all() and loaded["arrival_s"].iloc[0] == 0
+    assert gaps.mean() == pytest.approx(30.0, rel=0.05)  # 120 jobs/h
+    with pytest.raises(ContractError, match="positive"):
+        with_load(jobs, 0.0)
+
+
+def test_utilisation_is_time_weighted():
+    timeline = pd.DataFrame({"time_s": [0.0, 10.0, 30.0], "gpus": [2.0, 4.0, 0.0]})
+    # 2 GPUs for 10 s, 4 for 20 s, 0 for 10 s, of 4 GPUs over 40 s
+    assert utilisation(timeline, 4.0, "gpus", 0.0, 40.0) == pytest.approx((20 + 80) / 160)
+
+
+# ---------------------------------------------------------------------- invariants under random traces
+
+HETERO = [Node("v-0", "V100", 4, 12, 250), Node("v-1", "V100", 8, 24, 500), Node("t-0", "T4", 4, 48, 192),
+          Node("a-0", "A100", 2, 32, 250)]
+
+
+@pytest.mark.parametrize("scheduler", ["fifo", "srtf", "las"])
+@pytest.mark.parametrize("policy", ["proportional", "hint", "first-fit"])
+def test_random_traces_keep_every_invariant(scheduler, policy):
+    truth = TruthCurves.from_profiles(build_reference().derived)
+    rng = np.random.default_rng(zlib.crc32(f"{scheduler}/{policy}".encode()))
+    n = 150
+    jobs = pd.DataFrame({"job_id": [f"j{i}" for i in range(n)],
+                         "model": rng.choice(sorted(truth.models), n), "num_gpus": rng.choice([1, 2, 4, 8, 16], n),
+                         "arrival_s": np.sort(rng.uniform(0, 4 * 3600, n)), "duration_s": rng.exponential(3600, n)})
+    hints = HintSet("h", {(m, g): (HintEntry("V100", 1, 9.0, 62.5), HintEntry("T4", 2, 6.0, 40.0))
+                          for m in truth.models for g in (1, 2, 4, 8)})
+    workload = prepare_workload(jobs, truth.models)
+    result = simulate(workload.jobs, HETERO, truth, policy, hints, SimConfig(scheduler, 300.0, check_every=1))
+    out = result.jobs
+    too_big = out["num_gpus"] > 8
+    assert (out.loc[too_big, "status"] == "rejected_too_big").all()
+    assert (out.loc[~too_big, "status"] == "completed").all()  # every job finishes, once (checked as it runs)
+    done = out[~too_big]
+    assert (done["finish_s"] >= done["start_s"]).all() and (done["start_s"] >= done["arrival_s"] - 1e-9).all()
+    # work is conserved: run time x speed adds up to each job's reference duration
+    assert np.allclose(done["run_s"] * done["mean_speed"], done["duration_s"])
+    # GPU-seconds in the timeline equal the GPU-seconds jobs ran
+    t = result.timeline
+    held = np.diff(np.append(t["time_s"].to_numpy(), t["time_s"].iloc[-1]))
+    assert (t["gpus"] * held).sum() == pytest.approx((done["run_s"] * done["num_gpus"]).sum(), rel=1e-9)
+    assert (t["gpus"] <= result.capacity["gpus"]).all() and (t["cpus"] <= result.capacity["cpus"] + 1e-9).all()
+
+
+def test_an_overcommitted_cluster_is_caught(tiny_truth):
+    workload = prepare_workload(trace(("a", "m", 1, 0, 100.0)), tiny_truth.models)
+    allocator = Allocator(ONE_V100, "proportional")
+    simulator = Simulator(workload.jobs, allocator, tiny_truth, SimConfig("fifo", check_every=1))
+    simulator.used[0] += 1  # the simulator's books disagree with the cluster's
+    with pytest.raises(SimulationError, match="in use"):
+        simulator.run()
+
+
+# ---------------------------------------------------------------------- the four-way evaluation
+
+@pytest.fixture(scope="module")
+def planning_inputs():
+    derived = build_reference().derived
+    profiles = derived[derived["model"].isin(["res18", "transformer", "alexnet"])
+                       & derived["gpu_type"].isin(["V100", "T4", "A100"])]
+    curves = fit_profiles(profiles).curves
+    catalog = load_default_catalog()
+    catalog = catalog[catalog["cloud"].isin(["aws", "gcp"])]
+    jobs = trace(*[(f"j{i}", ["res18", "transformer", "alexnet"][i % 3], [1, 1, 2, 4][i % 4], i * 600.0,
+                    1800.0 + 300 * (i % 5)) for i in range(40)])
+    return profiles, curves, catalog, jobs
+
+
+def test_evaluate_compares_four_setups_on_the_same_trace(planning_inputs):
+    profiles, curves, catalog, jobs = planning_inputs
+    truth = TruthCurves.from_profiles(profiles, fallback=curves)
+    result = evaluate(jobs, catalog, curves, truth, 60.0, schedulers=("las", "fifo"), loads=(None, 12.0))
+    summary = result.summary
+    assert len(summary) == 2 * 2 * len(result.setups) and len(result.setups) >= 3
+    assert set(summary["setup"]) >= {"status quo", "status quo + sensitivity-aware", "hetplan"}
+    assert (summary["cost_per_hour"] <= 60.0 + 1e-6).all()
+    assert (summary.loc[summary["setup"] == "status quo", "jct_speedup"] == 1.0).all()
+    assert (summary["completed"] + summary["rejected_too_big"] == len(jobs)).all()
+    assert len(result.jobs) == len(jobs) * len(summary)
+    by_setup = {s.name: s for s in result.setups}
+    assert by_setup["status quo"].policy == "proportional" and by_setup["hetplan"].policy == "hint"
+    assert by_setup["status quo + sensitivity-aware"].nodes == by_setup["status quo"].nodes
+
+
+def test_knee_hints_ask_for_each_class_knee(planning_inputs):
+    _, curves, _, _ = planning_inputs
+    classes = pd.DataFrame({"model": ["res18", "transformer"], "num_gpus": [1, 4]})
+    hints = knee_hints(curves, classes, ["V100", "T4"])
+    res18 = hints.lookup("res18", 1)
+    knee = curves[(curves["model"] == "res18") & (curves["gpu_type"] == res18[0].gpu_type)].iloc[0]
+    assert res18[0].cpus_per_gpu == knee["knee_cpus"] and res18[0].mem_gb_per_gpu == knee["knee_mem_gb"]
+    assert [e.rank for e in res18] == [1, 2] and len(hints.lookup("transformer", 4)) == 2
+
+
+def test_nodes_from_counts_builds_named_nodes():
+    catalog = load_default_catalog()
+    name = catalog["name"].iloc[0]
+    nodes = nodes_from_counts(catalog, {name: 3})
+    assert [n.name for n in nodes] == [f"{name}-{i}" for i in range(3)]
+    assert {n.labels["hetplan/shape"] for n in nodes} == {name}
+
+
+# ---------------------------------------------------------------------- the CLI
+
+@pytest.fixture(scope="module")
+def cli_inputs(tmp_path_factory, planning_inputs):
+    profiles, curves, catalog, jobs = planning_inputs
+    root = tmp_path_factory.mktemp("evaluate")
+    CURVES.write(curves, root / "curves.parquet")
+    PROFILES.write(profiles, root / "profiles.csv")
+    catalog.to_csv(root / "catalog.csv", index=False)
+    jobs.to_csv(root / "trace.csv", index=False)
+    return root
+
+
+def evaluate_cli(root, *extra, trace_file="trace.csv"):
+    args = ["evaluate", "--trace", str(root / trace_file), "--budget", "60", "--catalog", str(root / "catalog.csv"),
+            "--curves", str(root / "curves.parquet"), "--truth", str(root / "profiles.csv"), *extra]
+    return CliRunner().invoke(app, args, env={"COLUMNS": "200"})
+
+
+def test_cli_evaluate_prints_the_comparison_and_writes_tables_and_plots(cli_inputs):
+    out = cli_inputs / "out"
+    result = evaluate_cli(cli_inputs, "--policy", "las", "--load", "6", "--out-dir", str(out))
+    assert result.exit_code == 0, result.output
+    assert "LAS at 6 jobs/h" in result.output and "hetplan" in result.output
+    summary = pd.read_csv(out / "summary.csv")
+    assert set(summary["setup"]) >= {"status quo", "hetplan"}
+    assert len(pd.read_csv(out / "jobs.csv")) == 40 * len(summary)
+    assert (out / "jct_cdf_las_6jph.png").stat().st_size > 0 and (out / "utilisation_las_6jph.png").is_file()
+
+
+@pytest.mark.parametrize("extra, message", [
+    (("--load", "fast"), "--load: 'fast' is not a positive number"),
+    (("--unknown-model", "bert"), "'bert' is not a truth model"),
+])
+def test_cli_evaluate_refuses_bad_options_and_writes_nothing(cli_inputs, extra, message):
+    out = cli_inputs / "refused"
+    result = evaluate_cli(cli_inputs, *extra, "--out-dir", str(out))
+    assert result.exit_code == 1
+    assert message in result.output
+    assert not out.exists()
+
+
+def test_cli_evaluate_names_the_bad_trace_row_and_writes_nothing(cli_inputs):
+    bad = pd.read_csv(cli_inputs / "trace.csv")
+    bad.loc[4, "duration_s"] = -1.0
+    bad.to_csv(cli_inputs / "bad.csv", index=False)
+    out = cli_inputs / "bad-out"
+    result = evaluate_cli(cli_inputs, "--out-dir", str(out), trace_file="bad.csv")
+    assert result.exit_code == 1
+    assert "bad.csv:6:duration_s" in result.output
+    assert not out.exists()
