@@ -36,8 +36,12 @@ main: setup
 	@echo "Published:       $$(cat $(WORKSPACE)/hints/LATEST) in $(WORKSPACE)/hints"
 	@echo "MLflow UI:       $(BIN)/mlflow ui --backend-store-uri $(MLFLOW_TRACKING_URI) --host 127.0.0.1 --port 5000"
 	@echo "Allocator:       $(BIN)/hetplan serve --store $(WORKSPACE)/hints --host 127.0.0.1 --port 8080"
+	@echo "Evaluate:        $(BIN)/hetplan evaluate --trace $(WORKSPACE)/trace.csv --budget $(BUDGET) --load 10,40 \\"
+	@echo "                   --clouds aws,gcp,azure --catalog $(WORKSPACE)/catalog.csv --truth $(WORKSPACE)/profiles.csv \\"
+	@echo "                   --curves $$(ls -d $(WORKSPACE)/runs/*/ | tail -1)curves.parquet --out-dir $(WORKSPACE)/evaluation"
 
-# The same offline steps through the CLI, with plots and a budget sweep (no Airflow).
+# The same offline steps through the CLI, with plots and a budget sweep (no Airflow), then the four-way
+# evaluation of the plan on the workspace's trace in the simulator.
 pipeline: setup
 	$(BIN)/hetplan init --workspace $(WORKSPACE)
 	$(BIN)/hetplan fit --profiles $(WORKSPACE)/profiles.csv --out $(WORKSPACE)/curves.parquet
@@ -46,6 +50,9 @@ pipeline: setup
 	$(BIN)/hetplan publish --plan $(WORKSPACE)/plan/plan.json --hints $(WORKSPACE)/plan/hints.parquet \
 		--store $(WORKSPACE)/hints
 	$(BIN)/hetplan hints show --store $(WORKSPACE)/hints
+	$(BIN)/hetplan evaluate --trace $(WORKSPACE)/trace.csv --budget $(BUDGET) --load 10,40 --clouds aws,gcp,azure \
+		--catalog $(WORKSPACE)/catalog.csv \
+		--curves $(WORKSPACE)/curves.parquet --truth $(WORKSPACE)/profiles.csv --out-dir $(WORKSPACE)/evaluation
 
 test: setup
 	$(BIN)/python -m pytest

@@ -10,7 +10,7 @@ import pytest
 from typer.testing import CliRunner
 
 from hetplan.allocator import Allocator
-from hetplan.allocator.spec import Node
+from hetplan.allocator.spec import Node, Reason, Rejection
 from hetplan.catalog import load_default_catalog
 from hetplan.cli import app
 from hetplan.contracts import CURVES, PROFILES, ContractError
@@ -230,6 +230,22 @@ def test_an_overcommitted_cluster_is_caught(tiny_truth):
     simulator = Simulator(workload.jobs, allocator, tiny_truth, SimConfig("fifo", check_every=1))
     simulator.used[0] += 1  # the simulator's books disagree with the cluster's
     with pytest.raises(SimulationError, match="in use"):
+        simulator.run()
+
+
+class NeverPolicy:
+    """A policy that places nothing: the simulator must stop with an error, not spin over empty rounds."""
+
+    name = "never"
+
+    def place(self, job, state, hints):
+        return Rejection(job.job_id, Reason.NO_CAPACITY, "never", hints.version, self.name)
+
+
+def test_a_job_no_policy_will_place_stops_the_simulation(tiny_truth):
+    workload = prepare_workload(trace(("a", "m", 1, 0, 100.0)), tiny_truth.models)
+    simulator = Simulator(workload.jobs, Allocator(ONE_V100, NeverPolicy()), tiny_truth, SimConfig("las"))
+    with pytest.raises(SimulationError, match="1 jobs wait on an idle cluster"):
         simulator.run()
 
 

@@ -17,6 +17,7 @@ where a job goes or what share it gets. A job's speed is read off the truth curv
 
 from __future__ import annotations
 
+import bisect
 import heapq
 import math
 from collections.abc import Callable, Iterable
@@ -149,8 +150,6 @@ class Simulator:
             t_finish = self._next_finish()
             t_round = self._next_round() if self.queue else math.inf
             now = self.now = min(t_arrival, t_finish, t_round)
-            if now == math.inf:
-                raise SimulationError(f"{len(self.queue)} jobs wait on an idle cluster that cannot place them")
             while self.finishes and self.finishes[0][0] <= now + EPS:
                 _, version, idx = heapq.heappop(self.finishes)
                 job = self.jobs[idx]
@@ -163,6 +162,8 @@ class Simulator:
                 self._round(now)
             else:
                 self._fill(now)
+            if self.queue and not self.running and nxt == len(arrivals):
+                raise SimulationError(f"{len(self.queue)} jobs wait on an idle cluster that cannot place them")
             self._record(now)
             self.counts["events"] += 1
             if self.config.check_every and self.counts["events"] % self.config.check_every == 0:
@@ -188,9 +189,7 @@ class Simulator:
 
     def _enqueue(self, job: _Job) -> None:
         self.status[job.idx] = "waiting"
-        self.queue.append((*self.priority(job), job.idx))
-        if len(self.queue) > 1 and self.queue[-1] < self.queue[-2]:
-            self.queue.sort()
+        bisect.insort(self.queue, (*self.priority(job), job.idx))
 
     def _fill(self, now: float, candidates: Iterable[tuple] | None = None,
               previous: dict[int, Allocation] | None = None) -> list[tuple]:
