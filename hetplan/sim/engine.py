@@ -3,9 +3,9 @@
 One readable main loop over three kinds of event, earliest first: job completions, job arrivals and round
 boundaries. Between rounds the scheduler is work-conserving: on every arrival or completion it places
 waiting jobs in priority order wherever they fit, never preempting. At a round boundary (every `round_s`,
-as Gavel and Synergy do) a waiting job that outranks a running one triggers a reschedule: all running jobs
-are released and the whole active set is placed again in priority order, so lower-priority jobs may be
-preempted (and placed jobs may move). Priorities:
+as Gavel and Synergy do) a waiting job that outranks a running one triggers a reschedule: the jobs that should
+run are picked in priority order while their GPUs fit, running jobs not picked are preempted (they keep their
+progress), and waiting jobs are placed in priority order. Priorities:
 
 - `fifo`: arrival time;
 - `srtf`: remaining work in reference seconds (the trace duration is known, as in Gavel's SRTF);
@@ -191,21 +191,18 @@ class Simulator:
         self.status[job.idx] = "waiting"
         bisect.insort(self.queue, (*self.priority(job), job.idx))
 
-    def _fill(self, now: float, candidates: Iterable[tuple] | None = None,
-              previous: dict[int, Allocation] | None = None) -> list[tuple]:
+    def _fill(self, now: float, previous: dict[int, Allocation | None] | None = None) -> None:
         """Place waiting jobs in priority order where they fit, without preempting; the rest wait on.
 
-        A job in `previous` (it ran until this reschedule) first gets its old allocation back if its node
-        still has room, so that a job keeps running where it ran unless a higher-priority job took its place.
+        A job in `previous` (preempted by this reschedule) first gets its old allocation back if its node
+        still has room, so that it keeps running where it ran unless a higher-priority job took its place.
         """
-        if candidates is None:
-            if not self.queue or self.free_gpus == 0:
-                return self.queue
-            candidates = self.queue
+        if not self.queue or self.free_gpus == 0:
+            return
         previous = previous or {}
         failed: set[tuple[str, int]] = set()  # classes that did not fit: nothing is freed during a pass
         waiting: list[tuple] = []
-        for entry in candidates:
+        for entry in self.queue:
             job = self.jobs[entry[-1]]
             if self.free_gpus == 0 or job.gpus > self.free_gpus:
                 waiting.append(entry)
@@ -225,10 +222,14 @@ class Simulator:
                 failed.add((job.model, job.gpus))
                 waiting.append(entry)
         self.queue = waiting
-        return waiting
 
     def _round(self, now: float) -> None:
-        """A round boundary: reschedule when a waiting job outranks a running one, else fill."""
+        """A round boundary: reschedule when a waiting job outranks a running one, else fill.
+
+        A reschedule picks the jobs that should run, in priority order while their GPUs fit in the cluster's
+        (counting GPUs, not packing), preempts the running jobs not picked, then fills: waiting jobs in
+        priority order, a preempted job first trying its old place. Jobs picked and running are untouched.
+        """
         self.last_round = now
         self.counts["rounds"] += 1
         if not self.queue:
@@ -240,20 +241,31 @@ class Simulator:
         if not ranked or self.queue[0] > ranked[-1]:
             self._fill(now)
             return
+        room, chosen = self.capacity["gpus"], set()
+        for entry in heapq.merge(ranked, self.queue):
+            job = self.jobs[entry[-1]]
+            if job.gpus <= room:
+                chosen.add(job.idx)
+                room -= job.gpus
+                if room == 0:
+                    break
+        before = {entry[-1]: self.jobs[entry[-1]].alloc for entry in ranked if entry[-1] not in chosen}
+        if not before:
+            self._fill(now)
+            return
         self.counts["reschedules"] += 1
-        before = {job.idx: job.alloc for job in running if job.alloc is not None}
-        for job in running:
-            self._stop(job, now)
-        waiting = self._fill(now, heapq.merge(ranked, self.queue), before)
+        for idx in before:
+            self._stop(self.jobs[idx], now)
+        self.queue = sorted(self.queue + [(*self.priority(self.jobs[idx]), idx) for idx in before])
+        self._fill(now, previous=before)
         for idx, old in before.items():
             job = self.jobs[idx]
             if job.alloc is None:
                 job.preemptions += 1
                 self.counts["preemptions"] += 1
-            elif job.alloc.node != old.node:
+            elif old is not None and job.alloc.node != old.node:
                 job.migrations += 1
                 self.counts["migrations"] += 1
-        self.queue = sorted(waiting)
 
     # ------------------------------------------------------------------ job state changes
 
