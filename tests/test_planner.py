@@ -286,3 +286,30 @@ def test_baselines_carry_the_same_fairness_floor():
     result = plan_cluster(problem, fairness=1.0)
     for evaluation in evaluate_baselines(problem, result, fairness=1.0):
         assert result.plan.objective >= evaluation.normalized_throughput * (1 - 1e-3), evaluation.name
+
+
+def test_fallback_hints_give_the_whole_proportional_share():
+    """A GPU type the plan gives a class none of is a fallback: its hint is the node's proportional share
+    (11.5 cores, 56 GB), not the best grid point inside it (1 core, 20 GB), which would waste the rest."""
+    curves = pd.concat([curve("img", "V100", [(1, 20, 1.0), (4, 60, 3.0)]),
+                        curve("img", "T4", [(1, 20, 2.0)]),
+                        curve("nlp", "V100", [(1, 20, 1.0)]), curve("nlp", "T4", [(1, 20, 0.5)])])
+    catalog = pd.DataFrame([shape("v8", "V100", 8, 92, 448, 8.0), shape("t4", "T4", 1, 4, 16, 0.5)])
+    demand = pd.DataFrame({"model": ["img", "nlp"], "num_gpus": [1, 1], "share": [0.5, 0.5]})
+    result = plan_cluster(build_problem(curves, catalog, demand, budget=9.0, demand_gpus=16))  # nlp gets no GPU
+    allocated = set(zip(result.allocation["model"], result.allocation["gpu_type"]))
+    fallbacks = result.hints[[(m, g) not in allocated for m, g in zip(result.hints["model"], result.hints["gpu_type"])]]
+    assert len(fallbacks)
+    for row in fallbacks.itertuples():
+        per_gpu = {"V100": (11.5, 56.0), "T4": (4.0, 16.0)}[row.gpu_type]
+        assert (row.cpus_per_gpu, row.mem_gb_per_gpu) == per_gpu, row
+
+
+def test_status_quo_is_a_shape_that_runs_every_job():
+    """The cheapest throughput per dollar is a 4-GPU shape, but 8-GPU jobs need the 8-GPU one."""
+    curves = curve("img", "V100", [(2, 50, 10.0)])
+    catalog = pd.DataFrame([shape("four", "V100", 4, 8, 200, 4.0), shape("eight", "V100", 8, 16, 400, 10.0)])
+    demand = pd.DataFrame({"model": ["img", "img"], "num_gpus": [1, 8], "share": [0.5, 0.5]})
+    problem = build_problem(curves, catalog, demand, budget=40.0)
+    status_quo = evaluate_baselines(problem, plan_cluster(problem))[0]
+    assert status_quo.name == "status quo" and status_quo.node_counts == {"eight": 4}

@@ -1,7 +1,8 @@
 """The baselines every evaluation reports, computed by the same model and solver as hetplan's plan.
 
-1. status quo: the single node shape with the best GPU throughput per dollar at the GPU-proportional share,
-   bought with the whole budget, jobs given the GPU-proportional share of cores and RAM;
+1. status quo: the single node shape with the best GPU throughput per dollar at the GPU-proportional share
+   among those big enough for every job class, bought with the whole budget, jobs given the GPU-proportional
+   share of cores and RAM;
 2. status quo + sensitivity-aware CPU/RAM: the same cluster, the allocation free (Synergy-like);
 3. GPU-only mix: the node mix chosen by GPU throughput per dollar ignoring CPU and RAM (each class's best
    throughput on each GPU type, as if cores were free; Gavel-like), then run at the proportional share;
@@ -54,11 +55,16 @@ def proportional_options(problem: PlanningProblem) -> dict[tuple[int, int], tupl
 
 def best_value_shape(problem: PlanningProblem, only: dict[tuple[int, int], tuple[float, float]]) -> int | None:
     """The affordable shape with the most demand-weighted normalised throughput per dollar at the
-    proportional share (one the budget can buy at least one of, and that is available)."""
+    proportional share (one the budget can buy at least one of, that is available, and whose nodes can run the
+    largest job any shape of the catalog can run)."""
     best, best_value = None, 0.0
+    runnable = problem.classes["num_gpus"][problem.classes["num_gpus"] <= problem.shapes["gpus"].max()]
+    largest_job = int(runnable.max()) if len(runnable) else 1
     for s, shape in problem.shapes.iterrows():
         affordable = problem.budget is None or shape["price_per_hour"] <= problem.budget
         if shape["price_per_hour"] <= 0 or not affordable or (pd.notna(shape["available"]) and shape["available"] == 0):
+            continue
+        if shape["gpus"] < largest_job:  # a homogeneous cluster must run every job some shape can run
             continue
         per_gpu = 0.0
         for j, cls in problem.classes.iterrows():

@@ -2,8 +2,11 @@
 the cores and RAM per GPU to give and the throughput to expect.
 
 GPU types the plan allocated to a class come first, by GPUs allocated, with the option the plan used most;
-the plan's other GPU types follow as fallbacks, by throughput per dollar, with the best option that fits
-in their GPU-proportional share (what the allocator can always give on that shape).
+the plan's other GPU types follow as fallbacks, by throughput per dollar, with their GPU-proportional share
+(what the allocator can always give on that shape) and the throughput of the best option within it. A fallback
+never asks for less than that share: on a grid with coarse RAM steps the best option within it can be far
+smaller (1 core and 20.83 GB on a node giving 11.5 cores and 56 GB per GPU), and granting only the option
+would throw the rest away.
 """
 
 from __future__ import annotations
@@ -48,9 +51,11 @@ def hints_from_allocation(problem: PlanningProblem, allocation: pd.DataFrame, no
         for gpu, (s, _) in sorted(per_type.items()):
             if gpu in set(used["gpu_type"]) or shapes.loc[s, "gpus"] < cls["num_gpus"]:
                 continue
-            option = proportional_option(problem.options.get((j, gpu), []), shapes.loc[s])
-            if option is not None:
-                row = _row(cls, gpu, option.cpus, option.mem_gb, option.throughput, shapes.loc[s], plan_id, 0.0)
+            shape = shapes.loc[s]
+            option = proportional_option(problem.options.get((j, gpu), []), shape)
+            if option is not None:  # the share to give is the proportional one; the throughput, the option's
+                row = _row(cls, gpu, shape["vcpus"] / shape["gpus"], shape["mem_gb"] / shape["gpus"],
+                           option.throughput, shape, plan_id, 0.0)
                 row.pop("_gpus")
                 fallbacks.append(row)
         fallbacks.sort(key=lambda r: -r["throughput_per_dollar"])
