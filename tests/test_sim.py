@@ -7,6 +7,7 @@ import zlib
 import numpy as np
 import pandas as pd
 import pytest
+from mlflow.tracking import MlflowClient
 from typer.testing import CliRunner
 
 from hetplan.allocator import Allocator
@@ -314,13 +315,20 @@ def cli_inputs(tmp_path_factory, planning_inputs):
 def evaluate_cli(root, *extra, trace_file="trace.csv"):
     args = ["evaluate", "--trace", str(root / trace_file), "--budget", "60", "--catalog", str(root / "catalog.csv"),
             "--curves", str(root / "curves.parquet"), "--truth", str(root / "profiles.csv"), *extra]
+    if "--tracking-uri" not in extra:
+        args.append("--no-mlflow")
     return CliRunner().invoke(app, args, env={"COLUMNS": "200"})
 
 
 def test_cli_evaluate_prints_the_comparison_and_writes_tables_and_plots(cli_inputs):
     out = cli_inputs / "out"
-    result = evaluate_cli(cli_inputs, "--policy", "las", "--load", "6", "--out-dir", str(out))
+    uri = f"sqlite:///{cli_inputs / 'mlflow.db'}"
+    result = evaluate_cli(cli_inputs, "--policy", "las", "--load", "6", "--out-dir", str(out), "--tracking-uri", uri)
     assert result.exit_code == 0, result.output
+    client = MlflowClient(tracking_uri=uri)
+    (run,) = client.search_runs([client.get_experiment_by_name("hetplan-evaluation").experiment_id])
+    assert run.data.params["loads"] == "6" and run.data.metrics["status_quo.las.6jph.jct_speedup"] == 1.0
+    assert {a.path for a in client.list_artifacts(run.info.run_id)} >= {"summary.csv", "jct_cdf_las_6jph.png"}
     assert "LAS at 6 jobs/h" in result.output and "hetplan" in result.output
     summary = pd.read_csv(out / "summary.csv")
     assert set(summary["setup"]) >= {"status quo", "hetplan"}

@@ -44,6 +44,8 @@ def evaluate(
     solver: str = typer.Option("auto", "--solver", help="auto | gurobi | highs."),
     time_limit: float = typer.Option(60.0, "--time-limit", min=0.1),
     out_dir: Path = typer.Option(Path(".hetplan/evaluation"), "--out-dir", help="Where tables and plots go."),
+    no_mlflow: bool = typer.Option(False, "--no-mlflow", help="Do not log the evaluation to MLflow."),
+    tracking_uri: str | None = typer.Option(None, "--tracking-uri"),
 ) -> None:
     """Plan hetplan and the three baselines for TRACE's mix under BUDGET, replay TRACE on each, compare."""
     schedulers = _names(policy, SCHEDULERS, "--policy")
@@ -76,6 +78,14 @@ def evaluate(
     _print(result)
     warn(import_warnings + result.warnings)
     console.print(f"wrote {', '.join(str(f) for f in files)}", highlight=False, soft_wrap=True)
+    if not no_mlflow:
+        from hetplan.sim.tracking import EXPERIMENT, log_evaluation_run
+
+        params = {"trace": str(trace), "format": fmt, "budget": budget, "policies": ",".join(schedulers),
+                  "loads": load or "trace", "clouds": clouds or "all", "unknown_model": unknown_model,
+                  "fairness": fairness, "round_s": round_s, "seed": seed, "solver": solver}
+        run = log_evaluation_run(result, params, files, tracking_uri)
+        console.print(f"MLflow: evaluation run {run} in experiment {EXPERIMENT}", highlight=False)
 
 
 def _names(value: str, allowed: tuple[str, ...], option: str) -> list[str]:

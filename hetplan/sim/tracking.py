@@ -1,0 +1,42 @@
+"""Record an evaluation in MLflow (experiment `hetplan-evaluation`): settings, per-run metrics, tables and plots."""
+
+from __future__ import annotations
+
+import math
+import re
+from pathlib import Path
+from typing import Any
+
+import mlflow
+
+from hetplan.sim.evaluate import EvaluationResult
+from hetplan.tracking import experiment_id, tracking_uri
+
+EXPERIMENT = "hetplan-evaluation"
+METRICS = ("avg_jct_h", "p99_jct_h", "makespan_h", "gpu_util", "cpu_util", "work_per_dollar", "jct_speedup",
+           "work_per_dollar_ratio")
+
+
+def metric_prefix(load: float, scheduler: str, setup: str) -> str:
+    """`<setup>.<scheduler>.<load>` with MLflow-safe characters, e.g. `status_quo.las.trace`, `hetplan.fifo.8jph`."""
+    where = "trace" if math.isnan(load) else f"{load:g}jph"
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", f"{setup}.{scheduler}.{where}")
+
+
+def log_evaluation_run(result: EvaluationResult, params: dict[str, Any], files: list[Path],
+                       uri: str | None = None) -> str:
+    """Log one evaluation with its files (summary, per-job table, report, plots); return the run id."""
+    uri = tracking_uri(uri)
+    mlflow.set_tracking_uri(uri)
+    mlflow.set_experiment(experiment_id=experiment_id(uri, EXPERIMENT))
+    metrics = {}
+    for row in result.summary.itertuples():
+        prefix = metric_prefix(row.load_jobs_per_h, row.scheduler, row.setup)
+        metrics.update({f"{prefix}.{name}": float(getattr(row, name)) for name in METRICS
+                        if math.isfinite(float(getattr(row, name)))})
+    with mlflow.start_run(run_name=f"evaluate-{params.get('budget')}") as run:
+        mlflow.log_params(params)
+        mlflow.log_metrics(metrics)
+        for path in files:
+            mlflow.log_artifact(str(path))
+        return run.info.run_id
