@@ -84,10 +84,11 @@ class _Job:
         self.share = ""
 
 
-PRIORITY: dict[str, Callable[[_Job], tuple]] = {
-    "fifo": lambda j: (j.arrival, j.idx),
-    "srtf": lambda j: (j.remaining, j.arrival, j.idx),
-    "las": lambda j: (j.attained, j.arrival, j.idx),
+PRIORITY: dict[str, Callable[[_Job, float], tuple]] = {
+    # (job, seconds it has run since its state was last brought up to date) -> sort key, smallest first
+    "fifo": lambda j, dt: (j.arrival, j.idx),
+    "srtf": lambda j, dt: (j.remaining - j.speed * dt, j.arrival, j.idx),
+    "las": lambda j, dt: (j.attained + j.gpus * dt, j.arrival, j.idx),
 }
 
 
@@ -189,7 +190,7 @@ class Simulator:
 
     def _enqueue(self, job: _Job) -> None:
         self.status[job.idx] = "waiting"
-        bisect.insort(self.queue, (*self.priority(job), job.idx))
+        bisect.insort(self.queue, (*self.priority(job, 0.0), job.idx))
 
     def _fill(self, now: float, previous: dict[int, Allocation | None] | None = None) -> None:
         """Place waiting jobs in priority order where they fit, without preempting; the rest wait on.
@@ -234,10 +235,8 @@ class Simulator:
         self.counts["rounds"] += 1
         if not self.queue:
             return
-        running = list(self.running.values())
-        for job in running:
-            self._advance(job, now)
-        ranked = sorted((*self.priority(job), job.idx) for job in running)
+        # running jobs' priorities as of now, without bringing their state up to date (only stopped jobs need it)
+        ranked = sorted((*self.priority(job, now - job.last), job.idx) for job in self.running.values())
         if not ranked or self.queue[0] > ranked[-1]:
             self._fill(now)
             return
@@ -256,7 +255,7 @@ class Simulator:
         self.counts["reschedules"] += 1
         for idx in before:
             self._stop(self.jobs[idx], now)
-        self.queue = sorted(self.queue + [(*self.priority(self.jobs[idx]), idx) for idx in before])
+        self.queue = sorted(self.queue + [(*self.priority(self.jobs[idx], 0.0), idx) for idx in before])
         self._fill(now, previous=before)
         for idx, old in before.items():
             job = self.jobs[idx]
