@@ -13,7 +13,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+import httpx
 import pytest
+from servers import TOKEN, Server
 
 REPO = Path(__file__).resolve().parents[1]
 TINY = {  # 2 models x 3 GPU types, 2 profiled types at 1 and 2 cores with sub-second windows, a small budget
@@ -209,11 +211,23 @@ def test_publish_dag_is_scheduled_on_the_hints_asset(dagbag):
 
 
 def test_nightly_run_publishes_hints_and_marks_failed_profiling_stale(dagbag, airflow_home, tmp_path):
+    """The nightly DAG publishes (one GPU type stale); the publish DAG exports Kueue YAML and makes a real
+    allocator on loopback reload the new hints."""
+    workspace = tmp_path / "ws"
+    (workspace / "hints").mkdir(parents=True)
+    # a running allocator on the (still empty) store, polling it too rarely to notice a publish by itself
+    allocator = Server(tmp_path, workspace / "hints", extra=("--hint-poll", "3600")).start()
+    try:
+        _nightly_then_publish(dagbag, workspace, allocator)
+    finally:
+        allocator.stop()
+
+
+def _nightly_then_publish(dagbag, workspace: Path, allocator) -> None:
     from mlflow.tracking import MlflowClient
 
     from hetplan.hints import HintStore
 
-    workspace = tmp_path / "ws"
     run = dagbag.get_dag("hetplan_nightly").test(run_conf={**TINY, "workspace": str(workspace)})
     assert run.state == "success"
     states = _task_states(run.run_id)
@@ -235,9 +249,15 @@ def test_nightly_run_publishes_hints_and_marks_failed_profiling_stale(dagbag, ai
     assert any(n.startswith("hetplan.res18.") for n in names)
     assert client.get_model_version_by_alias(names[0], "champion") is not None
 
-    export = dagbag.get_dag("hetplan_publish").test(run_conf={"workspace": str(workspace)})
+    assert httpx.get(allocator.url + "/v1/hints").json()["version"] is None  # not reloaded yet
+    export = dagbag.get_dag("hetplan_publish").test(run_conf={"workspace": str(workspace),
+                                                              "allocator_url": allocator.url,
+                                                              "allocator_token": TOKEN})
     assert export.state == "success"
+    assert _task_states(export.run_id, "hetplan_publish")[("reload", -1)] == "success"
     assert (workspace / "exports" / published.version / "kueue.yaml").is_file()
+    hints = httpx.get(allocator.url + "/v1/hints").json()
+    assert hints["version"] == published.version and hints["classes"] > 0
 
 
 def _task_states(run_id: str, dag_id: str = "hetplan_nightly") -> dict[tuple[str, int], str]:
