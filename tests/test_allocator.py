@@ -421,6 +421,21 @@ def test_best_fit_skips_nodes_with_the_cores_but_not_the_ram():
 # --- durability ---------------------------------------------------------------------------------------------------
 
 
+def test_restore_puts_a_released_allocation_back_only_where_it_still_fits():
+    allocator = Allocator([Node("n1", "V100", 2, 8, 100)], "proportional")
+    first = allocator.allocate(Job("a", "res50", 1))
+    assert isinstance(first, Allocation)
+    assert not allocator.restore(first)  # still held: nothing to restore
+    allocator.release("a")
+    taker = allocator.allocate(Job("b", "res50", 2))  # takes the whole node
+    assert isinstance(taker, Allocation)
+    before = allocator.cluster.snapshot()
+    assert not allocator.restore(first) and allocator.cluster.snapshot() == before  # no room: nothing changes
+    allocator.release("b")
+    assert allocator.restore(first) and allocator.cluster.allocation("a") == first
+    assert allocator.cluster.check() == []
+
+
 def test_restart_restores_nodes_and_allocations_and_keeps_idempotency(tmp_path):
     db = tmp_path / "a.db"
     with DurableAllocator(db, "hint", hint_set()) as alloc:

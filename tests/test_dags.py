@@ -121,7 +121,8 @@ def test_profiling_plan_splits_gpu_types(dagbag, tmp_path, gpu_types, kubernetes
     ({"kubernetes": {**TARGET, "products": {"X1": "NVIDIA-X1"}}}, "unknown GPU type 'X1'"),
     ({"kubernetes": {"image": "hetplan:0.1"}}, "workspace_claim required"),
     ({"kubernetes": {**TARGET, "imgae": "typo"}}, "unknown field(s) imgae"),
-    ({"kubernetes": {**TARGET, "memory_gb": 0}}, "memory_gb must be > 0"),
+    ({"kubernetes": {**TARGET, "memory_gb": 0}}, "memory_gb must be a number > 0"),
+    ({"kubernetes": {**TARGET, "memory_gb": "16"}}, "memory_gb must be a number > 0, not '16'"),
 ])
 def test_profiling_plan_rejects_bad_targets(dagbag, tmp_path, overrides, message):
     from hetplan_airflow.pods import profiling_plan

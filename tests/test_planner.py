@@ -313,3 +313,13 @@ def test_status_quo_is_a_shape_that_runs_every_job():
     problem = build_problem(curves, catalog, demand, budget=40.0)
     status_quo = evaluate_baselines(problem, plan_cluster(problem))[0]
     assert status_quo.name == "status quo" and status_quo.node_counts == {"eight": 4}
+
+
+def test_status_quo_ignores_shapes_the_budget_cannot_buy_when_sizing_jobs():
+    """The 8-GPU shape is unavailable: the status quo is the best shape that can be bought, not none."""
+    curves = curve("img", "V100", [(2, 50, 10.0)])
+    catalog = pd.DataFrame([shape("four", "V100", 4, 8, 200, 4.0), shape("eight", "V100", 8, 16, 400, 10.0, 0)])
+    demand = pd.DataFrame({"model": ["img", "img"], "num_gpus": [1, 8], "share": [0.5, 0.5]})
+    problem = build_problem(curves, catalog, demand, budget=40.0)
+    status_quo = evaluate_baselines(problem, plan_cluster(problem))[0]
+    assert status_quo.name == "status quo" and status_quo.node_counts == {"four": 10}

@@ -76,6 +76,32 @@ def test_truth_without_a_reference_point_is_refused():
         TruthCurves.from_profiles(PROFILES.validate(t4_only, "<t4>"))
 
 
+def test_truth_prefers_measured_over_derived_points_of_one_cell():
+    mixed = TINY.assign(source="derived:guess")
+    measured = TINY.iloc[[1]].assign(throughput=300.0, source="measured:host1")  # m at 3 cores, measured
+    truth = TruthCurves.from_profiles(PROFILES.validate(pd.concat([mixed, measured]), "<mixed>"))
+    assert truth.reference("m") == 300.0
+    assert truth.sources() == {"measured:host1+derived": 1, "derived:guess": 1}
+
+
+def test_a_share_the_truth_has_no_throughput_for_stops_with_a_clear_error():
+    gap = pd.DataFrame({"model": "m", "gpu_type": "V100", "num_gpus": 1, "cpus_per_gpu": [3.0, 1.0],
+                        "mem_gb_per_gpu": [62.5, 100.0], "throughput": [100.0, 40.0]})
+    truth = TruthCurves.from_profiles(PROFILES.validate(gap, "<gap>"))
+    assert truth.gaps == ["m on V100 at 1 cores, 62.5 GB"]  # nothing measured at or below it
+    workload = prepare_workload(trace(("a", "m", 1, 0, 10.0)), truth.models)
+    with pytest.raises(SimulationError, match="no throughput with 1 cores and 62.5 GB"):
+        simulate(workload.jobs, [Node("n", "V100", 1, 1, 62.5)], truth, "proportional")
+
+
+def test_round_boundaries_never_fall_behind_the_clock(tiny_truth):
+    workload = prepare_workload(trace(("a", "m", 1, 0, 1.0)), tiny_truth.models)
+    simulator = Simulator(workload.jobs, Allocator(ONE_V100, "proportional"), tiny_truth, SimConfig("las", 123.456))
+    for k in range(1, 2000):
+        simulator.now = np.nextafter(k * 123.456, np.inf)
+        assert simulator._next_round() >= simulator.now
+
+
 def test_derived_truth_reproduces_the_published_v100_speedups():
     truth = TruthCurves.from_profiles(build_reference().derived)
     assert truth.speed("res18", "V100", 1, 9000, 62500) == pytest.approx(2.4)  # Synergy: res18 2.4x at 9 cores
@@ -130,6 +156,7 @@ def test_a_preempted_job_keeps_its_progress(tiny_truth):
     assert jobs.loc["long", "finish_s"] == pytest.approx(110.0)
     assert jobs.loc["long", "preemptions"] == 1
     assert jobs.loc["long", "run_s"] == pytest.approx(100.0)
+    assert jobs.loc["long", "queue_s"] == 0 and jobs.loc["long", "wait_s"] == pytest.approx(10.0)
 
 
 def test_a_multi_gpu_job_waits_for_a_whole_node(tiny_truth):
@@ -216,8 +243,11 @@ def test_random_traces_keep_every_invariant(scheduler, policy):
     assert (out.loc[~too_big, "status"] == "completed").all()  # every job finishes, once (checked as it runs)
     done = out[~too_big]
     assert (done["finish_s"] >= done["start_s"]).all() and (done["start_s"] >= done["arrival_s"] - 1e-9).all()
-    # work is conserved: run time x speed adds up to each job's reference duration
-    assert np.allclose(done["run_s"] * done["mean_speed"], done["duration_s"])
+    # no job ran faster than its model's best speed on this cluster (a whole node's cores and RAM per GPU)
+    best = {m: max(truth.speed(m, n.gpu_type, 1, round(n.cpus * 1000 / n.gpus), round(n.mem_gb * 1000 / n.gpus))
+                   for n in HETERO) for m in truth.models}
+    assert (done["mean_speed"] <= done["sim_model"].map(best) * (1 + 1e-9)).all()
+    assert (done["wait_s"] >= done["queue_s"] - 1e-6).all()
     # GPU-seconds in the timeline equal the GPU-seconds jobs ran
     t = result.timeline
     held = np.diff(np.append(t["time_s"].to_numpy(), t["time_s"].iloc[-1]))

@@ -11,10 +11,10 @@ import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from hetplan.cli.common import console, contract_errors, warn
+from hetplan.cli.common import EXIT_INVALID, console, contract_errors, errors, warn
 from hetplan.contracts import CATALOG, CURVES, PROFILES, TRACE
 from hetplan.contracts.table import ContractError, Problem, atomic_write_bytes
-from hetplan.sim.engine import SCHEDULERS
+from hetplan.sim.engine import SCHEDULERS, SimulationError
 from hetplan.sim.evaluate import EvaluationResult, evaluate as run_evaluation
 from hetplan.sim.plots import plot_jct_cdf, plot_utilisation
 from hetplan.sim.truth import TruthCurves
@@ -28,12 +28,15 @@ def evaluate(
     trace: Path = typer.Option(..., "--trace", help="Trace file: hetplan's trace contract or a public format."),
     fmt: str = typer.Option(TRACE_CONTRACT, "--format", help=f"{TRACE_CONTRACT}|{'|'.join(FORMATS)}."),
     budget: float = typer.Option(..., "--budget", min=0.0, help="US$ per hour every setup may spend."),
-    policy: str = typer.Option("las", "--policy", help=f"Scheduling policies, comma-separated: {'|'.join(SCHEDULERS)}."),
+    policy: str = typer.Option("las", "--policy", help=f"Scheduling policies, comma-separated: "
+                               f"{'|'.join(SCHEDULERS)}."),
     load: str = typer.Option("", "--load", help="Loads in jobs/h, comma-separated (Poisson arrivals); "
                              "default: the trace's own arrival times."),
     catalog: Path = typer.Option(Path(".hetplan/catalog.csv"), "--catalog", help="Node-shape catalog."),
-    curves: Path = typer.Option(Path(".hetplan/curves.parquet"), "--curves", help="Fitted curves (the planner's view)."),
-    truth: Path = typer.Option(Path(".hetplan/profiles.csv"), "--truth", help="Profiles the simulator treats as truth."),
+    curves: Path = typer.Option(Path(".hetplan/curves.parquet"), "--curves",
+                                help="Fitted curves (the planner's view)."),
+    truth: Path = typer.Option(Path(".hetplan/profiles.csv"), "--truth",
+                               help="Profiles the simulator treats as truth."),
     clouds: str = typer.Option("", "--clouds", help="Comma-separated clouds to buy from (default: all)."),
     unknown_model: str = typer.Option(MIX, "--unknown-model", help="Truth model for jobs of models the truth "
                                       f"lacks, or {MIX!r}: one drawn at random (seeded)."),
@@ -54,6 +57,8 @@ def evaluate(
     if solver not in ("auto", "gurobi", "highs"):
         raise typer.BadParameter("one of auto, gurobi, highs", param_hint="--solver")
     with contract_errors():
+        if out_dir.exists() and not out_dir.is_dir():
+            raise ContractError([Problem(str(out_dir), "--out-dir exists and is not a directory")])
         loads = _loads(load)
         jobs, import_report, import_warnings = _read_trace(trace, fmt)
         shapes = CATALOG.load(catalog)
@@ -69,9 +74,13 @@ def evaluate(
             def step(done: int, total: int, label: str) -> None:
                 bar.update(task, completed=done, total=total, description=f"simulating {label}")
 
-            result = run_evaluation(jobs, shapes, fitted, truth_curves, budget, schedulers=schedulers, loads=loads,
-                                    unknown_model=unknown_model, seed=seed, round_s=round_s, fairness=fairness,
-                                    solver=solver, time_limit=time_limit, progress=step)  # type: ignore[arg-type]
+            try:
+                result = run_evaluation(jobs, shapes, fitted, truth_curves, budget, schedulers=schedulers,
+                                        loads=loads, unknown_model=unknown_model, seed=seed, round_s=round_s,
+                                        fairness=fairness, solver=solver, time_limit=time_limit,
+                                        progress=step)  # type: ignore[arg-type]
+            except SimulationError as exc:  # e.g. a truth with no throughput at a share a policy granted
+                raise ContractError([Problem(str(truth), str(exc))]) from None
     report = {**{f"import_{k}": v for k, v in import_report.items()}, **result.report,
               "truth_sources": truth_curves.sources()}
     files = _write(result, report, import_warnings + result.warnings, out_dir)
@@ -84,12 +93,17 @@ def evaluate(
         params = {"trace": str(trace), "format": fmt, "budget": budget, "policies": ",".join(schedulers),
                   "loads": load or "trace", "clouds": clouds or "all", "unknown_model": unknown_model,
                   "fairness": fairness, "round_s": round_s, "seed": seed, "solver": solver}
-        run = log_evaluation_run(result, params, files, tracking_uri)
+        try:
+            run = log_evaluation_run(result, params, files, tracking_uri)
+        except Exception as exc:  # the files are written; say that MLflow did not take them, and fail
+            errors.print(f"[red]error:[/] MLflow logging failed ({type(exc).__name__}: {exc}); the files above "
+                         "are complete", highlight=False, soft_wrap=True)
+            raise typer.Exit(EXIT_INVALID) from None
         console.print(f"MLflow: evaluation run {run} in experiment {EXPERIMENT}", highlight=False)
 
 
 def _names(value: str, allowed: tuple[str, ...], option: str) -> list[str]:
-    names = [v.strip() for v in value.split(",") if v.strip()]
+    names = list(dict.fromkeys(v.strip() for v in value.split(",") if v.strip()))
     bad = [n for n in names if n not in allowed]
     if not names or bad:
         raise typer.BadParameter(f"comma-separated, each one of {', '.join(allowed)}", param_hint=option)
@@ -108,7 +122,7 @@ def _loads(value: str) -> list[float | None]:
         if not (math.isfinite(number) and number > 0):
             raise ContractError([Problem("--load", f"{item.strip()!r} is not a positive number of jobs per hour")])
         loads.append(number)
-    return loads
+    return list(dict.fromkeys(loads))
 
 
 def _read_trace(path: Path, fmt: str):
@@ -159,14 +173,17 @@ def _print(result: EvaluationResult) -> None:
     for load, scheduler in _runs(result):
         rows = _of_run(result.summary, load, scheduler)
         title = f"{scheduler.upper()} at {'the traced load' if math.isnan(load) else f'{load:g} jobs/h'}"
-        table = Table("setup", "GPUs", "$/h", "avg JCT h", "median h", "p99 h", "makespan h", "queue h", "GPU util",
-                      "CPU util", "work/$", "JCT speedup", "work/$ ratio", "too big", title=title, title_justify="left")
+        table = Table("setup", "GPUs", "$/h", "avg JCT h", "median h", "p99 h", "makespan h", "queue h", "wait h",
+                      "GPU util", "CPU util", "work/$", "JCT speedup", "work/$ ratio", "too big", title=title,
+                      title_justify="left")
         for r in rows.itertuples():
             table.add_row(r.setup, str(r.gpus), f"{r.cost_per_hour:.1f}", f"{r.avg_jct_h:.3g}", f"{r.median_jct_h:.3g}",
-                          f"{r.p99_jct_h:.3g}", f"{r.makespan_h:.4g}", f"{r.avg_queue_h:.3g}", f"{r.gpu_util:.0%}",
-                          f"{r.cpu_util:.0%}", f"{r.work_per_dollar:.3g}", f"{r.jct_speedup:.2f}x",
+                          f"{r.p99_jct_h:.3g}", f"{r.makespan_h:.4g}", f"{r.avg_queue_h:.3g}", f"{r.avg_wait_h:.3g}",
+                          f"{r.gpu_util:.0%}", f"{r.cpu_util:.0%}", f"{r.work_per_dollar:.3g}", f"{r.jct_speedup:.2f}x",
                           f"{r.work_per_dollar_ratio:.2f}x", str(r.rejected_too_big))
         console.print(table)
     console.print("JCT speedup = status quo avg JCT / setup avg JCT; work/$ = reference GPU-hours completed per "
-                  "US$ over the makespan. Speeds come from the truth profiles, the plans from the fitted curves.",
+                  "US$ over the makespan; queue = arrival to first start, wait = all time not running. Speeds come "
+                  "from the truth profiles (where a warning says so, from the fitted curves), the plans from the "
+                  "fitted curves.",
                   highlight=False, soft_wrap=True)

@@ -54,18 +54,19 @@ def proportional_options(problem: PlanningProblem) -> dict[tuple[int, int], tupl
 
 
 def best_value_shape(problem: PlanningProblem, only: dict[tuple[int, int], tuple[float, float]]) -> int | None:
-    """The affordable shape with the most demand-weighted normalised throughput per dollar at the
-    proportional share (one the budget can buy at least one of, that is available, and whose nodes can run the
-    largest job any shape of the catalog can run)."""
-    best, best_value = None, 0.0
-    runnable = problem.classes["num_gpus"][problem.classes["num_gpus"] <= problem.shapes["gpus"].max()]
+    """The shape with the most demand-weighted normalised throughput per dollar at the proportional share,
+    among those the budget can buy at least one of, that are available, and whose nodes can run the largest job
+    any of those can run (a homogeneous cluster must run every job it can)."""
+    shapes = problem.shapes
+    affordable = shapes["price_per_hour"] <= problem.budget if problem.budget is not None else True
+    candidates = shapes[(shapes["price_per_hour"] > 0) & affordable
+                        & ~(shapes["available"].notna() & (shapes["available"] == 0))]
+    if candidates.empty:
+        return None
+    runnable = problem.classes["num_gpus"][problem.classes["num_gpus"] <= candidates["gpus"].max()]
     largest_job = int(runnable.max()) if len(runnable) else 1
-    for s, shape in problem.shapes.iterrows():
-        affordable = problem.budget is None or shape["price_per_hour"] <= problem.budget
-        if shape["price_per_hour"] <= 0 or not affordable or (pd.notna(shape["available"]) and shape["available"] == 0):
-            continue
-        if shape["gpus"] < largest_job:  # a homogeneous cluster must run every job some shape can run
-            continue
+    best, best_value = None, 0.0
+    for s, shape in candidates[candidates["gpus"] >= largest_job].iterrows():
         per_gpu = 0.0
         for j, cls in problem.classes.iterrows():
             if (j, s) in only and shape["gpus"] >= cls["num_gpus"]:

@@ -13,6 +13,8 @@ progress), and waiting jobs are placed in priority order. Priorities:
 
 Placement is `hetplan.allocator.Allocator` with a named policy and hint set: the simulator never decides
 where a job goes or what share it gets. A job's speed is read off the truth curves for the allocation it got.
+Stated simplifications: preempting, resuming and moving a job cost nothing (no checkpoint or restart time), and
+a reschedule picks the jobs to run by their GPUs alone, so a job waiting only for cores or RAM never preempts.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ import pandas as pd
 from hetplan.allocator import Allocator
 from hetplan.allocator.policies import Policy
 from hetplan.allocator.spec import Allocation, Job, Node
+from hetplan.contracts.table import ContractError, Problem
 from hetplan.hints import HintSet
 from hetplan.sim.truth import TruthCurves
 
@@ -103,7 +106,8 @@ class SimResult:
 
 
 class Simulator:
-    """Replays `jobs` (a prepared workload: job_id, sim_model, num_gpus, arrival_s, duration_s) on an allocator."""
+    """Replays `jobs` (a prepared workload: job_id, model, sim_model, num_gpus, arrival_s, duration_s) on an
+    allocator (see `hetplan.sim.workload.prepare_workload`)."""
 
     def __init__(self, jobs: pd.DataFrame, allocator: Allocator, truth: TruthCurves, config: SimConfig) -> None:
         self.allocator = allocator
@@ -143,7 +147,8 @@ class Simulator:
         arrivals = [j for j in arrivals if j.gpus <= largest]
         missing = self.truth.missing_pairs({j.model for j in arrivals}, self.allocator.cluster.gpu_types())
         if missing:
-            raise KeyError("truth has no curve for " + ", ".join(f"{m} on {g}" for m, g in missing))
+            pairs = ", ".join(f"{m} on {g}" for m, g in missing)
+            raise ContractError([Problem("<truth curves>", f"no truth curve for {pairs}: add profiles or fallbacks")])
         self._record(arrivals[0].arrival if arrivals else 0.0)
         nxt = 0
         while nxt < len(arrivals) or self.running or self.queue:
@@ -183,7 +188,7 @@ class Simulator:
     def _next_round(self) -> float:
         """The first round boundary at or after now that has not been processed (asked while jobs wait)."""
         r = self.config.round_s
-        boundary = math.ceil(self.now / r) * r
+        boundary = max(math.ceil(self.now / r) * r, self.now)  # never behind now by a rounding error
         return boundary if boundary > self.last_round else self.last_round + r
 
     # ------------------------------------------------------------------ scheduling
@@ -252,19 +257,21 @@ class Simulator:
         if not before:
             self._fill(now)
             return
-        self.counts["reschedules"] += 1
         for idx in before:
             self._stop(self.jobs[idx], now)
         self.queue = sorted(self.queue + [(*self.priority(self.jobs[idx], 0.0), idx) for idx in before])
         self._fill(now, previous=before)
+        preempted = 0
         for idx, old in before.items():
             job = self.jobs[idx]
             if job.alloc is None:
                 job.preemptions += 1
-                self.counts["preemptions"] += 1
-            elif old is not None and job.alloc.node != old.node:
+                preempted += 1
+            elif job.alloc.node != old.node:
                 job.migrations += 1
                 self.counts["migrations"] += 1
+        self.counts["preemptions"] += preempted
+        self.counts["reschedules"] += preempted > 0  # a round whose stopped jobs all got their place back is none
 
     # ------------------------------------------------------------------ job state changes
 
@@ -279,8 +286,9 @@ class Simulator:
     def _start(self, job: _Job, a: Allocation, now: float) -> None:
         speed = self.truth.speed(job.model, a.gpu_type, a.gpus, a.cpu_m, a.mem_mb)
         if not speed > 0:
-            raise SimulationError(f"{job.request.job_id}: truth speed {speed} for {job.model} on {a.gpu_type} with "
-                                  f"{a.cpus:g} cores, {a.mem_gb:g} GB: the job would never finish")
+            raise SimulationError(f"{job.request.job_id}: the truth gives {job.model} on {a.gpu_type} no throughput "
+                                  f"with {a.cpus:g} cores and {a.mem_gb:g} GB (nothing measured at or below that "
+                                  f"share): the job would never finish")
         job.alloc, job.speed, job.last = a, speed, now
         job.gpu_type, job.share = a.gpu_type, a.share
         if math.isnan(job.start):
@@ -366,7 +374,7 @@ class Simulator:
             "job_id": f["job_id"].astype(str), "model": f["model"].astype(str), "sim_model": f["sim_model"],
             "num_gpus": f["num_gpus"].astype(int), "arrival_s": arrival, "duration_s": f["duration_s"].astype(float),
             "status": self.status, "start_s": start, "finish_s": finish, "jct_s": finish - arrival,
-            "queue_s": start - arrival, "run_s": run_s,
+            "queue_s": start - arrival, "wait_s": finish - arrival - run_s, "run_s": run_s,
             "mean_speed": np.divide(f["duration_s"].to_numpy(float), run_s, out=np.full(len(f), np.nan),
                                     where=run_s > 0),
             "preemptions": [j.preemptions for j in self.jobs], "migrations": [j.migrations for j in self.jobs],

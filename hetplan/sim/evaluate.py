@@ -21,7 +21,7 @@ from hetplan.planner.solvers import SolverName
 from hetplan.sim.engine import SimConfig, simulate
 from hetplan.sim.metrics import summarize
 from hetplan.sim.setups import Setup, build_setups
-from hetplan.sim.truth import TruthCurves
+from hetplan.sim.truth import FITTED_FALLBACK, TruthCurves
 from hetplan.sim.workload import MIX, prepare_workload
 
 Progress = Callable[[int, int, str], None]
@@ -62,7 +62,10 @@ def evaluate(trace: pd.DataFrame, catalog: pd.DataFrame, curves: pd.DataFrame, t
     """Simulate the four setups on `trace` for every (load, scheduler); see the module docstring."""
     base = prepare_workload(trace, truth.models, unknown_model, seed)
     setups, warnings = plan_setups(base.jobs, catalog, curves, budget, fairness, solver, time_limit)
-    warnings = base.warnings + warnings
+    warnings = base.warnings + warnings + truth_warnings(truth, set(base.jobs["sim_model"]), setups)
+    if all(s.name != STATUS_QUO for s in setups):
+        warnings.append(f"no affordable, available shape can run every job class: no status quo at {budget:g} $/h, "
+                        f"so no ratios")
     check_truth(truth, base.jobs, setups)
     rows, job_frames, timelines = [], [], []
     total, done = len(loads) * len(schedulers) * len(setups), 0
@@ -77,19 +80,35 @@ def evaluate(trace: pd.DataFrame, catalog: pd.DataFrame, curves: pd.DataFrame, t
                     progress(done, total, f"{setup.name} | {scheduler} | load {load or 'trace'}")
                 done += 1
                 result = simulate(workload.jobs, setup.nodes, truth, setup.policy, setup.hints, config)
-                key = {"load_jobs_per_h": float("nan") if load is None else float(load), "scheduler": scheduler, "setup": setup.name}
+                key = {"load_jobs_per_h": float("nan") if load is None else float(load), "scheduler": scheduler,
+                       "setup": setup.name}
                 rows.append({**key, "policy": setup.policy, "gpus": setup.gpus, "cost_per_hour": setup.cost_per_hour,
                              "predicted_throughput": setup.predicted_throughput,
                              **summarize(result, setup.cost_per_hour)})
                 job_frames.append(result.jobs.assign(**key))
                 timelines.append(result.timeline.assign(**key))
     summary = with_ratios(pd.DataFrame(rows))
-    too_big = int(summary["rejected_too_big"].max()) if len(summary) else 0
-    if too_big:
-        warnings.append(f"up to {too_big} jobs need more GPUs than any node of a setup has: rejected there "
-                        f"(counted per run in rejected_too_big)")
+    rejected = summary.groupby("setup", sort=False)["rejected_too_big"].max()
+    for name, count in rejected[rejected > 0].items():
+        warnings.append(f"{name}: {count} jobs need more GPUs than any of its nodes has and are rejected there; "
+                        f"its JCT and work ratios cover fewer jobs than the status quo's")
     return EvaluationResult(summary, pd.concat(job_frames, ignore_index=True),
                             pd.concat(timelines, ignore_index=True), setups, dict(base.report), warnings)
+
+
+def truth_warnings(truth: TruthCurves, models: set[str], setups: list[Setup]) -> list[str]:
+    """Where the truth cannot show model error (fitted curves standing in) or has no throughput at all."""
+    gpu_types = {n.gpu_type for setup in setups for n in setup.nodes}
+    fallback = sorted(f"{m} on {g}" for (m, g), grid in truth.grids.items()
+                      if m in models and g in gpu_types and grid.source == FITTED_FALLBACK)
+    out = []
+    if fallback:
+        out.append(f"{len(fallback)} truth curves are the fitted curves (no profiles): model error cannot show "
+                   f"there ({', '.join(fallback[:6])}{', ...' if len(fallback) > 6 else ''})")
+    if truth.gaps:
+        out.append(f"{len(truth.gaps)} truth grid cells have no throughput ({', '.join(truth.gaps[:3])}"
+                   f"{', ...' if len(truth.gaps) > 3 else ''}): a job granted such a share stops the simulation")
+    return out
 
 
 def check_truth(truth: TruthCurves, jobs: pd.DataFrame, setups: list[Setup]) -> None:

@@ -1,8 +1,9 @@
 """What a simulation run is scored by: JCTs, makespan, utilisation, work per dollar, queueing delay.
 
-Times are reported in hours. `work_per_dollar` is the reference GPU-hours completed (a trace job's
-duration at the reference allocation times its GPUs) per US$ spent on the cluster over the makespan: the
-cluster's delivered throughput per dollar-hour.
+Times are reported in hours. Queueing delay (`queue`) is arrival to first start; `wait` is all the time a job
+spent not running (before its first start and after preemptions). `work_per_dollar` is the reference GPU-hours
+completed (a trace job's duration at the reference allocation times its GPUs) per US$ spent on the cluster over
+the makespan: the cluster's delivered throughput per dollar-hour.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ def summarize(result: SimResult, cost_per_hour: float) -> dict[str, float]:
     """One row of metrics for a run."""
     jobs = result.jobs
     done = jobs[jobs["status"] == "completed"]
-    jct, queue = done["jct_s"].to_numpy() / HOUR, done["queue_s"].to_numpy() / HOUR
+    jct, queue, wait = (done[c].to_numpy() / HOUR for c in ("jct_s", "queue_s", "wait_s"))
     start = float(jobs["arrival_s"].min()) if len(jobs) else 0.0
     end = float(done["finish_s"].max()) if len(done) else start
     makespan_h = (end - start) / HOUR
@@ -43,6 +44,7 @@ def summarize(result: SimResult, cost_per_hour: float) -> dict[str, float]:
         "avg_jct_h": float(jct.mean()) if len(jct) else float("nan"), "median_jct_h": pct(jct, 50),
         "p99_jct_h": pct(jct, 99), "makespan_h": makespan_h,
         "avg_queue_h": float(queue.mean()) if len(queue) else float("nan"), "p99_queue_h": pct(queue, 99),
+        "avg_wait_h": float(wait.mean()) if len(wait) else float("nan"),
         "gpu_util": utilisation(result.timeline, cap["gpus"], "gpus", start, end),
         "cpu_util": utilisation(result.timeline, cap["cpus"], "cpus", start, end),
         "mem_util": utilisation(result.timeline, cap["mem_gb"], "mem_gb", start, end),

@@ -8,7 +8,10 @@ being assumed away. Per (model, GPU type) the points form a grid over cores and 
 - below the smallest grid value it falls linearly towards zero (stated assumption: a job given half the
   fewest cores ever measured gets half that throughput);
 - a grid cell with no measurement takes the best throughput of the measured points it dominates (at most
-  its cores and RAM), 0 if there is none;
+  its cores and RAM), 0 if there is none (a job given such a share would never finish: `gaps` lists them and
+  the simulator stops with an error naming the share if a policy ever grants one);
+- where one cell has points from several sources, measured beats published beats derived (`sources()` names
+  a grid by its best source and says `+derived` etc. when lesser sources fill some of its cells);
 - a multi-GPU job runs at the 1-GPU per-GPU rate times its GPUs (stated assumption: linear scaling), so
   its speed relative to the reference allocation is the per-GPU ratio.
 
@@ -61,6 +64,23 @@ def _locate(axis: tuple[float, ...], x: float) -> tuple[int, float]:
     return k, (x - axis[k]) / (axis[k + 1] - axis[k])
 
 
+SOURCE_RANK = ("measured", "published", "derived")
+FITTED_FALLBACK = "fitted-fallback"
+
+
+def _best_source_points(points: pd.DataFrame) -> tuple[pd.DataFrame, str]:
+    """Per cell, only the points of its best source kind; and the grid's label (best source, + lesser kinds)."""
+    if "source" not in points or points["source"].isna().all():
+        return points, "profiles"
+    kind = points["source"].fillna("derived:").str.split(":").str[0]
+    rank = kind.map({k: i for i, k in enumerate(SOURCE_RANK)}).fillna(len(SOURCE_RANK))
+    best = rank.groupby([points["cpus_per_gpu"], points["mem_gb_per_gpu"]]).transform("min")
+    kept = points[rank == best]
+    kinds = [k for k in SOURCE_RANK if (kind[rank == best] == k).any()]
+    label = str(kept.loc[rank[rank == best].idxmin(), "source"])
+    return kept, label + "".join(f"+{k}" for k in kinds[1:])
+
+
 def _grid(points: pd.DataFrame, source: str) -> TruthGrid:
     cpus = tuple(sorted(points["cpus_per_gpu"].astype(float).unique()))
     mems = tuple(sorted(points["mem_gb_per_gpu"].astype(float).unique()))
@@ -83,6 +103,9 @@ class TruthCurves:
     def __init__(self, grids: dict[tuple[str, str], TruthGrid]) -> None:
         self.grids = grids
         self.models = frozenset(m for m, _ in grids)
+        self.gaps = [f"{m} on {g} at {grid.cpus[a]:g} cores, {grid.mem_gb[b]:g} GB"
+                     for (m, g), grid in sorted(grids.items()) for a, b in zip(*np.nonzero(grid.values <= 0))]
+        """Grid cells with no throughput (nothing measured at or below them)."""
         self._reference: dict[str, float] = {}
         self._cache: dict[tuple[str, str, int, int, int], float] = {}
         missing = []
@@ -107,12 +130,10 @@ class TruthCurves:
         single = ok[ok["num_gpus"] == 1]
         grids: dict[tuple[str, str], TruthGrid] = {}
         for (model, gpu), points in single.groupby(["model", "gpu_type"]):
-            source = str(points["source"].dropna().iloc[0]) if "source" in points and points["source"].notna().any() \
-                else "profiles"
-            grids[(str(model), str(gpu))] = _grid(points, source)
+            grids[(str(model), str(gpu))] = _grid(*_best_source_points(points))
         if fallback is not None:
             for (model, gpu), points in fallback.groupby(["model", "gpu_type"]):
-                grids.setdefault((str(model), str(gpu)), _grid(points, "fitted-fallback"))
+                grids.setdefault((str(model), str(gpu)), _grid(points, FITTED_FALLBACK))
         if not grids:
             raise ContractError([Problem("<truth curves>", "no 1-GPU profile with a throughput: no truth to simulate")])
         return cls(grids)

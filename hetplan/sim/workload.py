@@ -62,14 +62,9 @@ def prepare_workload(trace: pd.DataFrame, truth_models: Collection[str], unknown
 def with_load(jobs: pd.DataFrame, jobs_per_hour: float, seed: int = 0) -> pd.DataFrame:
     """The same jobs in their arrival order, arriving as a Poisson process of `jobs_per_hour` from t = 0."""
     if not jobs_per_hour > 0:
-        raise ContractError([Problem("--load", f"load must be a positive number of jobs per hour, got {jobs_per_hour}")])
+        raise ContractError([Problem("--load", f"must be a positive number of jobs per hour, got {jobs_per_hour}")])
     ordered = jobs.sort_values(["arrival_s"], kind="stable").reset_index(drop=True)
     gaps = np.random.default_rng(seed).exponential(3600.0 / jobs_per_hour, size=len(ordered))
     gaps[0] = 0.0
     return ordered.assign(arrival_s=np.cumsum(gaps))
 
-
-def offered_load(jobs: pd.DataFrame) -> float:
-    """The trace's own arrival rate in jobs per hour (0 when all jobs arrive at once)."""
-    span = float(jobs["arrival_s"].max() - jobs["arrival_s"].min())
-    return (len(jobs) - 1) * 3600.0 / span if span > 0 else 0.0

@@ -58,8 +58,9 @@ class PodTarget:
             raise ValueError(f"kubernetes param: {' and '.join(missing)} required (or {{}} to profile on the workers)")
         target = cls(**{**value, "gpu_types": tuple(normalize_gpu(g) for g in value.get("gpu_types") or ()),
                         "products": {normalize_gpu(g): p for g, p in (value.get("products") or {}).items()}})
-        if not target.memory_gb > 0:
-            raise ValueError(f"kubernetes param: memory_gb must be > 0, not {target.memory_gb!r}")
+        memory = target.memory_gb
+        if isinstance(memory, bool) or not isinstance(memory, (int, float)) or not memory > 0:
+            raise ValueError(f"kubernetes param: memory_gb must be a number > 0, not {memory!r}")
         return target
 
 
