@@ -19,17 +19,12 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
-import hashlib
-import os
-import platform
 import time
-from pathlib import Path
 
 import pandas as pd
 
 from hetplan.allocator.spec import to_milli
 from hetplan.catalog import load_default_catalog
-from hetplan.contracts import CURVES
 from hetplan.planner.baselines import STATUS_QUO
 from hetplan.reference import default_profiles
 from hetplan.resources import upstream_path
@@ -37,26 +32,13 @@ from hetplan.sim.evaluate import evaluate, plan_setups
 from hetplan.sim.truth import TruthCurves
 from hetplan.sim.workload import prepare_workload
 from hetplan.traces import import_trace
+from common import fitted_curves, machine, record, sim_fingerprint
 
-RESULTS = Path(__file__).with_name("RESULTS.md")
-WORKSPACE_RUNS = Path(__file__).resolve().parents[1] / ".hetplan" / "runs"
 TRACES = (("synergy_static_100job.csv", "synergy"), ("gavel_philly_0e4a51.trace", "gavel"))
 
 
-def fitted_curves() -> tuple[pd.DataFrame, str]:
-    """The default workspace's fitted curve table (newest run), else a fresh fit of the default profiles."""
-    runs = sorted(WORKSPACE_RUNS.glob("*/curves.parquet"))
-    if runs:
-        return CURVES.load(runs[-1]), f"`.hetplan/runs/{runs[-1].parent.name}/curves.parquet`"
-    from hetplan.sensitivity import fit_profiles
-
-    return fit_profiles(default_profiles()).curves, "fitted from the default profiles (`fit_profiles`)"
 
 
-def machine() -> str:
-    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                if line.startswith("model name")), platform.processor())
-    return f"`nproc` {os.cpu_count()}, CPU \"{cpu}\", Python {platform.python_version()}, load {os.getloadavg()[0]:.2f}"
 
 
 def loads_for(trace: pd.DataFrame, truth: TruthCurves, catalog: pd.DataFrame, curves: pd.DataFrame, budget: float,
@@ -74,12 +56,6 @@ def loads_for(trace: pd.DataFrame, truth: TruthCurves, catalog: pd.DataFrame, cu
     return [round(rho * status_quo.gpus / gpu_h_per_job, 3) for rho in rhos]
 
 
-def sim_fingerprint() -> str:
-    """First 10 hex digits of the SHA-256 of hetplan/sim/*.py (the simulator these figures come from)."""
-    digest = hashlib.sha256()
-    for path in sorted((Path(__file__).resolve().parents[1] / "hetplan" / "sim").glob("*.py")):
-        digest.update(path.read_bytes())
-    return digest.hexdigest()[:10]
 
 
 def nodes_text(counts: dict[str, int]) -> str:
@@ -145,8 +121,7 @@ def main() -> None:
         *sections,
         "",
     ]
-    with RESULTS.open("a") as handle:
-        handle.write("\n".join(text))
+    record(text)
 
 
 if __name__ == "__main__":

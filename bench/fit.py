@@ -10,20 +10,17 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
-import os
-import platform
 import statistics
 import tempfile
 import time
-from pathlib import Path
 
 import pandas as pd
 
 from hetplan.reference import build_reference
 from hetplan.sensitivity import fit_profiles
+from common import machine, record
 
 CONFIGS = ((3, 4), (6, 8), (12, 8), (12, 16))
-RESULTS = Path(__file__).with_name("RESULTS.md")
 
 
 def profiles_for(models: int, gpus: int, derived: pd.DataFrame) -> pd.DataFrame:
@@ -36,10 +33,6 @@ def profiles_for(models: int, gpus: int, derived: pd.DataFrame) -> pd.DataFrame:
     return pd.concat(frames, ignore_index=True)
 
 
-def machine() -> str:
-    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                if line.startswith("model name")), platform.processor())
-    return f"`nproc` {os.cpu_count()}, CPU \"{cpu}\", Python {platform.python_version()}, load {os.getloadavg()[0]:.2f}"
 
 
 def main() -> None:
@@ -86,8 +79,7 @@ def main() -> None:
         f"{per_pair_log:.2f} s per pair ({len(small.fits)} pairs in {mlflow_seconds:.1f} s). Fitting time grows "
         "linearly with the number of pairs.\n",
     ]
-    with RESULTS.open("a") as handle:
-        handle.write("\n".join(lines))
+    record(lines)
 
 
 if __name__ == "__main__":

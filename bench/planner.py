@@ -11,11 +11,8 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
-import os
-import platform
 import statistics
 import time
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -26,8 +23,8 @@ from hetplan.planner import build_model, build_problem, evaluate_baselines, plan
 from hetplan.reference import build_reference
 from hetplan.resources import upstream_path
 from hetplan.traces import import_trace
+from common import machine, record
 
-RESULTS = Path(__file__).with_name("RESULTS.md")
 SIZES = ((10, 10), (25, 20), (50, 40), (100, 60))
 CORES = (1, 2, 4, 6, 9, 12, 24)
 MEMS = (62.5, 250.0)
@@ -51,10 +48,6 @@ def synthetic_instance(classes: int, shapes: int, seed: int = 0):
     return pd.concat(curves, ignore_index=True), catalog.reset_index(drop=True), mix
 
 
-def machine() -> str:
-    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                if line.startswith("model name")), platform.processor())
-    return f"`nproc` {os.cpu_count()}, CPU \"{cpu}\", Python {platform.python_version()}, load {os.getloadavg()[0]:.2f}"
 
 
 def scaling(repeats: int, budget: float) -> list[str]:
@@ -118,8 +111,7 @@ def main() -> None:
         *compare,
         "",
     ]
-    with RESULTS.open("a") as handle:
-        handle.write("\n".join(text))
+    record(text)
 
 
 if __name__ == "__main__":

@@ -21,10 +21,7 @@ from __future__ import annotations
 import argparse
 import cProfile
 import datetime as dt
-import hashlib
 import io
-import os
-import platform
 import pstats
 import statistics
 import tempfile
@@ -35,7 +32,6 @@ import numpy as np
 import pandas as pd
 
 from hetplan.allocator.spec import Node
-from hetplan.contracts import CURVES
 from hetplan.hints import HintSet
 from hetplan.reference import default_profiles
 from hetplan.resources import upstream_path
@@ -45,9 +41,8 @@ from hetplan.sim.setups import knee_hints
 from hetplan.sim.truth import TruthCurves
 from hetplan.sim.workload import prepare_workload
 from hetplan.traces import import_trace
+from common import fitted_curves, machine, record, sim_fingerprint
 
-RESULTS = Path(__file__).with_name("RESULTS.md")
-WORKSPACE_RUNS = Path(__file__).resolve().parents[1] / ".hetplan" / "runs"
 SHAPE = ("aws:p3.16xlarge", "V100", 8, 64.0, 488.0, 24.48)  # name, GPU, GPUs, vCPUs, GB, $/h (shipped catalog)
 RUNS = (("las", "proportional"), ("fifo", "proportional"), ("srtf", "proportional"), ("las", "hint"))
 
@@ -66,28 +61,10 @@ def synthetic_philly(path: Path, jobs: int, rate_per_h: float, seed: int) -> Pat
     return path
 
 
-def fitted_curves() -> tuple[pd.DataFrame, str]:
-    """The default workspace's fitted curve table (newest run), else a fresh fit of the default profiles."""
-    runs = sorted(WORKSPACE_RUNS.glob("*/curves.parquet"))
-    if runs:
-        return CURVES.load(runs[-1]), f"`.hetplan/runs/{runs[-1].parent.name}/curves.parquet`"
-    from hetplan.sensitivity import fit_profiles
-
-    return fit_profiles(default_profiles()).curves, "fitted from the default profiles (`fit_profiles`)"
 
 
-def machine() -> str:
-    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                if line.startswith("model name")), platform.processor())
-    return f"`nproc` {os.cpu_count()}, CPU \"{cpu}\", Python {platform.python_version()}, load {os.getloadavg()[0]:.2f}"
 
 
-def sim_fingerprint() -> str:
-    """First 10 hex digits of the SHA-256 of hetplan/sim/*.py (the simulator these figures come from)."""
-    digest = hashlib.sha256()
-    for path in sorted((Path(__file__).resolve().parents[1] / "hetplan" / "sim").glob("*.py")):
-        digest.update(path.read_bytes())
-    return digest.hexdigest()[:10]
 
 
 def nodes(n: int) -> list[Node]:
@@ -208,8 +185,7 @@ def main() -> None:
     ]
     if profiled:
         text += [*profiled, ""]
-    with RESULTS.open("a") as handle:
-        handle.write("\n".join(text))
+    record(text)
 
 
 if __name__ == "__main__":

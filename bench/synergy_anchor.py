@@ -24,11 +24,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
-import hashlib
-import os
-import platform
 import time
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -43,25 +39,15 @@ from hetplan.sim.setups import knee_hints
 from hetplan.sim.truth import TruthCurves
 from hetplan.sim.workload import prepare_workload
 from hetplan.traces import import_trace
+from common import machine, record, sim_fingerprint
 
-RESULTS = Path(__file__).with_name("RESULTS.md")
 RHOS = (0.5, 0.7, 0.8, 0.9, 1.0, 1.1, 1.2)
 SCHEDULERS = ("fifo", "srtf", "las")
 NODES = [Node(f"v100-{i}", "V100", 8, 24, 500) for i in range(16)]
 
 
-def machine() -> str:
-    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                if line.startswith("model name")), platform.processor())
-    return f"`nproc` {os.cpu_count()}, CPU \"{cpu}\", Python {platform.python_version()}, load {os.getloadavg()[0]:.2f}"
 
 
-def sim_fingerprint() -> str:
-    """First 10 hex digits of the SHA-256 of hetplan/sim/*.py (the simulator these figures come from)."""
-    digest = hashlib.sha256()
-    for path in sorted((Path(__file__).resolve().parents[1] / "hetplan" / "sim").glob("*.py")):
-        digest.update(path.read_bytes())
-    return digest.hexdigest()[:10]
 
 
 def synthetic_jobs(n: int, models: list[str], seed: int) -> pd.DataFrame:
@@ -154,8 +140,7 @@ def main() -> None:
         f"Largest ratio here: **{best['ratio_window']:.2f}x** ({best['scheduler'].upper()}, ρ = {best['rho']:.2f}); "
         "Synergy's abstract: \"up to 3.4x\".\n",
     ]
-    with RESULTS.open("a") as handle:
-        handle.write("\n".join(text))
+    record(text)
 
 
 if __name__ == "__main__":

@@ -2,7 +2,6 @@
 service on a real uvicorn, the Kubernetes extender on full pod/node objects, and concurrency."""
 
 import json
-import os
 import random
 import signal
 import sqlite3

@@ -1,0 +1,47 @@
+"""What the benchmark scripts share: the machine line, the results file, the curves and the simulator's hash."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import platform
+from pathlib import Path
+
+import pandas as pd
+
+REPO = Path(__file__).resolve().parents[1]
+RESULTS = Path(__file__).with_name("RESULTS.md")
+WORKSPACE_RUNS = REPO / ".hetplan" / "runs"
+
+
+def machine() -> str:
+    """CPU count and model, Python version and the load average, as RESULTS.md records them."""
+    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                if line.startswith("model name")), platform.processor())
+    return f"`nproc` {os.cpu_count()}, CPU \"{cpu}\", Python {platform.python_version()}, load {os.getloadavg()[0]:.2f}"
+
+
+def record(lines: list[str]) -> None:
+    """Append a section to bench/RESULTS.md."""
+    with RESULTS.open("a") as handle:
+        handle.write("\n".join(lines))
+
+
+def fitted_curves() -> tuple[pd.DataFrame, str]:
+    """The default workspace's fitted curve table (newest run), else a fresh fit of the default profiles."""
+    from hetplan.contracts import CURVES
+    from hetplan.reference import default_profiles
+    from hetplan.sensitivity import fit_profiles
+
+    runs = sorted(WORKSPACE_RUNS.glob("*/curves.parquet"))
+    if runs:
+        return CURVES.load(runs[-1]), f"`.hetplan/runs/{runs[-1].parent.name}/curves.parquet`"
+    return fit_profiles(default_profiles()).curves, "fitted from the default profiles (`fit_profiles`)"
+
+
+def sim_fingerprint() -> str:
+    """First 10 hex digits of the SHA-256 of hetplan/sim/*.py (the simulator these figures come from)."""
+    digest = hashlib.sha256()
+    for path in sorted((REPO / "hetplan" / "sim").glob("*.py")):
+        digest.update(path.read_bytes())
+    return digest.hexdigest()[:10]
