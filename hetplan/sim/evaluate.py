@@ -43,8 +43,8 @@ def plan_setups(jobs: pd.DataFrame, catalog: pd.DataFrame, curves: pd.DataFrame,
                 time_limit: float = 60.0) -> tuple[list[Setup], list[str]]:
     """Plan hetplan and its baselines for the workload's demand mix under `budget`; the four setups.
 
-    `fairness` is the planner's floor (each class gets at least this fraction of its share of the GPUs); the
-    default 1 plans for the trace's own mix, which the replay will ask every setup to serve.
+    `fairness` is the planner's floor (each class gets at least this fraction of its share of the normalised
+    throughput); the default 1 plans for the trace's own mix, which the replay will ask every setup to serve.
     """
     demand = demand_from_trace(jobs.assign(model=jobs["sim_model"]))
     problem = build_problem(curves, catalog, demand, budget)
@@ -57,8 +57,8 @@ def plan_setups(jobs: pd.DataFrame, catalog: pd.DataFrame, curves: pd.DataFrame,
 def evaluate(trace: pd.DataFrame, catalog: pd.DataFrame, curves: pd.DataFrame, truth: TruthCurves, budget: float, *,
              schedulers: Sequence[str] = ("las",), loads: Sequence[float | None] = (None,),
              unknown_model: str = MIX, seed: int = 0, round_s: float = 300.0, fairness: float = 1.0,
-             solver: SolverName = "auto",
-             time_limit: float = 60.0, progress: Progress | None = None) -> EvaluationResult:
+             solver: SolverName = "auto", time_limit: float = 60.0,
+             progress: Progress | None = None) -> EvaluationResult:
     """Simulate the four setups on `trace` for every (load, scheduler); see the module docstring."""
     base = prepare_workload(trace, truth.models, unknown_model, seed)
     setups, warnings = plan_setups(base.jobs, catalog, curves, budget, fairness, solver, time_limit)
