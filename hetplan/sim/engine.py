@@ -32,7 +32,6 @@ import pandas as pd
 from hetplan.allocator import Allocator
 from hetplan.allocator.policies import Policy
 from hetplan.allocator.spec import Allocation, Job, Node
-from hetplan.contracts.table import ContractError, Problem
 from hetplan.hints import HintSet
 from hetplan.sim.truth import TruthCurves
 
@@ -145,10 +144,7 @@ class Simulator:
             self.status[job.idx] = "rejected_too_big"
         self.counts["rejected_too_big"] = len(too_big)
         arrivals = [j for j in arrivals if j.gpus <= largest]
-        missing = self.truth.missing_pairs({j.model for j in arrivals}, self.allocator.cluster.gpu_types())
-        if missing:
-            pairs = ", ".join(f"{m} on {g}" for m, g in missing)
-            raise ContractError([Problem("<truth curves>", f"no truth curve for {pairs}: add profiles or fallbacks")])
+        self.truth.require({j.model for j in arrivals}, self.allocator.cluster.gpu_types())
         self._record(arrivals[0].arrival if arrivals else 0.0)
         nxt = 0
         while nxt < len(arrivals) or self.running or self.queue:

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 import pandas as pd
 
-from hetplan.contracts import ContractError, Problem, demand_from_trace
+from hetplan.contracts import demand_from_trace
 from hetplan.planner import build_problem, evaluate_baselines, plan_cluster
 from hetplan.planner.baselines import STATUS_QUO
 from hetplan.planner.planner import require_allocation
@@ -66,7 +66,7 @@ def evaluate(trace: pd.DataFrame, catalog: pd.DataFrame, curves: pd.DataFrame, t
     if all(s.name != STATUS_QUO for s in setups):
         warnings.append(f"no affordable, available shape can run every job class: no status quo at {budget:g} $/h, "
                         f"so no ratios")
-    check_truth(truth, base.jobs, setups)
+    truth.require(base.jobs["sim_model"], {n.gpu_type for setup in setups for n in setup.nodes})  # before any run
     rows, job_frames, timelines = [], [], []
     total, done = len(loads) * len(schedulers) * len(setups), 0
     for load in loads:
@@ -109,15 +109,6 @@ def truth_warnings(truth: TruthCurves, models: set[str], setups: list[Setup]) ->
         out.append(f"{len(truth.gaps)} truth grid cells have no throughput ({', '.join(truth.gaps[:3])}"
                    f"{', ...' if len(truth.gaps) > 3 else ''}): a job granted such a share stops the simulation")
     return out
-
-
-def check_truth(truth: TruthCurves, jobs: pd.DataFrame, setups: list[Setup]) -> None:
-    """Raise `ContractError` naming the (model, GPU type) pairs a setup needs and the truth lacks."""
-    gpu_types = {n.gpu_type for setup in setups for n in setup.nodes}
-    missing = truth.missing_pairs(set(jobs["sim_model"]), gpu_types)
-    if missing:
-        pairs = ", ".join(f"{m} on {g}" for m, g in missing)
-        raise ContractError([Problem("<truth curves>", f"no truth curve for {pairs}: add profiles or fallback curves")])
 
 
 def with_ratios(summary: pd.DataFrame) -> pd.DataFrame:

@@ -154,9 +154,12 @@ class TruthCurves:
             self._cache[key] = value
         return value
 
-    def missing_pairs(self, models: Iterable[str], gpu_types: Iterable[str]) -> list[tuple[str, str]]:
-        """The (model, GPU type) pairs among these that the truth has no curve for."""
-        return sorted((m, g) for m in set(models) for g in set(gpu_types) if (m, g) not in self.grids)
+    def require(self, models: Iterable[str], gpu_types: Iterable[str]) -> None:
+        """Raise `ContractError` naming the (model, GPU type) pairs among these that the truth has no curve for."""
+        missing = sorted((m, g) for m in set(models) for g in set(gpu_types) if (m, g) not in self.grids)
+        if missing:
+            pairs = ", ".join(f"{m} on {g}" for m, g in missing)
+            raise ContractError([Problem("<truth curves>", f"no truth curve for {pairs}: add profiles or fallbacks")])
 
     def sources(self) -> dict[str, int]:
         """How many (model, GPU type) curves come from each source (measured:, derived:, fitted-fallback...)."""
