@@ -46,7 +46,7 @@ def loads_for(trace: pd.DataFrame, truth: TruthCurves, catalog: pd.DataFrame, cu
     """Jobs/h at which the status quo's GPUs are offered `rho` of their time: each job's GPU-hours on the status
     quo's (single) shape at the GPU-proportional share, speed from the truth; jobs too big for it offer none."""
     jobs = prepare_workload(trace, truth.models, "mix", seed).jobs
-    setups, _ = plan_setups(jobs, catalog, curves, budget)
+    setups, _, _ = plan_setups(jobs, catalog, curves, budget)
     status_quo = next(s for s in setups if s.name == STATUS_QUO)
     node = status_quo.nodes[0]
     cpu_m, mem_mb = to_milli(node.cpus) // node.gpus, to_milli(node.mem_gb) // node.gpus

@@ -3,6 +3,11 @@
 Clouds, NVML, Kubernetes node labels and papers all spell GPUs differently ("Tesla V100-SXM2-16GB",
 "NVIDIA-A100-SXM4-80GB", "A100-80GB", "V100M32", "RTX2080Ti"). Every stage of hetplan speaks the
 canonical names below; `normalize_gpu` is the one place that translates.
+
+The list is open: a type hetplan does not know (A800, H800, a vendor's own series name) is kept under a
+cleaned spelling of its own name by `canonical_gpu` (upper case, dashes, no vendor prefix) so that files
+naming it are read, not refused; the planner then needs curves for it or a declared speed ratio
+(`GpuDeclaration`), else it plans it at the stated opaque default.
 """
 
 from __future__ import annotations
@@ -42,6 +47,11 @@ GPU_TYPES: tuple[GpuType, ...] = (
 )
 GPU_NAMES: frozenset[str] = frozenset(g.name for g in GPU_TYPES)
 
+REFERENCE: tuple[str, float, float] = ("V100", 3.0, 62.5)
+"""The reference allocation, hetplan's unit of work: a V100 with Synergy's GPU-proportional share (24 cores
+and 500 GB over 8 GPUs: 3 cores and 62.5 GB per GPU). Trace durations are times on it; normalised
+throughput counts reference GPUs."""
+
 # Ordered: the first pattern that matches the cleaned name wins, so specific names come before prefixes.
 _PATTERNS: tuple[tuple[str, str], ...] = (
     (r"^GH200", "GH200"),
@@ -69,21 +79,47 @@ _VENDOR_PREFIXES = ("NVIDIA-", "TESLA-", "GEFORCE-", "QUADRO-")
 class UnknownGpuError(ValueError):
     """A GPU name that maps to no canonical type."""
 
-    def __init__(self, name: str) -> None:
-        super().__init__(f"unknown GPU type {name!r} (known: {', '.join(sorted(GPU_NAMES))})")
+    def __init__(self, name: str, opaque: bool = True) -> None:
+        if opaque:
+            super().__init__(f"unknown GPU type {name!r} (known: {', '.join(sorted(GPU_NAMES))})")
+        else:
+            super().__init__(f"{name!r} is not a GPU type name (letters, digits, '.', '+', '-')")
         self.name = name
 
 
 @lru_cache(maxsize=1024)
 def _match(name: str) -> str | None:
-    cleaned = re.sub(r"[\s_]+", "-", name.strip().upper())
-    for prefix in _VENDOR_PREFIXES:
-        if cleaned.startswith(prefix):
-            cleaned = cleaned[len(prefix) :]
+    cleaned = _clean(name)
     for pattern, canonical in _PATTERNS:
         if re.search(pattern, cleaned):
             return canonical
     return None
+
+
+def _clean(name: str) -> str:
+    cleaned = re.sub(r"[\s_]+", "-", name.strip().upper())
+    for prefix in _VENDOR_PREFIXES:
+        if cleaned.startswith(prefix):
+            cleaned = cleaned[len(prefix) :]
+    return cleaned
+
+
+OPAQUE_NAME = re.compile(r"^[A-Z0-9][A-Z0-9.+-]{0,63}$")
+
+
+def canonical_gpu(name: str, memory_gb: float | None = None) -> str:
+    """The canonical name of a known GPU type, else the cleaned name of an unknown (opaque) one.
+
+    Raises `UnknownGpuError` only for a name that cannot be a GPU type at all (empty, or characters other
+    than letters, digits, '.', '+' and '-' after cleaning).
+    """
+    try:
+        return normalize_gpu(name, memory_gb)
+    except UnknownGpuError:
+        cleaned = _clean(str(name)) if name is not None else ""
+        if not OPAQUE_NAME.match(cleaned):
+            raise UnknownGpuError(str(name), opaque=False) from None
+        return cleaned
 
 
 def normalize_gpu(name: str, memory_gb: float | None = None) -> str:
@@ -117,3 +153,20 @@ K8S_PRODUCT: dict[str, str] = {
 def is_known_gpu(name: str) -> bool:
     """True when `name` normalises to a canonical GPU type."""
     return _match(str(name)) is not None
+
+
+@dataclass(frozen=True)
+class GpuDeclaration:
+    """What an input file says about a GPU type hetplan does not know: the known type it runs like, how fast
+    relative to that type, and its memory. Declared in a catalog or fleet file's optional columns
+    `gpu_like`, `gpu_speed` (default 1.0) and `gpu_memory_gb`."""
+
+    name: str
+    like: str
+    speed: float = 1.0
+    memory_gb: float | None = None
+
+
+OPAQUE_DEFAULT = GpuDeclaration("<opaque>", "V100", 1.0)
+"""How a GPU type with neither curves nor a declaration is planned: like a V100 (the reference GPU) at
+speed 1.0, a stated guess that the plan's warnings repeat."""

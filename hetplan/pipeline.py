@@ -27,7 +27,6 @@ from typing import Any, Sequence
 import pandas as pd
 
 from hetplan.contracts import CATALOG, CURVES, DEMAND, HINTS, PROFILES, ContractError, Problem, fingerprint, load_plan
-from hetplan.contracts.plan import Plan, write_plan
 from hetplan.contracts.table import atomic_write_bytes
 from hetplan.gpus import normalize_gpu
 
@@ -167,61 +166,33 @@ def fit_step(workspace: str | Path, run_key: str, gpu_types: Sequence[str], *, m
     return result
 
 
-def with_stale(plan: Plan, stale_gpu_types: Sequence[str]) -> Plan:
-    """The plan with the extra field `stale_gpu_types`: GPU types planned from last good or derived profiles."""
-    return Plan.model_validate({**plan.model_dump(), "stale_gpu_types": sorted(stale_gpu_types)})
-
-
-def write_plan_artifacts(result, catalog: pd.DataFrame, baselines: Sequence, out_dir: Path) -> list[Path]:
-    """Write plan.json, hints.parquet, kueue.yaml and baselines.csv of a solved plan into `out_dir`."""
-    from hetplan.planner import kueue_yaml
-
-    out_dir.mkdir(parents=True, exist_ok=True)
-    plan_path = write_plan(result.plan, out_dir / "plan.json")
-    hints_path = HINTS.write(result.hints, out_dir / "hints.parquet")
-    kueue = out_dir / "kueue.yaml"
-    atomic_write_bytes(kueue, kueue_yaml(result.plan, catalog, result.hints).encode())
-    table = pd.DataFrame([(b.name, b.cost_per_hour, b.normalized_throughput, b.per_dollar, b.node_counts)
-                          for b in baselines], columns=["name", "cost_per_hour", "normalized_throughput",
-                                                        "per_dollar", "node_counts"])
-    baseline_path = out_dir / "baselines.csv"
-    atomic_write_bytes(baseline_path, table.to_csv(index=False).encode())
-    return [plan_path, hints_path, kueue, baseline_path]
-
-
 def plan_step(workspace: str | Path, run_key: str, *, budget: float, stale_gpu_types: Sequence[str] = (),
               clouds: Sequence[str] = (), solver: str = "auto", time_limit: float = 60.0,
               tracking_uri: str | None = None, mlflow: bool = True) -> dict[str, Any]:
     """Plan under `budget` from this run's curves; write the artifacts to `<run>/plan/`; return their paths."""
-    from hetplan.planner import InfeasibleError, build_problem, evaluate_baselines, plan_cluster
-    from hetplan.planner.planner import require_allocation
+    from hetplan.planner import write_plan_artifacts
+    from hetplan.planner.entry import load_problem, plan_with_baselines
 
     ws = Path(workspace)
     here = run_dir(ws, run_key)
-    curves_path = here / "curves.parquet"
-    shapes = CATALOG.load(ws / "catalog.csv")
-    if clouds:
-        shapes = shapes[shapes["cloud"].isin(list(clouds))]
-    problem = build_problem(CURVES.load(curves_path), shapes, DEMAND.load(ws / "demand.csv"), budget)
+    fleet = ws / "fleet.csv"
+    problem, inputs = load_problem(here / "curves.parquet", ws / "catalog.csv", DEMAND.load(ws / "demand.csv"), budget,
+                                   clouds=clouds, fleet=fleet if fleet.is_file() else None)
+    inputs["demand"] = fingerprint(ws / "demand.csv")
     for warning in problem.warnings:
         log.warning("%s", warning)
-    inputs = {"curves": fingerprint(curves_path), "catalog": fingerprint(ws / "catalog.csv"),
-              "demand": fingerprint(ws / "demand.csv")}
-    try:
-        result = plan_cluster(problem, solver=solver, time_limit=time_limit, inputs=inputs)
-    except InfeasibleError as exc:
-        raise ContractError([Problem(str(ws / "catalog.csv"), f"nothing could be planned: {exc}")]) from None
-    require_allocation(problem, result, str(ws / "catalog.csv"))
-    result = replace(result, plan=with_stale(result.plan, stale_gpu_types))
-    baselines = evaluate_baselines(problem, result, solver, time_limit)
-    files = write_plan_artifacts(result, shapes, baselines, here / "plan")
+    planned = plan_with_baselines(problem, solver=solver, time_limit=time_limit, inputs=inputs,  # type: ignore[arg-type]
+                                  source=str(ws / "catalog.csv"))
+    result = replace(planned.result, plan=planned.result.plan.model_copy(
+        update={"stale_gpu_types": sorted(stale_gpu_types)}))
+    files = write_plan_artifacts(result, planned.baselines, here / "plan")
     out: dict[str, Any] = {"plan": str(files[0]), "hints": str(files[1]), "kueue": str(files[2]),
                            "plan_id": result.plan.plan_id, "stale_gpu_types": sorted(stale_gpu_types),
-                           "mlflow_run": None}
+                           "needs_profiling": result.plan.needs_profiling, "mlflow_run": None}
     if mlflow:
         from hetplan.planner.tracking import log_planning_run
 
-        out["mlflow_run"] = log_planning_run(result, files, {b.name: b.normalized_throughput for b in baselines},
+        out["mlflow_run"] = log_planning_run(result, files, {b.name: b.value for b in planned.baselines},
                                              tracking_uri)
     return out
 

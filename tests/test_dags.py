@@ -238,7 +238,7 @@ def _nightly_then_publish(dagbag, workspace: Path, allocator) -> None:
 
     published = HintStore(workspace / "hints").load()  # LATEST exists and loads
     assert len(published.hints) > 0
-    assert published.plan.model_extra["stale_gpu_types"] == ["L4"]
+    assert published.plan.stale_gpu_types == ["L4"]
     assert published.plan.cost_per_hour <= TINY["budget"] + 1e-6
     assert (workspace / "profiles" / "last_good" / "T4.csv").is_file()
     assert not (workspace / "profiles" / "last_good" / "L4.csv").exists()

@@ -2,7 +2,7 @@
 
 import pytest
 
-from hetplan.gpus import GPU_NAMES, UnknownGpuError, is_known_gpu, normalize_gpu
+from hetplan.gpus import GPU_NAMES, UnknownGpuError, canonical_gpu, is_known_gpu, normalize_gpu
 
 
 @pytest.mark.parametrize(
@@ -49,6 +49,22 @@ def test_unknown_names_are_rejected_with_the_known_list(name):
     assert not is_known_gpu(name)
     with pytest.raises(UnknownGpuError, match="known: "):
         normalize_gpu(name)
+
+
+@pytest.mark.parametrize(("name", "opaque"), [("A800", "A800"), ("NVIDIA H800", "H800"), ("Radeon MI25", "RADEON-MI25"),
+                                             ("MISC", "MISC"), ("tesla_A800-SXM4-80GB", "A800-SXM4-80GB")])
+def test_unknown_names_are_kept_as_opaque_types(name, opaque):
+    assert canonical_gpu(name) == opaque and canonical_gpu(opaque) == opaque
+
+
+@pytest.mark.parametrize("name", ["", "  ", "bad name!", "a/b", "x" * 65])
+def test_names_that_cannot_be_gpu_types_are_refused(name):
+    with pytest.raises(UnknownGpuError, match="not a GPU type name"):
+        canonical_gpu(name)
+
+
+def test_known_names_stay_canonical_through_canonical_gpu():
+    assert canonical_gpu("Tesla V100-SXM2-32GB") == "V100-32GB" and canonical_gpu("A100", 80) == "A100-80GB"
 
 
 def test_canonical_names_are_fixed_points():

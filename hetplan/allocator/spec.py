@@ -14,7 +14,7 @@ from enum import Enum
 from types import MappingProxyType
 from typing import Literal
 
-from hetplan.gpus import normalize_gpu
+from hetplan.gpus import canonical_gpu
 
 Share = Literal["hinted", "reduced", "proportional"]
 """How much of the hinted share a job got: `hinted` all of it; `reduced` less, but at least the GPU-proportional
@@ -67,7 +67,7 @@ class Node:
 
     def __post_init__(self) -> None:
         _check_name(self.name, "node name")
-        object.__setattr__(self, "gpu_type", normalize_gpu(self.gpu_type))
+        object.__setattr__(self, "gpu_type", canonical_gpu(self.gpu_type))  # unknown: an opaque type
         if isinstance(self.gpus, bool) or not isinstance(self.gpus, int) or self.gpus < 1:
             raise ValueError(f"node {self.name}: gpus must be a whole number >= 1, got {self.gpus!r}")
         for what in ("cpus", "mem_gb"):

@@ -27,7 +27,7 @@ import yaml
 from hetplan.catalog.skypilot import CatalogImport, import_skypilot
 from hetplan.contracts.catalog import CATALOG
 from hetplan.contracts.table import Column, ContractError, Problem, RowLabels, TableSchema, decode_text, read_input, read_raw
-from hetplan.gpus import UnknownGpuError, normalize_gpu
+from hetplan.gpus import UnknownGpuError, canonical_gpu
 
 logger = logging.getLogger(__name__)
 
@@ -204,7 +204,7 @@ def _prices(
     for gpu, value in table.items():
         where = (_line(table_node, str(gpu)), f"prices.per_gpu_hour.{gpu}")
         try:
-            canonical = normalize_gpu(str(gpu))
+            canonical = canonical_gpu(str(gpu))
         except UnknownGpuError as exc:
             problems.append(Problem(name, str(exc), *where))
             continue

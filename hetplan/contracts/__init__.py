@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from hetplan.contracts.catalog import CATALOG
+from hetplan.contracts.catalog import CATALOG, FLEET, gpu_declarations
 from hetplan.contracts.curves import CURVES
 from hetplan.contracts.demand import DEMAND, demand_from_trace
 from hetplan.contracts.hints import HINTS
@@ -13,6 +13,7 @@ from hetplan.contracts.trace import TRACE
 
 TABLES: dict[str, TableSchema] = {
     "catalog": CATALOG,
+    "fleet": FLEET,
     "profiles": PROFILES,
     "demand": DEMAND,
     "trace": TRACE,
@@ -31,7 +32,7 @@ def validate_file(path: str, kind: str) -> None:
 
 
 __all__ = [
-    "CATALOG", "CURVES", "DEMAND", "HINTS", "KINDS", "PROFILES", "TABLES", "TRACE",
+    "CATALOG", "CURVES", "DEMAND", "FLEET", "HINTS", "KINDS", "PROFILES", "TABLES", "TRACE",
     "Column", "ContractError", "Plan", "Problem", "TableSchema",
-    "demand_from_trace", "fingerprint", "load_plan", "validate_file", "write_plan",
+    "demand_from_trace", "fingerprint", "gpu_declarations", "load_plan", "validate_file", "write_plan",
 ]

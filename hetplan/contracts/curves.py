@@ -5,6 +5,8 @@ from that pair's own profiles, or `transferred` from another GPU type's input-pi
 GPU's compute rate); `source` names the data behind it. Knee columns: `knee_cpus_at_mem` is the fewest
 cores reaching `knee_fraction` of the best throughput at that RAM level; `knee_cpus`/`knee_mem_gb` the
 smallest allocation reaching it of the pair's plateau; below `collapse_mem_gb` throughput collapses.
+`measured_*` give the box of cores and RAM per GPU the curve rests on (a transferred curve: its anchor's);
+a curve has rows only inside it. Tables written before these columns existed load without them.
 """
 
 from __future__ import annotations
@@ -33,6 +35,10 @@ CURVES = TableSchema(
         Column("knee_cpus", "float", min=0),
         Column("knee_mem_gb", "float", min=0),
         Column("collapse_mem_gb", "float", min=0),
+        Column("measured_cpus_min", "float", required=False, nullable=True, min=0, omit_empty=True),
+        Column("measured_cpus_max", "float", required=False, nullable=True, min=0, omit_empty=True),
+        Column("measured_mem_gb_min", "float", required=False, nullable=True, min=0, omit_empty=True),
+        Column("measured_mem_gb_max", "float", required=False, nullable=True, min=0, omit_empty=True),
     ),
     key=("model", "gpu_type", "cpus_per_gpu", "mem_gb_per_gpu"),
 )

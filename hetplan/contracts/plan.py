@@ -17,8 +17,26 @@ NonNegative = Annotated[float, Field(ge=0, allow_inf_nan=False)]
 TOLERANCE = 1e-6
 
 
+class NodeShape(BaseModel):
+    """One node shape a plan uses (bought from the catalog or owned), so a plan file stands on its own."""
+
+    model_config = ConfigDict(frozen=True)
+
+    gpu_type: str = Field(min_length=1)
+    gpus: Annotated[int, Field(ge=1)]
+    vcpus: Annotated[float, Field(gt=0)]
+    mem_gb: Annotated[float, Field(gt=0)]
+    price_per_hour: NonNegative
+
+
 class Plan(BaseModel):
-    """A solved plan. `gap` is (lp_bound - objective) / max(|lp_bound|, tiny): 0 means proven optimal."""
+    """A solved plan. `gap` is (lp_bound - objective) / max(|lp_bound|, tiny): 0 means proven optimal.
+
+    `objective` is in reference GPUs of work per hour: with `objective_kind` `mix` (the default) the demand
+    mix served per hour, with `sum` the normalised throughput summed over classes; a `cost` plan reports
+    the mix it serves. Fields after `inputs` are optional for files written by older versions; unknown
+    fields are kept (extra="allow") so newer files still load.
+    """
 
     model_config = ConfigDict(extra="allow", frozen=True)
 
@@ -33,6 +51,20 @@ class Plan(BaseModel):
     solver: str = Field(min_length=1)
     solve_seconds: NonNegative
     inputs: dict[str, str] = Field(default_factory=dict, description="input name -> sha256 fingerprint")
+    objective_kind: str | None = Field(None, description="mix | sum | cost")
+    throughput_value: float | None = Field(None, description="normalised throughput summed over classes")
+    owned_nodes: dict[str, Annotated[int, Field(ge=0)]] = Field(default_factory=dict)
+    shapes: dict[str, NodeShape] = Field(default_factory=dict, description="every shape in node_counts or owned_nodes")
+    mip_gap: float | None = None
+    timed_out: bool = False
+    cost_lp_bound: float | None = None
+    cost_gap: float | None = None
+    model_size: dict[str, int] = Field(default_factory=dict)
+    stale_gpu_types: list[str] = Field(default_factory=list, description="planned from last good or derived profiles")
+    needs_profiling: list[str] = Field(default_factory=list, description="models planned on the unprofiled default")
+    gpu_type_rules: dict[str, str] = Field(default_factory=dict, description="GPU type without curves -> rule used")
+    unplanned: list[dict] = Field(default_factory=list, description="demand classes no shape can run")
+    planning: dict | None = Field(None, description="workload planning: objective, candidates simulated, winner")
 
     @model_validator(mode="after")
     def _consistent(self) -> Plan:

@@ -22,7 +22,7 @@ from typing import Literal
 import numpy as np
 import pandas as pd
 
-from hetplan.gpus import UnknownGpuError, normalize_gpu
+from hetplan.gpus import UnknownGpuError, canonical_gpu
 
 Kind = Literal["str", "int", "float", "gpu", "timestamp"]
 TableCheck = Callable[[pd.DataFrame, "RowLabels"], list["Problem"]]
@@ -73,6 +73,7 @@ class Column:
     choices: tuple[str, ...] | None = None
     pattern: str | None = None
     doc: str = ""
+    omit_empty: bool = False  # optional, and left out of written files when no row fills it
 
 
 class RowLabels:
@@ -145,12 +146,15 @@ class TableSchema:
         """Validate `frame`, then write it as CSV or Parquet (by suffix) atomically; return the path.
 
         Nothing is written when validation fails: a reader never sees a half-written or invalid file.
+        Columns marked `omit_empty` are left out when no row fills them.
         """
         target = Path(path)
         suffix = target.suffix.lower()
         if suffix not in CSV_SUFFIXES | PARQUET_SUFFIXES:
             raise ContractError([Problem(str(target), "output must end in .csv or .parquet")])
         typed = self.validate(frame, "<output>")
+        empty = [c.name for c in self.columns if c.omit_empty and typed[c.name].isna().all()]
+        typed = typed.drop(columns=empty)
         if suffix in CSV_SUFFIXES:
             payload = typed.to_csv(index=False, lineterminator="\n").encode()
             atomic_write_bytes(target, payload)
@@ -304,7 +308,7 @@ def _gpu_names(col: Column, values: pd.Series, labels: RowLabels) -> tuple[pd.Se
     canonical: dict[str, str | None] = {}
     for name in values.dropna().unique():
         try:
-            canonical[name] = normalize_gpu(name)
+            canonical[name] = canonical_gpu(name)
         except UnknownGpuError as exc:
             canonical[name] = None
             message = str(exc)

@@ -1,12 +1,15 @@
-"""The baselines every evaluation reports, computed by the same model and solver as hetplan's plan.
+"""The baselines every evaluation reports, valued by the same model, objective and solver as hetplan's plan.
 
-1. status quo: the single node shape with the best GPU throughput per dollar at the GPU-proportional share
-   among those big enough for every job class, bought with the whole budget, jobs given the GPU-proportional
-   share of cores and RAM;
+1. status quo: the owned fleet plus the single node shape that serves the most of the mix at the
+   GPU-proportional share with the whole budget (availability caps respected), among the shapes big
+   enough for every job class; jobs get the GPU-proportional share of cores and RAM;
 2. status quo + sensitivity-aware CPU/RAM: the same cluster, the allocation free (Synergy-like);
-3. GPU-only mix: the node mix chosen by GPU throughput per dollar ignoring CPU and RAM (each class's best
-   throughput on each GPU type, as if cores were free; Gavel-like), then run at the proportional share;
+3. GPU-only mix: the node mix chosen by GPU throughput ignoring CPU and RAM (each class's best throughput on
+   each GPU type, as if cores were free; Gavel-like), then run at the proportional share;
 4. hetplan: node mix and CPU/RAM split chosen together.
+
+Each baseline is the hetplan model with other bounds (`MilpModel.pinned` / `restricted`), so its value is
+the same quantity as the plan's objective.
 """
 
 from __future__ import annotations
@@ -16,11 +19,10 @@ from dataclasses import dataclass, replace
 import numpy as np
 import pandas as pd
 
-from hetplan.planner.hints import proportional_option
-from hetplan.planner.planner import PlanResult, nodes_of, plan_cluster
-from hetplan.planner.problem import Option, PlanningProblem
-from hetplan.planner.solvers import InfeasibleError, SolverName
-
+from hetplan.planner.model import MilpModel, build_model
+from hetplan.planner.planner import PlanResult, read_solution
+from hetplan.planner.problem import OptionSet, PlanningProblem
+from hetplan.planner.solvers import InfeasibleError, SolverName, solve
 
 STATUS_QUO = "status quo"
 SENSITIVITY_AWARE = "status quo + sensitivity-aware"
@@ -30,88 +32,115 @@ HETPLAN = "hetplan"
 
 @dataclass(frozen=True)
 class Evaluation:
-    """One way of buying and allocating, scored by the planner's objective."""
+    """One way of buying and allocating, valued by the planner's objective (reference GPUs of work per hour)."""
 
     name: str
-    node_counts: dict[str, int]
+    node_counts: dict[str, int]  # added nodes by shape (owned nodes are in every evaluation)
     cost_per_hour: float
-    normalized_throughput: float
+    value: float
+    proportional: bool  # jobs get the GPU-proportional share (else the allocation is free)
 
     @property
     def per_dollar(self) -> float:
-        return self.normalized_throughput / self.cost_per_hour if self.cost_per_hour > 0 else 0.0
+        return self.value / self.cost_per_hour if self.cost_per_hour > 0 else 0.0
 
 
-def proportional_options(problem: PlanningProblem) -> dict[tuple[int, int], tuple[float, float]]:
-    """Per (class, shape): the option a GPU-proportional allocator gives."""
-    chosen = {}
-    for j in problem.classes.index:
-        for s, shape in problem.shapes.iterrows():
-            option = proportional_option(problem.options.get((j, shape["gpu_type"]), []), shape)
-            if option is not None:
-                chosen[(j, s)] = (option.cpus, option.mem_gb)
-    return chosen
-
-
-def best_value_shape(problem: PlanningProblem, only: dict[tuple[int, int], tuple[float, float]]) -> int | None:
-    """The shape with the most demand-weighted normalised throughput per dollar at the proportional share,
-    among those the budget can buy at least one of, that are available, and whose nodes can run the largest job
-    any of those can run (a homogeneous cluster must run every job it can)."""
+def proportional_columns(problem: PlanningProblem, model: MilpModel) -> np.ndarray:
+    """Per x column: True where it is the option a GPU-proportional allocator gives its (class, shape): the
+    best option within the node's cores and RAM per GPU."""
+    cols = model.columns
     shapes = problem.shapes
-    affordable = shapes["price_per_hour"] <= problem.budget if problem.budget is not None else True
-    candidates = shapes[(shapes["price_per_hour"] > 0) & affordable
-                        & ~(shapes["available"].notna() & (shapes["available"] == 0))]
-    if candidates.empty:
+    cpus_share = (shapes["vcpus"] / shapes["gpus"]).to_numpy(float)[cols["s"].to_numpy()]
+    mem_share = (shapes["mem_gb"] / shapes["gpus"]).to_numpy(float)[cols["s"].to_numpy()]
+    fits = (cols["cpus"].to_numpy() <= cpus_share + 1e-9) & (cols["mem_gb"].to_numpy() <= mem_share + 1e-9)
+    candidates = cols[fits].assign(neg=-cols.loc[fits, "throughput"])
+    best = candidates.sort_values(["j", "s", "neg", "cpus", "mem_gb"], kind="stable").groupby(["j", "s"]).head(1)
+    keep = np.zeros(len(cols), dtype=bool)
+    keep[best.index.to_numpy()] = True
+    return keep
+
+
+def status_quo_counts(problem: PlanningProblem, model: MilpModel) -> dict[int, int] | None:
+    """The status quo's added nodes: as many of one shape as the budget (and its cap) allows, the shape
+    chosen for the most of the mix served at the proportional share; None when no shape qualifies."""
+    if problem.budget is None:
         return None
-    runnable = problem.classes["num_gpus"][problem.classes["num_gpus"] <= candidates["gpus"].max()]
-    largest_job = int(runnable.max()) if len(runnable) else 1
+    shapes = problem.shapes
+    keep = proportional_columns(problem, model)
+    cols = model.columns[keep]
+    n_classes = len(problem.classes)
+    share = problem.classes["share"].to_numpy(float)
+    price = shapes["price_per_hour"].to_numpy(float)
+    cap = shapes["available"].to_numpy(float)
+    with np.errstate(divide="ignore"):
+        count = np.floor(problem.budget / price + 1e-9)
+    count = np.where(np.isnan(cap), count, np.minimum(count, cap))
+    values = cols.pivot_table(index="s", columns="j", values="value", aggfunc="max").reindex(columns=range(n_classes))
     best, best_value = None, 0.0
-    for s, shape in candidates[candidates["gpus"] >= largest_job].iterrows():
-        per_gpu = 0.0
-        for j, cls in problem.classes.iterrows():
-            if (j, s) in only and shape["gpus"] >= cls["num_gpus"]:
-                option = next(o for o in problem.options[(j, shape["gpu_type"])] if (o.cpus, o.mem_gb) == only[(j, s)])
-                per_gpu += cls["share"] * option.throughput / cls["t_ref"]
-        value = per_gpu * shape["gpus"] / shape["price_per_hour"]
-        if value > best_value:
-            best, best_value = s, value
-    return best
+    for s, per_class in values.iterrows():
+        if shapes.loc[s, "owned"] > 0 or not price[s] > 0 or per_class.isna().any():
+            continue  # owned, free, or some class cannot run on it at the proportional share
+        per_node = shapes.loc[s, "gpus"] / float(np.sum(share / per_class.to_numpy(float)))  # mix served per node
+        if count[s] * per_node > best_value * (1 + 1e-9):
+            best, best_value = int(s), count[s] * per_node
+    return None if best is None or count[best] < 1 else {best: int(count[best])}
 
 
-def evaluate_baselines(problem: PlanningProblem, hetplan: PlanResult, solver: SolverName = "auto",
-                       time_limit: float = 60.0, fairness: float = 0.0) -> list[Evaluation]:
-    """Score the three baselines and hetplan's plan on the same problem, budget and fairness floor."""
-    only = proportional_options(problem)
-    results = []
-    shape = best_value_shape(problem, only)
-    if shape is not None and problem.budget is not None:
-        cap = problem.shapes.loc[shape, "available"]
-        count = int(np.floor(problem.budget / problem.shapes.loc[shape, "price_per_hour"] + 1e-9))
-        count = count if pd.isna(cap) else min(count, int(cap))
-        fixed = {shape: count}
-        results.append(_evaluate(STATUS_QUO, problem, fixed, only, solver, time_limit, fairness))
-        results.append(_evaluate(SENSITIVITY_AWARE, problem, fixed, None, solver, time_limit, fairness))
-    # As if every GPU reached its plateau on the least cores and RAM of the grid: CPU and RAM ignored.
-    gpu_only = replace(problem, options={
-        key: [Option(min(o.cpus for o in opts), min(o.mem_gb for o in opts), max(o.throughput for o in opts))]
-        for key, opts in problem.options.items() if opts})
+def gpu_only_counts(problem: PlanningProblem, model: MilpModel, solver: SolverName = "auto",
+                    time_limit: float = 60.0) -> dict[int, int] | None:
+    """The node mix a planner that ignores CPU and RAM would buy (every GPU at its plateau on the least
+    cores and RAM of its curve), or None when it finds none."""
+    blind = replace(problem, options={
+        key: OptionSet(np.array([opts.cpus.min()]), np.array([opts.mem_gb.min()]), np.array([opts.throughput.max()]))
+        for key, opts in problem.options.items()})
+    blind_model = build_model(blind, model.objective if model.objective != "cost" else "mix")
     try:
-        mix = plan_cluster(gpu_only, solver=solver, time_limit=time_limit, fairness=fairness)
-        results.append(_evaluate(GPU_ONLY, problem, nodes_of(mix, gpu_only), only, solver, time_limit, fairness))
+        solution = solve(blind_model, solver, time_limit)
     except InfeasibleError:
-        pass
+        return None
+    return {s: int(round(v)) for s, v in enumerate(solution.values[: model.n_shapes])}
+
+
+def value_of(problem: PlanningProblem, model: MilpModel, counts: dict[int, int], proportional: bool,
+             solver: SolverName = "auto", time_limit: float = 60.0) -> PlanResult | None:
+    """The plan on a fixed cluster (`counts` added nodes) with the proportional or the free allocation; None
+    when the cluster cannot serve the objective's constraints."""
+    fixed = model.pinned(counts)
+    if proportional:
+        fixed = fixed.restricted(proportional_columns(problem, model))
+    try:
+        return read_solution(problem, fixed, solve(fixed, solver, time_limit), {})
+    except InfeasibleError:
+        return None
+
+
+def evaluate_baselines(problem: PlanningProblem, hetplan: PlanResult, model: MilpModel, solver: SolverName = "auto",
+                       time_limit: float = 60.0) -> list[Evaluation]:
+    """Value the three baselines and hetplan's plan with `model` (the one the plan was solved with)."""
+    results = []
+    status_quo = status_quo_counts(problem, model)
+    if status_quo is not None:
+        results.append(_evaluation(STATUS_QUO, problem, model, status_quo, True, solver, time_limit))
+        results.append(_evaluation(SENSITIVITY_AWARE, problem, model, status_quo, False, solver, time_limit))
+    gpu_only = gpu_only_counts(problem, model, solver, time_limit)
+    if gpu_only is not None:
+        results.append(_evaluation(GPU_ONLY, problem, model, gpu_only, True, solver, time_limit))
     results.append(Evaluation(HETPLAN, dict(hetplan.plan.node_counts), hetplan.plan.cost_per_hour,
-                              hetplan.plan.objective))
+                              hetplan.plan.objective, False))
     return results
 
 
-def _evaluate(name: str, problem: PlanningProblem, fixed: dict[int, int],
-              only: dict[tuple[int, int], tuple[float, float]] | None, solver: SolverName,
-              time_limit: float, fairness: float) -> Evaluation:
-    fixed = {s: fixed.get(s, 0) for s in range(len(problem.shapes))}
-    try:
-        result = plan_cluster(problem, fixed_nodes=fixed, only_options=only, solver=solver, time_limit=time_limit,
-                              fairness=fairness)
-    except InfeasibleError:  # e.g. a fairness floor this cluster cannot meet
-        return Evaluation(name, {}, 0.0, 0.0)
-    return Evaluation(name, dict(result.plan.node_counts), result.plan.cost_per_hour, result.plan.objective)
+def _evaluation(name: str, problem: PlanningProblem, model: MilpModel, counts: dict[int, int], proportional: bool,
+                solver: SolverName, time_limit: float) -> Evaluation:
+    result = value_of(problem, model, counts, proportional, solver, time_limit)
+    names = problem.shapes["name"]
+    added = {str(names[s]): n for s, n in counts.items() if n > 0}
+    cost = float(sum(problem.shapes.loc[s, "price_per_hour"] * n for s, n in counts.items()))
+    return Evaluation(name, added, cost, result.plan.objective if result else 0.0, proportional)
+
+
+def evaluations_table(evaluations: list[Evaluation]) -> pd.DataFrame:
+    """One row per evaluation, node counts as JSON-able dicts."""
+    return pd.DataFrame([{"name": e.name, "cost_per_hour": e.cost_per_hour, "value": e.value,
+                          "per_dollar": e.per_dollar, "proportional": e.proportional, "node_counts": e.node_counts}
+                         for e in evaluations])

@@ -1,6 +1,9 @@
 """Read the hint table off a solved plan: per job class, its GPU types in order of preference, each with
 the cores and RAM per GPU to give and the throughput to expect.
 
+Only classes the plan gives GPUs get rows; a class without rows gets the allocator's GPU-proportional
+share, which is all a fallback row would say.
+
 GPU types the plan allocated to a class come first, by GPUs allocated, with the option the plan used most;
 the plan's other GPU types follow as fallbacks, by throughput per dollar, with their GPU-proportional share
 (what the allocator can always give on that shape) and the throughput of the best option within it. A fallback
@@ -14,16 +17,16 @@ from __future__ import annotations
 import pandas as pd
 
 from hetplan.contracts import HINTS
-from hetplan.planner.problem import Option, PlanningProblem
+from hetplan.planner.problem import OptionSet, PlanningProblem
 
 SECONDS_PER_HOUR = 3600.0
 
 
-def proportional_option(options: list[Option], shape: pd.Series) -> Option | None:
-    """The best option within the shape's GPU-proportional share of cores and RAM, if any fits."""
-    cpus, mem = shape["vcpus"] / shape["gpus"], shape["mem_gb"] / shape["gpus"]
-    fitting = [o for o in options if o.cpus <= cpus + 1e-9 and o.mem_gb <= mem + 1e-9]
-    return max(fitting, key=lambda o: (o.throughput, -o.cpus, -o.mem_gb)) if fitting else None
+def proportional_option(options: OptionSet | None, shape: pd.Series) -> int | None:
+    """Index of the best option within the shape's GPU-proportional share of cores and RAM, if any fits."""
+    if options is None:
+        return None
+    return options.best_within(shape["vcpus"] / shape["gpus"], shape["mem_gb"] / shape["gpus"])
 
 
 def hints_from_allocation(problem: PlanningProblem, allocation: pd.DataFrame, nodes: dict[int, int],
@@ -40,6 +43,8 @@ def hints_from_allocation(problem: PlanningProblem, allocation: pd.DataFrame, no
     rows = []
     for j, cls in problem.classes.iterrows():
         used = allocation[allocation["j"] == j]
+        if used.empty:
+            continue
         ranked: list[dict] = []
         for gpu, on_type in used.groupby("gpu_type"):
             best = on_type.sort_values("gpus", ascending=False).iloc[0]
@@ -52,10 +57,11 @@ def hints_from_allocation(problem: PlanningProblem, allocation: pd.DataFrame, no
             if gpu in set(used["gpu_type"]) or shapes.loc[s, "gpus"] < cls["num_gpus"]:
                 continue
             shape = shapes.loc[s]
-            option = proportional_option(problem.options.get((j, gpu), []), shape)
+            options = problem.options.get((j, gpu))
+            option = proportional_option(options, shape)
             if option is not None:  # the share to give is the proportional one; the throughput, the option's
                 row = _row(cls, gpu, shape["vcpus"] / shape["gpus"], shape["mem_gb"] / shape["gpus"],
-                           option.throughput, shape, plan_id, 0.0)
+                           options.throughput[option], shape, plan_id, 0.0)
                 row.pop("_gpus")
                 fallbacks.append(row)
         fallbacks.sort(key=lambda r: -r["throughput_per_dollar"])

@@ -25,17 +25,21 @@ def flavor_name(gpu_type: str) -> str:
     return "gpu-" + re.sub(r"[^a-z0-9-]", "-", gpu_type.lower())
 
 
-def kueue_manifests(plan: Plan, catalog: pd.DataFrame, hints: pd.DataFrame, queue: str = "hetplan") -> list[dict]:
-    """Kueue objects for the cluster a plan provides (added plus owned nodes of the catalog's shapes)."""
-    counts = pd.Series(plan.node_counts, dtype=float).add(pd.Series(_owned(plan), dtype=float), fill_value=0)
-    shapes = catalog.set_index("name").loc[counts.index]
+def kueue_manifests(plan: Plan, catalog: pd.DataFrame | None, hints: pd.DataFrame, queue: str = "hetplan") -> list[dict]:
+    """Kueue objects for the cluster a plan provides (added plus owned nodes); shapes come from the plan
+    itself, or for plans written before it carried them, from `catalog`."""
+    counts = pd.Series(plan.node_counts, dtype=float).add(pd.Series(plan.owned_nodes, dtype=float), fill_value=0)
+    if plan.shapes:
+        shapes = pd.DataFrame({name: s.model_dump() for name, s in plan.shapes.items()}).T.loc[counts.index]
+    else:
+        shapes = catalog.set_index("name").loc[counts.index]
     totals = pd.DataFrame({"gpu_type": shapes["gpu_type"], "gpus": shapes["gpus"] * counts,
                            "cpus": shapes["vcpus"] * counts, "mem_gb": shapes["mem_gb"] * counts})
     totals = totals.groupby("gpu_type").sum()
     mean_rank = hints.groupby("gpu_type")["rank"].mean()
     order = sorted(totals.index, key=lambda g: (float(mean_rank.get(g, float("inf"))), g))
     flavors = [{"apiVersion": API_VERSION, "kind": "ResourceFlavor", "metadata": {"name": flavor_name(g)},
-                "spec": {"nodeLabels": {"nvidia.com/gpu.product": K8S_PRODUCT[g]}}} for g in order]
+                "spec": {"nodeLabels": {"nvidia.com/gpu.product": K8S_PRODUCT.get(g, g)}}} for g in order]
     queue_spec = {
         "namespaceSelector": {},
         "resourceGroups": [{
@@ -51,11 +55,8 @@ def kueue_manifests(plan: Plan, catalog: pd.DataFrame, hints: pd.DataFrame, queu
     return [*flavors, cluster_queue]
 
 
-def kueue_yaml(plan: Plan, catalog: pd.DataFrame, hints: pd.DataFrame, queue: str = "hetplan") -> str:
+def kueue_yaml(plan: Plan, catalog: pd.DataFrame | None, hints: pd.DataFrame, queue: str = "hetplan") -> str:
     """The manifests as one multi-document YAML file."""
     header = f"# Kueue objects for hetplan plan {plan.plan_id}\n"
     return header + yaml.safe_dump_all(kueue_manifests(plan, catalog, hints, queue), sort_keys=False)
 
-
-def _owned(plan: Plan) -> dict[str, int]:
-    return dict((plan.model_extra or {}).get("owned_nodes") or {})

@@ -1,15 +1,25 @@
-"""One MILP description of a planning problem, built once and handed to any solver backend.
+"""One MILP description of a planning problem, built once (vectorised) and handed to any solver backend.
 
-Columns: n_s (integer nodes to add of shape s), then x_{j,s,k} (GPUs of class j on shape s with option k).
-Rows: budget; per shape GPUs, cores and RAM; demand per class; an optional fairness floor per class (its share
-of the normalised throughput, so a floor cannot be met with GPUs starved of cores or RAM); in the
-min-cost objective, a throughput target. Objective: maximise sum v x (v = per-GPU throughput / t_ref), or
-minimise sum p n.
+Columns: n_s (integer nodes to add of shape s), x_c (GPUs of class j on shape s with option k, one column c
+per fitting (j, s, k)), and one continuous T.
+
+Rows: the budget; per shape its GPUs, cores and RAM (added plus owned nodes); then by objective:
+
+- `mix` (the default): maximise T, the number of reference GPUs' worth of the demand mix served per hour,
+  with one sparse row per class: sum_c v_c x_c >= share_j T (every class gets its share of the work), and
+  when the total GPU demand is given, one row keeping the GPUs allocated within it;
+- `sum`: maximise T = sum_c v_c x_c, the normalised throughput summed over classes (one defining row),
+  each class capped by its GPU demand, with an optional fairness floor alpha per class
+  (sum_c v_c x_c >= alpha share_j T, sparse because it is written against T);
+- `cost`: minimise sum_s p_s n_s subject to the `mix` rows and T >= a target.
+
+v_c is the per-GPU throughput normalised by the class's reference throughput. Baselines, speed floors and
+fixed clusters are the same model with other bounds (`pinned`, `restricted`), never a second builder.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
 
 import numpy as np
@@ -18,11 +28,12 @@ import scipy.sparse as sp
 
 from hetplan.planner.problem import PlanningProblem
 
-Objective = Literal["throughput", "cost"]
+Objective = Literal["mix", "sum", "cost"]
+OBJECTIVES: tuple[str, ...] = ("mix", "sum", "cost")
 INF = np.inf
 
 
-@dataclass
+@dataclass(frozen=True)
 class MilpModel:
     """Column bounds and kinds, a sparse constraint matrix with row bounds, and the objective."""
 
@@ -34,12 +45,11 @@ class MilpModel:
     row_lower: np.ndarray
     row_upper: np.ndarray
     maximize: bool
+    objective: Objective
     n_shapes: int
     columns: pd.DataFrame  # per x column: j, s, gpu_type, cpus, mem_gb, throughput, value
-    row_names: list[str]
     budget_row: int | None
     price: np.ndarray  # per shape, US$/h
-    available: np.ndarray  # per shape, NaN = unlimited
 
     @property
     def num_vars(self) -> int:
@@ -49,114 +59,138 @@ class MilpModel:
     def num_rows(self) -> int:
         return len(self.row_lower)
 
-    def with_budget(self, budget: float) -> MilpModel:
-        """The same model under another budget: the budget row's bound and the node-count bounds change."""
-        if self.budget_row is None:
-            raise ValueError("this model has no budget row")
-        row_upper = self.row_upper.copy()
-        row_upper[self.budget_row] = budget
+    @property
+    def t_column(self) -> int:
+        return self.num_vars - 1
+
+    def pinned(self, counts: dict[int, int]) -> MilpModel:
+        """The same model on a fixed cluster: n_s = counts[s] (0 for shapes not named)."""
+        lower, upper = self.lower.copy(), self.upper.copy()
+        fixed = np.array([counts.get(s, 0) for s in range(self.n_shapes)], dtype=float)
+        lower[: self.n_shapes] = upper[: self.n_shapes] = fixed
+        return replace(self, lower=lower, upper=upper)
+
+    def restricted(self, keep: np.ndarray) -> MilpModel:
+        """The same model with only the x columns where `keep` is true usable (the others bounded to 0)."""
         upper = self.upper.copy()
-        pinned = self.lower[: self.n_shapes] == self.upper[: self.n_shapes]
-        upper[: self.n_shapes] = np.where(pinned, self.upper[: self.n_shapes],
-                                          _node_bounds(self.available, self.price, budget, self.maximize))
-        return MilpModel(**{**self.__dict__, "row_upper": row_upper, "upper": upper})
+        x = upper[self.n_shapes : self.t_column]
+        upper[self.n_shapes : self.t_column] = np.where(keep, x, 0.0)
+        return replace(self, upper=upper)
 
 
-def build_model(problem: PlanningProblem, objective: Objective = "throughput", fairness: float = 0.0,
-                target: float | None = None, fixed_nodes: dict[int, int] | None = None,
-                only_options: dict[tuple[int, int], tuple[float, float]] | None = None) -> MilpModel:
-    """Build the MILP. `fixed_nodes` pins n_s (baselines evaluate a given cluster); `only_options` keeps,
-    per (class, shape), the single option (cpus, mem) given (GPU-proportional allocation)."""
+def build_model(problem: PlanningProblem, objective: Objective = "mix", fairness: float = 0.0,
+                target: float | None = None) -> MilpModel:
+    """Build the MILP for `objective` (see the module docstring); `fairness` is the `sum` objective's floor."""
+    if objective not in OBJECTIVES:
+        raise ValueError(f"unknown objective {objective!r}; one of {', '.join(OBJECTIVES)}")
+    if objective == "cost" and target is None:
+        raise ValueError("the cost objective needs a target (reference GPUs of the mix per hour)")
     shapes, classes = problem.shapes, problem.classes
     n_shapes = len(shapes)
-    columns = _x_columns(problem, only_options)
+    columns = x_columns(problem)
     n_x = len(columns)
+    t_col = n_shapes + n_x
     xs = np.arange(n_x) + n_shapes
-    rows: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
-    lower: list[float] = []
-    upper: list[float] = []
-    names: list[str] = []
+    js = columns["j"].to_numpy()
+    ss = columns["s"].to_numpy()
+    value = columns["value"].to_numpy(float)
+    triplets: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
+    row_lo: list[np.ndarray] = []
+    row_hi: list[np.ndarray] = []
+    rows = 0
 
-    def add(cols: np.ndarray, vals: np.ndarray, lo: float, hi: float, name: str) -> int:
-        rows.append((np.full(len(cols), len(names)), cols, vals))
-        lower.append(lo)
-        upper.append(hi)
-        names.append(name)
-        return len(names) - 1
+    def block(r: np.ndarray, c: np.ndarray, v: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> int:
+        nonlocal rows
+        triplets.append((r + rows, c, v))
+        row_lo.append(lo)
+        row_hi.append(hi)
+        first, rows = rows, rows + len(lo)
+        return first
 
     price = shapes["price_per_hour"].to_numpy(float)
     budget_row = None
     if problem.budget is not None:
-        budget_row = add(np.arange(n_shapes), price, -INF, problem.budget, "budget")
+        budget_row = block(np.zeros(n_shapes, dtype=int), np.arange(n_shapes), price, np.array([-INF]),
+                           np.array([float(problem.budget)]))
     owned = shapes["owned"].to_numpy(float)
-    by_shape = columns.groupby("s").indices
-    for s, shape in shapes.iterrows():
-        idx = by_shape.get(s, np.array([], dtype=int))
-        cols = np.concatenate([[s], xs[idx]])
-        for name, cap, per_x in (("gpus", shape["gpus"], np.ones(len(idx))),
-                                 ("cpus", shape["vcpus"], columns["cpus"].to_numpy()[idx]),
-                                 ("mem", shape["mem_gb"], columns["mem_gb"].to_numpy()[idx])):
-            add(cols, np.concatenate([[-float(cap)], per_x]), -INF, float(cap) * owned[s], f"{name}[{shape['name']}]")
-    by_class = columns.groupby("j").indices
-    value = columns["value"].to_numpy(float)
-    for j, cls in classes.iterrows():
-        idx = by_class.get(j, np.array([], dtype=int))
-        add(xs[idx], np.ones(len(idx)), -INF, float(cls["demand_gpus"]), f"demand[{cls['model']}x{cls['num_gpus']}]")
-        if fairness > 0 and len(idx):  # a class no shape can run gets no floor (it would force zero for all)
-            # floor on work, not GPUs: a class's normalised throughput >= fairness x share x the total
-            coef = fairness * float(cls["share"]) * value - np.isin(np.arange(n_x), idx) * value
-            add(xs, coef, -INF, 0.0, f"fair[{cls['model']}x{cls['num_gpus']}]")
+    for k, (cap_col, per_x) in enumerate((("gpus", np.ones(n_x)), ("vcpus", columns["cpus"].to_numpy(float)),
+                                          ("mem_gb", columns["mem_gb"].to_numpy(float)))):
+        cap = shapes[cap_col].to_numpy(float)
+        block(np.concatenate([np.arange(n_shapes), ss]), np.concatenate([np.arange(n_shapes), xs]),
+              np.concatenate([-cap, per_x]), np.full(n_shapes, -INF), cap * owned)
+    share = classes["share"].to_numpy(float)
+    n_classes = len(classes)
+    if objective in ("mix", "cost") or fairness > 0:
+        alpha = 1.0 if objective in ("mix", "cost") else float(fairness)
+        block(np.concatenate([js, np.arange(n_classes)]), np.concatenate([xs, np.full(n_classes, t_col)]),
+              np.concatenate([value, -alpha * share]), np.zeros(n_classes), np.full(n_classes, INF))
+    if objective in ("mix", "cost") and problem.demand_fixed and np.isfinite(classes["demand_gpus"].sum()):
+        block(np.zeros(n_x, dtype=int), xs, np.ones(n_x), np.array([-INF]),  # a given total demand: no more GPUs
+              np.array([float(classes["demand_gpus"].sum())]))
+    if objective == "sum":
+        block(np.zeros(n_x + 1, dtype=int), np.concatenate([xs, [t_col]]), np.concatenate([-value, [1.0]]),
+              np.array([0.0]), np.array([0.0]))
+        block(js, xs, np.ones(n_x), np.full(n_classes, -INF), classes["demand_gpus"].to_numpy(float))
+
+    n_vars = t_col + 1
+    cost = np.zeros(n_vars)
     if objective == "cost":
-        if target is None:
-            raise ValueError("the cost objective needs a throughput target")
-        add(xs, value, float(target), INF, "target")
-
-    cost = np.concatenate([price, np.zeros(n_x)]) if objective == "cost" else np.concatenate([np.zeros(n_shapes), value])
-    col_lower = np.zeros(n_shapes + n_x)
-    col_upper = np.full(n_shapes + n_x, INF)
-    available = shapes["available"].to_numpy(dtype=float)
-    col_upper[:n_shapes] = _node_bounds(available, price, problem.budget, objective == "throughput")
-    for s, count in (fixed_nodes or {}).items():
-        col_lower[s] = col_upper[s] = count
-    integer = np.zeros(n_shapes + n_x, dtype=bool)
+        cost[:n_shapes] = price
+    else:
+        cost[t_col] = 1.0
+    lower = np.zeros(n_vars)
+    upper = np.full(n_vars, INF)
+    upper[:n_shapes] = _node_bounds(shapes["available"].to_numpy(float), price, problem.budget,
+                                    maximize=objective != "cost")
+    if objective == "cost":
+        lower[t_col] = float(target)
+    integer = np.zeros(n_vars, dtype=bool)
     integer[:n_shapes] = True
-
-    row_idx = np.concatenate([r for r, _, _ in rows]).astype(int)
-    col_idx = np.concatenate([c for _, c, _ in rows]).astype(int)
-    values = np.concatenate([v for _, _, v in rows]).astype(float)
-    matrix = sp.csc_matrix((values, (row_idx, col_idx)), shape=(len(names), n_shapes + n_x))
-    return MilpModel(cost, col_lower, col_upper, integer, matrix, np.array(lower), np.array(upper),
-                     objective == "throughput", n_shapes, columns, names, budget_row, price, available)
+    r = np.concatenate([t[0] for t in triplets])
+    c = np.concatenate([t[1] for t in triplets])
+    v = np.concatenate([t[2] for t in triplets])
+    matrix = sp.csc_matrix((v, (r, c)), shape=(rows, n_vars))
+    return MilpModel(cost, lower, upper, integer, matrix, np.concatenate(row_lo), np.concatenate(row_hi),
+                     objective != "cost", objective, n_shapes, columns, budget_row, price)
 
 
 def _node_bounds(available: np.ndarray, price: np.ndarray, budget: float | None, maximize: bool) -> np.ndarray:
-    """Upper bounds on nodes to add: the availability cap, and what the budget alone could buy (maximising
-    throughput with no budget at all buys nothing: the plan uses the owned fleet)."""
+    """Upper bounds on nodes to add: the availability cap (owned shapes have 0), and what the budget alone
+    could buy; maximising with no budget at all buys nothing (the plan is the owned fleet)."""
     bound = np.where(np.isnan(available), INF, available)
-    if budget is None and maximize:
-        return np.zeros(len(price))
-    if budget is not None:
-        affordable = np.full(len(price), INF)
-        paid = price > 0
-        affordable[paid] = np.floor(budget / price[paid] + 1e-9)
-        bound = np.minimum(bound, affordable)
-    return bound
+    if budget is None:
+        return np.zeros(len(price)) if maximize else bound
+    affordable = np.full(len(price), INF)
+    paid = price > 0
+    affordable[paid] = np.floor(budget / price[paid] + 1e-9)
+    return np.minimum(bound, affordable)
 
 
-def _x_columns(problem: PlanningProblem, only: dict[tuple[int, int], tuple[float, float]] | None) -> pd.DataFrame:
+def x_columns(problem: PlanningProblem) -> pd.DataFrame:
     """One x column per (class, shape, option) a job of the class can run with on one node of the shape."""
-    records = []
     shapes = problem.shapes
-    for j, cls in problem.classes.iterrows():
-        n = int(cls["num_gpus"])
-        for s, shape in shapes.iterrows():
-            if shape["gpus"] < n:
-                continue
-            options = problem.options.get((j, shape["gpu_type"]), [])
-            if only is not None:
-                chosen = only.get((j, s))
-                options = [o for o in options if chosen is not None and (o.cpus, o.mem_gb) == chosen]
-            for o in options:
-                if o.cpus * n <= shape["vcpus"] and o.mem_gb * n <= shape["mem_gb"]:
-                    records.append((j, s, shape["gpu_type"], o.cpus, o.mem_gb, o.throughput, o.throughput / cls["t_ref"]))
-    return pd.DataFrame(records, columns=["j", "s", "gpu_type", "cpus", "mem_gb", "throughput", "value"])
+    by_type = {g: idx for g, idx in shapes.groupby("gpu_type").indices.items()}
+    gpus, vcpus, mem = (shapes[c].to_numpy(float) for c in ("gpus", "vcpus", "mem_gb"))
+    t_ref = problem.classes["t_ref"].to_numpy(float)
+    n_per_class = problem.classes["num_gpus"].to_numpy(float)
+    parts: list[tuple] = []
+    for (j, gpu), opts in problem.options.items():
+        s_idx = by_type.get(gpu)
+        if s_idx is None:
+            continue
+        n = n_per_class[j]
+        s_idx = s_idx[gpus[s_idx] >= n]
+        if not len(s_idx):
+            continue
+        fits = (opts.cpus[:, None] * n <= vcpus[s_idx][None, :] + 1e-9) & (opts.mem_gb[:, None] * n <= mem[s_idx][None, :] + 1e-9)
+        k, where = np.nonzero(fits)
+        if not len(k):
+            continue
+        parts.append((np.full(len(k), j), s_idx[where], np.full(len(k), gpu, dtype=object), opts.cpus[k],
+                      opts.mem_gb[k], opts.throughput[k], opts.throughput[k] / t_ref[j]))
+    names = ["j", "s", "gpu_type", "cpus", "mem_gb", "throughput", "value"]
+    if not parts:
+        return pd.DataFrame({n: pd.Series(dtype=float) for n in names}).astype({"j": int, "s": int, "gpu_type": object})
+    frame = pd.DataFrame({name: np.concatenate([p[i] for p in parts]) for i, name in enumerate(names)})
+    frame = frame.sort_values(["j", "s", "cpus", "mem_gb"], kind="stable", ignore_index=True)
+    return frame.astype({"j": int, "s": int})

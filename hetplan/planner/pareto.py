@@ -1,55 +1,53 @@
-"""Budget sweeps: the Pareto frontier of budget vs normalised throughput, hetplan beside its baselines.
+"""Budget sweeps: the Pareto frontier of budget vs the objective, hetplan beside its baselines.
 
-The model is built once, for the largest budget (so the demand, which defaults from the budget, is the
-same at every point); each further budget changes only the budget row and the node-count bounds.
+Each point is planned exactly as `hetplan plan --budget B` plans it (the same problem under that budget,
+demand caps included), so a sweep's point and a single plan at the same budget agree.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import pandas as pd
 
-from hetplan.planner.baselines import evaluate_baselines
-from hetplan.planner.model import build_model
+from hetplan.planner.baselines import evaluate_baselines, evaluations_table
+from hetplan.planner.model import Objective, build_model
 from hetplan.planner.planner import PlanResult, plan_cluster
 from hetplan.planner.problem import PlanningProblem, with_budget
-from hetplan.planner.solvers import InfeasibleError, SolverName
+from hetplan.planner.solvers import SolveError, SolverName
 
 
 @dataclass
 class SweepPoint:
     budget: float
     result: PlanResult | None
-    evaluations: pd.DataFrame  # name, cost_per_hour, normalized_throughput, per_dollar
+    evaluations: pd.DataFrame  # name, cost_per_hour, value, per_dollar, proportional, node_counts
 
 
 def sweep(problem: PlanningProblem, budgets: list[float], solver: SolverName = "auto", time_limit: float = 60.0,
-          gap: float = 1e-3, fairness: float = 0.0, baselines: bool = True) -> list[SweepPoint]:
-    """Plan at each budget (ascending), reusing one model; infeasible budgets yield `result=None`."""
-    budgets = sorted(budgets)
-    top = with_budget(problem, budgets[-1])
-    base = build_model(top, fairness=fairness)
+          gap: float = 1e-3, objective: Objective = "mix", fairness: float = 0.0,
+          baselines: bool = True) -> list[SweepPoint]:
+    """Plan at each budget (ascending); a budget that plans nothing yields `result=None`."""
     points = []
-    for budget in budgets:
-        at = replace(top, budget=budget)
+    for budget in sorted(budgets):
+        at = with_budget(problem, budget)
+        model = build_model(at, objective, fairness)
         try:
-            result = plan_cluster(at, solver=solver, time_limit=time_limit, gap=gap, model=base.with_budget(budget))
-        except InfeasibleError:
+            result = plan_cluster(at, solver=solver, time_limit=time_limit, gap=gap, model=model)
+        except SolveError:
             points.append(SweepPoint(budget, None, pd.DataFrame()))
             continue
-        rows = [(e.name, e.cost_per_hour, e.normalized_throughput, e.per_dollar)
-                for e in (evaluate_baselines(at, result, solver, time_limit, fairness) if baselines else [])]
-        evaluations = pd.DataFrame(rows, columns=["name", "cost_per_hour", "normalized_throughput", "per_dollar"])
+        evaluations = evaluations_table(evaluate_baselines(at, result, model, solver, time_limit)) if baselines \
+            else pd.DataFrame()
         points.append(SweepPoint(budget, result, evaluations))
     return points
 
 
 def frontier_table(points: list[SweepPoint]) -> pd.DataFrame:
-    """One row per (budget, way of planning) with cost and normalised throughput."""
+    """One row per (budget, way of planning) with cost and the objective's value."""
     frames = [p.evaluations.assign(budget=p.budget) for p in points if len(p.evaluations)]
     if not frames:
         frames = [pd.DataFrame({"name": ["hetplan"], "budget": [p.budget], "cost_per_hour": [p.result.plan.cost_per_hour],
-                                "normalized_throughput": [p.result.plan.objective],
-                                "per_dollar": [p.result.throughput_per_dollar]}) for p in points if p.result]
-    return pd.concat(frames, ignore_index=True)[["budget", "name", "cost_per_hour", "normalized_throughput", "per_dollar"]]
+                                "value": [p.result.plan.objective], "per_dollar": [p.result.per_dollar]})
+                  for p in points if p.result]
+    return pd.concat(frames, ignore_index=True)[["budget", "name", "cost_per_hour", "value", "per_dollar"]]

@@ -25,15 +25,23 @@ class PlanResult:
 
     plan: Plan
     hints: pd.DataFrame
-    allocation: pd.DataFrame  # model, num_gpus, shape, gpu_type, cpus_per_gpu, mem_gb_per_gpu, gpus, throughput
+    allocation: pd.DataFrame  # model, num_gpus, shape, gpu_type, cpus_per_gpu, mem_gb_per_gpu, gpus, throughput, value
     nodes: pd.DataFrame  # shape, gpu_type, added, owned, gpus, vcpus, mem_gb, price_per_hour
     solution: Solution
     warnings: list[str] = field(default_factory=list)
 
     @property
-    def throughput_per_dollar(self) -> float:
-        """Normalised throughput (reference-GPU equivalents) per US$ per hour."""
+    def per_dollar(self) -> float:
+        """The objective (reference GPUs of work per hour) per US$ per hour spent on added nodes."""
         return self.plan.objective / self.plan.cost_per_hour if self.plan.cost_per_hour > 0 else 0.0
+
+    @property
+    def counts(self) -> dict[str, int]:
+        """Every node of the plan by shape: added plus owned."""
+        out = dict(self.plan.owned_nodes)
+        for shape, n in self.plan.node_counts.items():
+            out[shape] = out.get(shape, 0) + n
+        return out
 
 
 def plan_id(inputs: dict[str, str], budget: float | None, created: datetime) -> str:
@@ -41,42 +49,47 @@ def plan_id(inputs: dict[str, str], budget: float | None, created: datetime) -> 
     return f"plan-{created:%Y%m%dT%H%M%SZ}-{digest[:8]}"
 
 
-def plan_cluster(problem: PlanningProblem, *, objective: Objective = "throughput", target: float | None = None,
+def plan_cluster(problem: PlanningProblem, *, objective: Objective = "mix", target: float | None = None,
                  fairness: float = 0.0, solver: SolverName = "auto", time_limit: float = 60.0, gap: float = 1e-3,
                  inputs: dict[str, str] | None = None, model: MilpModel | None = None,
-                 fixed_nodes: dict[int, int] | None = None,
-                 only_options: dict[tuple[int, int], tuple[float, float]] | None = None) -> PlanResult:
+                 bound: bool = True) -> PlanResult:
     """Build (or reuse) the MILP, solve it, and read the plan, allocation and hints off the solution."""
     if model is None:
-        model = build_model(problem, objective, fairness, target, fixed_nodes, only_options)
-    solution = solve(model, solver, time_limit, gap)
+        model = build_model(problem, objective, fairness, target)
+    solution = solve(model, solver, time_limit, gap, bound=bound)
     return read_solution(problem, model, solution, inputs or {})
 
 
 def read_solution(problem: PlanningProblem, model: MilpModel, solution: Solution, inputs: dict[str, str]) -> PlanResult:
     shapes = problem.shapes
     budget = None if model.budget_row is None else float(model.row_upper[model.budget_row])
-    x = solution.values[model.n_shapes :]
+    x = solution.values[model.n_shapes : model.t_column]
     allocation = model.columns.assign(gpus=x)[x > EPSILON].reset_index(drop=True)
     counts = trim_idle_nodes(problem, model, solution.values, allocation)
     created = datetime.now(UTC).replace(microsecond=0)
     pid = plan_id(inputs, budget, created)
-    throughput_value = float((allocation["gpus"] * allocation["value"]).sum())
+    served = float(solution.values[model.t_column])
     cost = float(sum(shapes.loc[s, "price_per_hour"] * n for s, n in counts.items()))
-    # The contract's objective, bound and gap are in normalised throughput; a min-cost solve reports the
-    # throughput it reached (its own optimality is in cost_lp_bound and cost_gap).
-    objective, bound = (solution.objective, solution.lp_bound) if model.maximize else (throughput_value, throughput_value)
+    # The contract's objective, bound and gap are reference GPUs of work per hour; a min-cost solve reports
+    # the mix it serves (its own optimality is in cost_lp_bound and cost_gap).
+    objective, bound = (solution.objective, solution.lp_bound) if model.maximize else (served, served)
+    owned = {str(shapes.loc[s, "name"]): int(o) for s, o in enumerate(shapes["owned"]) if o > 0}
+    added = {str(shapes.loc[s, "name"]): n for s, n in counts.items() if n > 0}
+    used = shapes[shapes["name"].isin(set(owned) | set(added))]
     plan = Plan(
         plan_id=pid, created_at=created, budget_per_hour=budget, cost_per_hour=round(cost, 6),
-        node_counts={shapes.loc[s, "name"]: n for s, n in counts.items() if n > 0},
-        objective=objective, lp_bound=max(bound, objective), gap=solution.gap if model.maximize else 0.0,
-        solver=solution.solver, solve_seconds=round(solution.seconds, 4), inputs=inputs,
-        objective_kind="normalized_throughput" if model.maximize else "min_cost",
-        cost_lp_bound=None if model.maximize else solution.lp_bound,
-        cost_gap=None if model.maximize else solution.gap,
-        owned_nodes={shapes.loc[s, "name"]: int(o) for s, o in enumerate(shapes["owned"]) if o > 0},
-        mip_gap=solution.mip_gap, throughput_value=throughput_value,
+        node_counts=added, objective=objective, lp_bound=max(bound, objective),
+        gap=solution.gap if model.maximize else 0.0, solver=solution.solver,
+        solve_seconds=round(solution.seconds, 4), inputs=inputs, objective_kind=model.objective,
+        throughput_value=float((allocation["gpus"] * allocation["value"]).sum()), owned_nodes=owned,
+        shapes={str(r.name): {"gpu_type": r.gpu_type, "gpus": int(r.gpus), "vcpus": float(r.vcpus),
+                              "mem_gb": float(r.mem_gb), "price_per_hour": float(r.price_per_hour)}
+                for r in used.itertuples()},
+        mip_gap=solution.mip_gap, timed_out=solution.timed_out,
+        cost_lp_bound=None if model.maximize else solution.lp_bound, cost_gap=None if model.maximize else solution.gap,
         model_size={"variables": model.num_vars, "constraints": model.num_rows},
+        needs_profiling=list(problem.defaults.default_models), gpu_type_rules=dict(problem.defaults.gpu_types),
+        unplanned=problem.unplannable.to_dict("records") if len(problem.unplannable) else [],
     )
     # A plan that allocates nothing (a budget below every useful node) has no hints; callers report it.
     hints = (hints_from_allocation(problem, allocation, counts, pid) if len(allocation)
@@ -98,9 +111,10 @@ def read_solution(problem: PlanningProblem, model: MilpModel, solution: Solution
 def require_allocation(problem: PlanningProblem, result: PlanResult, source: str) -> None:
     """Raise `ContractError` when a plan allocates nothing (a budget below every useful node): such a plan
     has no hints and must not be written or published."""
-    if len(result.allocation):
+    if len(result.allocation) and result.plan.objective > EPSILON:
         return
-    cheapest = float(problem.shapes["price_per_hour"].min())
+    bought = problem.shapes[problem.shapes["owned"] == 0]
+    cheapest = float(bought["price_per_hour"].min()) if len(bought) else float("nan")
     spend = f"budget {problem.budget:g} $/h" if problem.budget is not None else "the plan"
     raise ContractError([Problem(source, f"nothing could be planned: {spend} buys no useful node "
                                  f"(the cheapest usable node costs {cheapest:g} $/h)")])
@@ -110,32 +124,22 @@ def trim_idle_nodes(problem: PlanningProblem, model: MilpModel, values: np.ndarr
                     allocation: pd.DataFrame) -> dict[int, int]:
     """Node counts without the nodes the allocation leaves idle.
 
-    Node counts carry no weight in the throughput objective, so a solver may spend spare budget on nodes
+    Node counts carry no weight in a throughput objective, so a solver may spend spare budget on nodes
     nothing runs on; keeping only as many as the allocation's GPUs, cores and RAM need (pinned counts stay)
     lowers the cost and changes nothing else.
     """
     shapes = problem.shapes
+    n = np.rint(values[: model.n_shapes]).astype(int)
     used = allocation.assign(cpu=allocation["gpus"] * allocation["cpus"], mem=allocation["gpus"] * allocation["mem_gb"])
-    used = used.groupby("s")[["gpus", "cpu", "mem"]].sum()
-    counts = {}
-    for s, value in enumerate(values[: model.n_shapes]):
-        count = int(round(value))
-        if model.lower[s] == model.upper[s]:
-            counts[s] = count
-            continue
-        need = 0.0
-        if s in used.index:
-            need = max(used.loc[s, "gpus"] / shapes.loc[s, "gpus"], used.loc[s, "cpu"] / shapes.loc[s, "vcpus"],
-                       used.loc[s, "mem"] / shapes.loc[s, "mem_gb"])
-        needed = max(0, int(np.ceil(need - 1e-6)) - int(shapes.loc[s, "owned"]))
-        counts[s] = min(count, max(needed, int(model.lower[s])))
-    return counts
-
-
-def nodes_of(result: PlanResult, problem: PlanningProblem) -> dict[int, int]:
-    """The plan's added node counts by shape index (for evaluating other allocators on the same cluster)."""
-    index = {name: s for s, name in enumerate(problem.shapes["name"])}
-    return {index[name]: n for name, n in result.plan.node_counts.items()}
+    used = used.groupby("s")[["gpus", "cpu", "mem"]].sum().reindex(range(model.n_shapes), fill_value=0.0)
+    need = np.maximum.reduce([used["gpus"].to_numpy() / shapes["gpus"].to_numpy(float),
+                              used["cpu"].to_numpy() / shapes["vcpus"].to_numpy(float),
+                              used["mem"].to_numpy() / shapes["mem_gb"].to_numpy(float)])
+    needed = np.maximum(0, np.ceil(need - 1e-6).astype(int) - shapes["owned"].to_numpy(int))
+    pinned = model.lower[: model.n_shapes] == model.upper[: model.n_shapes]
+    lower = model.lower[: model.n_shapes].astype(int)
+    trimmed = np.where(pinned, n, np.minimum(n, np.maximum(needed, lower)))
+    return {s: int(c) for s, c in enumerate(trimmed)}
 
 
 def total_gpus(result: PlanResult) -> int:

@@ -33,14 +33,14 @@ def plot_node_mix(nodes: pd.DataFrame, allocation: pd.DataFrame, title: str) -> 
 
 
 def plot_frontier(table: pd.DataFrame, title: str = "budget vs performance") -> Figure:
-    """Normalised throughput vs budget for hetplan and each baseline."""
+    """The objective (reference GPUs of work per hour) vs budget for hetplan and each baseline."""
     fig, ax = plt.subplots(figsize=(7, 4.5), dpi=100)
     for name, rows in table.groupby("name", sort=False):
         rows = rows.sort_values("budget")
         style = "-o" if name == "hetplan" else "--."
-        ax.plot(rows["budget"], rows["normalized_throughput"], style, label=name)
+        ax.plot(rows["budget"], rows["value"], style, label=name)
     ax.set_xlabel("budget (US$ per hour)")
-    ax.set_ylabel("normalised throughput (reference-GPU equivalents)")
+    ax.set_ylabel("work served (reference GPUs per hour)")
     ax.set_title(title, fontsize=10)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)

@@ -2,141 +2,174 @@
 
 Dicts and DataFrames come in at the edge (`build_problem`); everything after is indexed arrays, the way
 Gavel flattens its policies. Throughputs are per GPU and normalised per job class by `t_ref`, the class's
-throughput on the reference allocation, so one unit of objective is "one reference GPU's worth of
-training" whichever model it trains.
+throughput on the reference allocation, so one unit is "one reference GPU's worth of training" whichever
+model it trains.
+
+Shapes are what can be bought (the catalog) plus what is owned (an owned fleet: price 0, nothing more to
+add). Every shape's GPU type and every class's model gets curves: measured or fitted where they exist,
+else the stated defaults of `hetplan.planner.defaults` (listed in `defaults`), so nothing is dropped
+silently. Only a class no shape can run at all (larger than every node) is left out, and counted.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
 import numpy as np
 import pandas as pd
 
 from hetplan.contracts.table import ContractError, Problem
+from hetplan.gpus import REFERENCE, GpuDeclaration
+from hetplan.planner.defaults import Completion, complete_curves
 
 logger = logging.getLogger(__name__)
 
-# The reference allocation: a V100 with Synergy's GPU-proportional share (24 cores, 500 GB, 8 GPUs).
-REFERENCE = ("V100", 3.0, 62.5)
+__all__ = ["REFERENCE", "OptionSet", "PlanningProblem", "build_problem", "default_demand_gpus", "frontier",
+           "prune_dominated_shapes", "with_budget"]
 
 
 @dataclass(frozen=True)
-class Option:
-    """One way to run a job class on a GPU type: cores and RAM per GPU and the per-GPU throughput."""
+class OptionSet:
+    """The ways to run a job class on a GPU type: cores and RAM per GPU and the per-GPU throughput, one
+    entry per option, none dominated by another (no more cores, no more RAM, at least the throughput)."""
 
-    cpus: float
-    mem_gb: float
-    throughput: float
+    cpus: np.ndarray
+    mem_gb: np.ndarray
+    throughput: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.cpus)
+
+    def best_within(self, cpus: float, mem_gb: float) -> int | None:
+        """Index of the best option within `cpus` cores and `mem_gb` GB per GPU (fewest resources on ties)."""
+        fits = np.flatnonzero((self.cpus <= cpus + 1e-9) & (self.mem_gb <= mem_gb + 1e-9))
+        if not len(fits):
+            return None
+        order = np.lexsort((self.mem_gb[fits], self.cpus[fits], -self.throughput[fits]))
+        return int(fits[order[0]])
+
+
+def frontier(cpus: np.ndarray, mem_gb: np.ndarray, throughput: np.ndarray) -> OptionSet:
+    """The options no other option beats (vectorised pairwise dominance, duplicates kept once)."""
+    cpus, mem_gb, throughput = (np.asarray(a, dtype=float) for a in (cpus, mem_gb, throughput))
+    keep = throughput > 0
+    cpus, mem_gb, throughput = cpus[keep], mem_gb[keep], throughput[keep]
+    order = np.lexsort((-throughput, mem_gb, cpus))
+    cpus, mem_gb, throughput = cpus[order], mem_gb[order], throughput[order]
+    no_more = (cpus[None, :] <= cpus[:, None]) & (mem_gb[None, :] <= mem_gb[:, None])
+    at_least = throughput[None, :] >= throughput[:, None]
+    strictly = (cpus[None, :] < cpus[:, None]) | (mem_gb[None, :] < mem_gb[:, None]) | (throughput[None, :] > throughput[:, None])
+    earlier = np.arange(len(cpus))[None, :] < np.arange(len(cpus))[:, None]
+    dominated = (no_more & at_least & (strictly | earlier)).any(axis=1)
+    return OptionSet(cpus[~dominated], mem_gb[~dominated], throughput[~dominated])
 
 
 @dataclass
 class PlanningProblem:
     """Everything the model builder needs, as plain arrays and small records."""
 
-    shapes: pd.DataFrame  # catalog rows kept, index 0..S-1; columns of the catalog contract + owned
-    classes: pd.DataFrame  # model, num_gpus, share, demand_gpus, t_ref; index 0..J-1
-    options: dict[tuple[int, str], list[Option]]  # (class, gpu_type) -> frontier options
+    shapes: pd.DataFrame  # name, gpu_type, gpus, vcpus, mem_gb, price_per_hour, available, owned; index 0..S-1
+    classes: pd.DataFrame  # model, num_gpus, share, demand_gpus, t_ref, curve; index 0..J-1
+    options: dict[tuple[int, str], OptionSet]  # (class, gpu_type) -> frontier
     budget: float | None
     warnings: list[str] = field(default_factory=list)
     demand_fixed: bool = False  # True when the total demand was given, not derived from the budget
+    defaults: Completion = field(default_factory=Completion)
+    unplannable: pd.DataFrame = field(default_factory=pd.DataFrame)  # classes no shape can run: model, num_gpus, share
 
     @property
     def gpu_types(self) -> list[str]:
         return sorted(self.shapes["gpu_type"].unique())
 
 
-def frontier(options: list[Option]) -> list[Option]:
-    """Options no other option beats: none with no more cores, no more RAM and at least the throughput."""
-    kept = []
-    for o in sorted(options, key=lambda o: (o.cpus, o.mem_gb, -o.throughput)):
-        if not any(k.cpus <= o.cpus and k.mem_gb <= o.mem_gb and k.throughput >= o.throughput for k in kept):
-            kept.append(o)
-    return kept
-
-
 def prune_dominated_shapes(shapes: pd.DataFrame) -> pd.DataFrame:
-    """Drop a shape when another of the same GPU type and count, unlimited, is no dearer and no smaller."""
-    keep = np.ones(len(shapes), dtype=bool)
+    """Drop a bought shape when another of the same GPU type and count, unlimited, is no dearer and no smaller
+    (the first of identical ones is kept). Owned shapes and capped shapes always stay."""
     rows = shapes.reset_index(drop=True)
-    for i, a in rows.iterrows():
-        same = rows[(rows["gpu_type"] == a["gpu_type"]) & (rows["gpus"] == a["gpus"]) & (rows.index != i)
-                    & rows["available"].isna() & (rows["owned"] == 0)]
-        better = same[(same["price_per_hour"] <= a["price_per_hour"]) & (same["vcpus"] >= a["vcpus"])
-                      & (same["mem_gb"] >= a["mem_gb"])]
-        strictly = better[(better["price_per_hour"] < a["price_per_hour"]) | (better["vcpus"] > a["vcpus"])
-                          | (better["mem_gb"] > a["mem_gb"]) | (better.index < i)]
-        if a["owned"] == 0 and len(strictly):
-            keep[i] = False
-    return rows[keep].reset_index(drop=True)
+    gpu, count = rows["gpu_type"].to_numpy(), rows["gpus"].to_numpy()
+    price, vcpus, mem = (rows[c].to_numpy(float) for c in ("price_per_hour", "vcpus", "mem_gb"))
+    unlimited = (rows["available"].isna() & (rows["owned"] == 0)).to_numpy()
+    same = (gpu[:, None] == gpu[None, :]) & (count[:, None] == count[None, :]) & unlimited[None, :]
+    better = (price[None, :] <= price[:, None]) & (vcpus[None, :] >= vcpus[:, None]) & (mem[None, :] >= mem[:, None])
+    strictly = ((price[None, :] < price[:, None]) | (vcpus[None, :] > vcpus[:, None]) | (mem[None, :] > mem[:, None])
+                | (np.arange(len(rows))[None, :] < np.arange(len(rows))[:, None]))
+    np.fill_diagonal(same, False)
+    dominated = (same & better & strictly).any(axis=1) & (rows["owned"] == 0).to_numpy()
+    return rows[~dominated].reset_index(drop=True)
 
 
 def build_problem(curves: pd.DataFrame, catalog: pd.DataFrame, demand: pd.DataFrame, budget: float | None,
-                  demand_gpus: float | None = None, owned: dict[str, int] | None = None) -> PlanningProblem:
+                  demand_gpus: float | None = None, fleet: pd.DataFrame | None = None,
+                  declarations: Mapping[str, GpuDeclaration] | None = None) -> PlanningProblem:
     """Assemble a problem from validated curve, catalog and demand tables; raise `ContractError` if hopeless.
 
-    `demand_gpus` is the total GPU demand split by the mix's shares; by default it is the most GPUs the
-    budget could buy at the cheapest usable per-GPU price, so demand never binds in aggregate but each
-    class is bounded by its share.
+    `fleet` is the owned fleet (`name,gpu_type,gpus,vcpus,mem_gb,count`): free capacity the plan always
+    includes. `declarations` say how GPU types without curves run (else the opaque default). `demand_gpus`
+    is the total GPU demand behind the `sum` objective's per-class caps; by default what the budget could
+    buy at the cheapest per-GPU price plus the owned GPUs, so it never binds in aggregate.
     """
     warnings: list[str] = []
-    owned = owned or {}
-    unknown_owned = sorted(set(owned) - set(catalog["name"]))
-    if unknown_owned:
-        raise ContractError([Problem("<owned fleet>", f"owned shapes not in the catalog: {', '.join(unknown_owned)}")])
-    curve_gpus = set(curves["gpu_type"])
-    missing = sorted(curve_gpus - set(catalog["gpu_type"]))
+    shapes = _shapes(catalog, fleet)
+    if shapes.empty:
+        raise ContractError([Problem("<catalog>", "no node shape to plan with: the catalog (after filters) and "
+                                     "the owned fleet are both empty")])
+    if demand.empty:
+        raise ContractError([Problem("<demand>", "the demand mix is empty: nothing to plan")])
+    completion = complete_curves(curves, sorted(set(demand["model"])), sorted(set(shapes["gpu_type"])),
+                                 declarations or {})
+    warnings += completion.warnings
+    curves = completion.curves
+    missing = sorted(set(curves["gpu_type"]) - set(shapes["gpu_type"]))
     if missing:
         warnings.append(f"curve table has GPU types the catalog lacks (skipped): {', '.join(missing)}")
-    shapes = catalog[catalog["gpu_type"].isin(curve_gpus)].copy()
-    no_curves = sorted(set(catalog["gpu_type"]) - curve_gpus)
-    if no_curves:
-        warnings.append(f"catalog GPU types without curves (their shapes skipped): {', '.join(no_curves)}")
-    shapes["owned"] = shapes["name"].map(owned).fillna(0).astype(int)
+    uncurved = sorted(set(shapes["gpu_type"]) - set(curves["gpu_type"]))
+    if uncurved:
+        warnings.append(f"GPU types no curve can be made for (their shapes skipped): {', '.join(uncurved)}")
+        shapes = shapes[~shapes["gpu_type"].isin(uncurved)]
     before = len(shapes)
     shapes = prune_dominated_shapes(shapes)
     logger.info("shapes: %d usable, %d after dropping dominated ones", before, len(shapes))
 
-    models = set(curves["model"])
-    unknown = sorted(set(demand["model"]) - models)
-    if unknown:
-        warnings.append(f"demand classes without curves (not planned): {', '.join(unknown)}")
-    classes = demand[demand["model"].isin(models)].reset_index(drop=True).copy()
-    if classes.empty:
-        raise ContractError([Problem("<demand>", "no demand class has a curve: nothing to plan")])
-    if shapes.empty:
-        raise ContractError([Problem("<catalog>", "no catalog shape has a GPU type with curves: nothing to plan")])
+    classes = demand.reset_index(drop=True)[["model", "num_gpus", "share"]].copy()
+    classes["share"] = classes["share"] / classes["share"].sum()
+    options, t_ref, exact = _options(curves, classes, shapes)
+    classes["t_ref"] = t_ref
+    classes["curve"] = ["default" if m in completion.default_models else "profiled" for m in classes["model"]]
+    runnable = np.array([any(len(options.get((j, g), ())) for g in _types_that_fit(shapes, int(n)))
+                         for j, n in enumerate(classes["num_gpus"])], dtype=bool)
+    unplannable = classes.loc[~runnable, ["model", "num_gpus", "share"]].reset_index(drop=True)
+    if len(unplannable):
+        warnings.append(f"{len(unplannable)} demand classes no shape can run (larger than every node, or no "
+                        f"option fits), {unplannable['share'].sum():.1%} of the demand, left out: "
+                        + ", ".join(f"{r.model} x{r.num_gpus}" for r in unplannable.itertuples()))
+    if not runnable.any():
+        raise ContractError([Problem("<demand>", "no demand class can run on any shape: nothing to plan")])
+    if not exact.all():
+        fallback = sorted(set(classes.loc[~exact, "model"]))
+        warnings.append(f"no V100 curve at or below {REFERENCE[1]:g} cores and {REFERENCE[2]:g} GB for "
+                        f"{', '.join(fallback)}: normalised by their best throughput on any GPU instead")
+    keep = np.flatnonzero(runnable)
+    remap = {int(old): new for new, old in enumerate(keep)}
+    options = {(remap[j], g): o for (j, g), o in options.items() if j in remap}
+    classes = classes.iloc[keep].reset_index(drop=True)
     classes["share"] = classes["share"] / classes["share"].sum()
 
     fixed = demand_gpus is not None
     classes["demand_gpus"] = classes["share"] * (demand_gpus if fixed else default_demand_gpus(shapes, budget))
-
-    options: dict[tuple[int, str], list[Option]] = {}
-    t_ref = []
-    for j, cls in classes.iterrows():
-        model_curves = curves[curves["model"] == cls["model"]]
-        t_ref.append(_reference_throughput(model_curves))
-        for gpu, rows in model_curves.groupby("gpu_type"):
-            options[(j, str(gpu))] = frontier([Option(float(r.cpus_per_gpu), float(r.mem_gb_per_gpu),
-                                                      float(r.throughput)) for r in rows.itertuples()
-                                               if r.throughput > 0])
-    classes["t_ref"] = [value for value, _ in t_ref]
-    fallback = [cls for cls, (_, exact) in zip(classes["model"], t_ref) if not exact]
-    if fallback:
-        warnings.append(f"no V100 curve at or below {REFERENCE[1]:g} cores and {REFERENCE[2]:g} GB for "
-                        f"{', '.join(sorted(set(fallback)))}: normalised by their best throughput on any GPU instead")
-    return PlanningProblem(shapes, classes, options, budget, warnings, fixed)
+    return PlanningProblem(shapes, classes, options, budget, warnings, fixed, completion, unplannable)
 
 
 def default_demand_gpus(shapes: pd.DataFrame, budget: float | None) -> float:
     """Total GPU demand when none is given: owned GPUs plus what the budget buys at the cheapest GPU price;
     without a budget, unbounded (the cost objective or the owned fleet bounds the plan)."""
+    owned = float((shapes["owned"] * shapes["gpus"]).sum())
     if budget is None:
         return float("inf")
     per_gpu_price = shapes["price_per_hour"] / shapes["gpus"]
     cheapest = float(per_gpu_price[per_gpu_price > 0].min()) if (per_gpu_price > 0).any() else 1.0
-    return float((shapes["owned"] * shapes["gpus"]).sum()) + budget / cheapest
+    return owned + budget / cheapest
 
 
 def with_budget(problem: PlanningProblem, budget: float) -> PlanningProblem:
@@ -147,13 +180,61 @@ def with_budget(problem: PlanningProblem, budget: float) -> PlanningProblem:
     return replace(problem, budget=budget, classes=classes)
 
 
-def _reference_throughput(model_curves: pd.DataFrame) -> tuple[float, bool]:
-    """Throughput on the reference allocation (or the nearest below it), and whether that point exists;
-    else the model's best throughput on any GPU type."""
+def _shapes(catalog: pd.DataFrame, fleet: pd.DataFrame | None) -> pd.DataFrame:
+    """Bought shapes (owned 0) and owned ones (price 0, none more to add), in one table."""
+    columns = ["name", "gpu_type", "gpus", "vcpus", "mem_gb", "price_per_hour", "available"]
+    bought = catalog.assign(available=catalog.get("available", np.nan))[columns].assign(owned=0)
+    frames = [bought]
+    if fleet is not None and len(fleet):
+        clash = sorted(set(fleet["name"]) & set(catalog["name"]))
+        if clash:
+            raise ContractError([Problem("<owned fleet>", f"owned shape names also name catalog shapes: "
+                                         f"{', '.join(clash)}; name owned nodes apart (e.g. owned:{clash[0]})")])
+        frames.append(fleet.assign(price_per_hour=0.0, available=0)[columns[:-1] + ["available"]]
+                      .assign(owned=fleet["count"].astype(int)))
+    shapes = pd.concat([f for f in frames if len(f)], ignore_index=True) if any(len(f) for f in frames) \
+        else bought.iloc[:0]
+    shapes["available"] = shapes["available"].astype(float)
+    shapes["owned"] = shapes["owned"].astype(int)
+    return shapes[(shapes["owned"] > 0) | ~(shapes["available"] == 0)].reset_index(drop=True)
+
+
+def _types_that_fit(shapes: pd.DataFrame, num_gpus: int) -> list[str]:
+    return sorted(set(shapes.loc[shapes["gpus"] >= num_gpus, "gpu_type"]))
+
+
+def _options(curves: pd.DataFrame, classes: pd.DataFrame,
+             shapes: pd.DataFrame) -> tuple[dict[tuple[int, str], OptionSet], list[float], np.ndarray]:
+    """Frontier options per (class, GPU type of some shape), and each class's reference throughput."""
+    gpu_types = set(shapes["gpu_type"])
+    frontiers: dict[tuple[str, str], OptionSet] = {}
+    wanted = curves[curves["model"].isin(set(classes["model"])) & curves["gpu_type"].isin(gpu_types)]
+    for (model, gpu), rows in wanted.groupby(["model", "gpu_type"], sort=False):
+        frontiers[(str(model), str(gpu))] = frontier(rows["cpus_per_gpu"].to_numpy(), rows["mem_gb_per_gpu"].to_numpy(),
+                                                     rows["throughput"].to_numpy())
+    ref = _reference_throughputs(curves)
+    options = {}
+    t_ref, exact = [], []
+    for j, model in enumerate(classes["model"]):
+        value, is_exact = ref.get(model, (0.0, False))
+        t_ref.append(value)
+        exact.append(is_exact)
+        for gpu in gpu_types:
+            found = frontiers.get((model, gpu))
+            if found is not None and len(found):
+                options[(j, gpu)] = found
+    return options, t_ref, np.array(exact, dtype=bool)
+
+
+def _reference_throughputs(curves: pd.DataFrame) -> dict[str, tuple[float, bool]]:
+    """Per model: throughput on the reference allocation (or the nearest below it) and whether that point
+    exists; else the model's best throughput on any GPU type."""
     gpu, cpus, mem = REFERENCE
-    ref = model_curves[(model_curves["gpu_type"] == gpu) & (model_curves["cpus_per_gpu"] <= cpus)
-                       & (model_curves["mem_gb_per_gpu"] <= mem)]
-    value = float(ref["throughput"].max()) if len(ref) else float("nan")
-    if np.isfinite(value) and value > 0:
-        return value, True
-    return float(model_curves["throughput"].max()), False
+    best = curves.groupby("model")["throughput"].max()
+    at_ref = curves[(curves["gpu_type"] == gpu) & (curves["cpus_per_gpu"] <= cpus) & (curves["mem_gb_per_gpu"] <= mem)]
+    ref = at_ref.groupby("model")["throughput"].max()
+    out = {}
+    for model, value in best.items():
+        r = float(ref.get(model, np.nan))
+        out[str(model)] = (r, True) if np.isfinite(r) and r > 0 else (float(value), False)
+    return out

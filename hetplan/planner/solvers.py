@@ -1,13 +1,19 @@
 """Solver backends: the same `MilpModel` solved by HiGHS (highspy) or Gurobi (gurobipy).
 
 `auto` uses Gurobi when it is installed and the model fits its pip licence (at most 2,000 variables and
-2,000 constraints), else HiGHS; a Gurobi size-limit error at solve time also falls back to HiGHS. Every
-solve reports the LP relaxation's bound beside the integer objective, so the gap is always known.
+2,000 constraints), else HiGHS; a Gurobi size-limit error at solve time also falls back to HiGHS. Three
+ways a solve can fail, each its own error with a one-line message: the licence is too small
+(`LicenceError`), no plan exists (`InfeasibleError`), or the time limit passed before any plan was found
+(`SolveTimeout`). A time limit reached *with* a plan returns it, with the solver's own gap. With
+`bound=True` the LP relaxation is solved too and reported as the bound to measure the gap against.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
+import sys
 import time
 from dataclasses import dataclass
 from typing import Literal
@@ -19,23 +25,37 @@ from hetplan.planner.model import MilpModel
 logger = logging.getLogger(__name__)
 
 SolverName = Literal["auto", "gurobi", "highs"]
+SOLVERS: tuple[str, ...] = ("auto", "gurobi", "highs")
 GUROBI_PIP_LIMIT = 2000
 GUROBI_SIZE_LIMIT_ERRNO = 10010
 
 
-class InfeasibleError(ValueError):
+class SolveError(ValueError):
+    """A solve that produced no plan; the message is one line a person can act on."""
+
+
+class InfeasibleError(SolveError):
     """No plan satisfies the constraints (caps, budget, fairness floor or target)."""
+
+
+class SolveTimeout(SolveError):
+    """The time limit passed before the solver found any plan."""
+
+
+class LicenceError(SolveError):
+    """The model is larger than the installed solver's licence allows."""
 
 
 @dataclass(frozen=True)
 class Solution:
     values: np.ndarray
     objective: float
-    lp_bound: float  # the LP relaxation's optimum: an upper bound when maximising, lower when minimising
+    lp_bound: float  # the LP relaxation's optimum (or the objective when no bound was asked for)
     gap: float  # |lp_bound - objective| / max(|lp_bound|, 1e-9)
     mip_gap: float  # the solver's own gap against its best bound
     solver: str
     seconds: float
+    timed_out: bool = False  # the time limit stopped the search; `values` is the best plan found by then
 
 
 def gurobi_fits(model: MilpModel) -> bool:
@@ -47,36 +67,61 @@ def gurobi_fits(model: MilpModel) -> bool:
     return model.num_vars <= GUROBI_PIP_LIMIT and model.num_rows <= GUROBI_PIP_LIMIT
 
 
-def solve(model: MilpModel, solver: SolverName = "auto", time_limit: float = 60.0, gap: float = 1e-3) -> Solution:
-    """Solve the MILP and its LP relaxation with the chosen backend; raise `InfeasibleError` if infeasible."""
+def solve(model: MilpModel, solver: SolverName = "auto", time_limit: float = 60.0, gap: float = 1e-3,
+          bound: bool = False) -> Solution:
+    """Solve the MILP (and with `bound` its LP relaxation) with the chosen backend."""
+    if solver not in SOLVERS:
+        raise ValueError(f"unknown solver {solver!r}; one of {', '.join(SOLVERS)}")
     if solver == "gurobi" or (solver == "auto" and gurobi_fits(model)):
         try:
-            return _timed(_solve_gurobi, model, time_limit, gap)
+            return _timed(_solve_gurobi, model, time_limit, gap, bound)
         except _SizeLimit:
             if solver == "gurobi":
-                raise ValueError(f"the model ({model.num_vars} variables, {model.num_rows} constraints) exceeds "
-                                 f"gurobipy's pip licence ({GUROBI_PIP_LIMIT}); use --solver highs or auto") from None
+                raise LicenceError(f"the model ({model.num_vars} variables, {model.num_rows} constraints) exceeds "
+                                   f"gurobipy's size-limited licence ({GUROBI_PIP_LIMIT} of each); use --solver "
+                                   f"highs or auto") from None
             logger.info("gurobipy refused the model's size; solving with HiGHS")
-    return _timed(_solve_highs, model, time_limit, gap)
+        except ImportError:
+            raise LicenceError("gurobipy is not installed; use --solver highs or auto") from None
+    return _timed(_solve_highs, model, time_limit, gap, bound)
 
 
 class _SizeLimit(RuntimeError):
     pass
 
 
-def _timed(backend, model: MilpModel, time_limit: float, gap: float) -> Solution:
+def _timed(backend, model: MilpModel, time_limit: float, gap: float, bound: bool) -> Solution:
     start = time.perf_counter()
-    values, objective, mip_gap, name = backend(model, time_limit, gap, relax=False)
-    _, bound, _, _ = backend(model, time_limit, gap, relax=True)
+    values, objective, mip_gap, name, timed_out = backend(model, time_limit, gap, relax=False)
+    lp = backend(model, time_limit, gap, relax=True)[1] if bound else objective
     seconds = time.perf_counter() - start
-    rel = abs(bound - objective) / max(abs(bound), 1e-9)
-    return Solution(values, objective, bound, rel, mip_gap, name, seconds)
+    rel = abs(lp - objective) / max(abs(lp), 1e-9)
+    return Solution(values, objective, lp, rel, mip_gap, name, seconds, timed_out)
+
+
+@contextlib.contextmanager
+def _stdout_to_stderr():
+    """HiGHS prints a banner on stdout when its first instance is made; send it where logs go."""
+    try:
+        fd = sys.stdout.fileno()
+    except (AttributeError, OSError, ValueError):
+        yield
+        return
+    sys.stdout.flush()
+    saved = os.dup(fd)
+    try:
+        os.dup2(sys.stderr.fileno(), fd)
+        yield
+    finally:
+        os.dup2(saved, fd)
+        os.close(saved)
 
 
 def _solve_highs(model: MilpModel, time_limit: float, gap: float, relax: bool):
     import highspy
 
-    h = highspy.Highs()
+    with _stdout_to_stderr():
+        h = highspy.Highs()
     h.setOptionValue("output_flag", False)
     h.setOptionValue("time_limit", float(time_limit))
     h.setOptionValue("mip_rel_gap", float(gap))
@@ -92,7 +137,8 @@ def _solve_highs(model: MilpModel, time_limit: float, gap: float, relax: bool):
     lp.a_matrix_.index_ = model.matrix.indices
     lp.a_matrix_.value_ = model.matrix.data
     lp.sense_ = highspy.ObjSense.kMaximize if model.maximize else highspy.ObjSense.kMinimize
-    if not relax:
+    pinned = model.lower[model.integer] == model.upper[model.integer]
+    if not relax and not pinned.all():
         lp.integrality_ = [highspy.HighsVarType.kInteger if i else highspy.HighsVarType.kContinuous
                            for i in model.integer]
     h.passModel(lp)
@@ -102,10 +148,13 @@ def _solve_highs(model: MilpModel, time_limit: float, gap: float, relax: bool):
         raise InfeasibleError("no plan satisfies the constraints (budget, availability caps, fairness or target)")
     info = h.getInfo()
     values = np.array(h.getSolution().col_value)
+    timed_out = status == highspy.HighsModelStatus.kTimeLimit
     if len(values) != model.num_vars or info.primal_solution_status == 0:
-        raise InfeasibleError(f"HiGHS found no feasible plan within {time_limit:g} s ({h.modelStatusToString(status)})")
-    mip_gap = 0.0 if relax else float(info.mip_gap)
-    return values, float(info.objective_function_value), mip_gap, "highs"
+        if timed_out:
+            raise SolveTimeout(f"HiGHS found no plan within the time limit ({time_limit:g} s); raise --time-limit")
+        raise SolveError(f"HiGHS stopped without a plan ({h.modelStatusToString(status)})")
+    mip_gap = 0.0 if relax or not len(lp.integrality_) else float(info.mip_gap)
+    return values, float(info.objective_function_value), mip_gap, "highs", timed_out
 
 
 def _solve_gurobi(model: MilpModel, time_limit: float, gap: float, relax: bool):
@@ -134,7 +183,10 @@ def _solve_gurobi(model: MilpModel, time_limit: float, gap: float, relax: bool):
             raise
         if m.Status in (GRB.INFEASIBLE, GRB.INF_OR_UNBD):
             raise InfeasibleError("no plan satisfies the constraints (budget, availability caps, fairness or target)")
+        timed_out = m.Status == GRB.TIME_LIMIT
         if m.SolCount == 0:
-            raise InfeasibleError(f"Gurobi found no feasible plan within {time_limit:g} s")
-        mip_gap = 0.0 if relax else float(m.MIPGap)
-        return np.array(x.X), float(m.ObjVal), mip_gap, "gurobi"
+            if timed_out:
+                raise SolveTimeout(f"Gurobi found no plan within the time limit ({time_limit:g} s); raise --time-limit")
+            raise SolveError(f"Gurobi stopped without a plan (status {m.Status})")
+        mip_gap = 0.0 if relax or not model.integer.any() else float(m.MIPGap)
+        return np.array(x.X), float(m.ObjVal), mip_gap, "gurobi", timed_out

@@ -27,7 +27,7 @@ def log_planning_run(result: PlanResult, files: list[Path], baselines: dict[str,
                            **{f"input.{k}": v for k, v in plan.inputs.items()}})
         mlflow.log_metrics({"objective": plan.objective, "lp_bound": plan.lp_bound, "gap": plan.gap,
                             "cost_per_hour": plan.cost_per_hour, "solve_seconds": plan.solve_seconds,
-                            "throughput_per_dollar": result.throughput_per_dollar,
+                            "per_dollar": result.per_dollar,
                             **{"baseline." + re.sub(r"[^A-Za-z0-9_.-]+", "_", k): v for k, v in baselines.items()}})
         for path in files:
             mlflow.log_artifact(str(path))

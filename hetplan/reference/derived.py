@@ -61,3 +61,10 @@ def derive_profiles(published: pd.DataFrame, ratios: pd.DataFrame) -> pd.DataFra
     result = pd.concat(frames, ignore_index=True)
     result = result.sort_values(["model", "gpu_type", "cpus_per_gpu", "mem_gb_per_gpu"], ignore_index=True)
     return PROFILES.validate(result, "<derived profiles>")
+
+
+def capped_pipeline(surface: pd.DataFrame, speed: float) -> pd.Series:
+    """Throughput on a GPU `speed` times as fast as the one `surface` was measured on: the same input
+    pipeline (it runs on the host), the compute rate scaled (the derived model above)."""
+    surface = surface.reset_index(drop=True)
+    return np.minimum(pipeline_rate(surface), speed * float(surface["throughput"].max()))

@@ -51,6 +51,27 @@ def planning_grid(points: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(mesh, columns=list(FEATURES))
 
 
+@dataclass(frozen=True)
+class MeasuredRange:
+    """The box of cores and RAM per GPU a pair's curve rests on: outside it a fit is extrapolation."""
+
+    cpus_min: float
+    cpus_max: float
+    mem_gb_min: float
+    mem_gb_max: float
+
+    @classmethod
+    def of(cls, points: pd.DataFrame) -> MeasuredRange:
+        cpus, mem = points["cpus_per_gpu"].astype(float), points["mem_gb_per_gpu"].astype(float)
+        return cls(float(cpus.min()), float(cpus.max()), float(mem.min()), float(mem.max()))
+
+    def clip(self, grid: pd.DataFrame) -> pd.DataFrame:
+        """The grid rows inside the box (a curve never speaks for an allocation nobody measured)."""
+        c, m = grid["cpus_per_gpu"], grid["mem_gb_per_gpu"]
+        inside = (c >= self.cpus_min) & (c <= self.cpus_max) & (m >= self.mem_gb_min) & (m <= self.mem_gb_max)
+        return grid[inside].reset_index(drop=True)
+
+
 def per_gpu(profiles: pd.DataFrame) -> pd.DataFrame:
     """Usable points with throughput per GPU (multi-GPU records divided by their GPU count)."""
     points = usable_points(profiles).copy()
@@ -68,6 +89,8 @@ def fit_profiles(
 
     `gpu_types` names GPU types that need a curve for every model even without points (e.g. the catalog's).
     Pairs that can neither be fitted nor transferred are reported in `skipped`; the rest are fitted.
+    A curve covers only its measured range (a transferred curve, its anchor's): the model's grid points
+    outside that box are left out, so neither the planner nor a knee ever rests on an extrapolation.
     """
     points = per_gpu(profiles)
     report = FitReport(curves=pd.DataFrame())
@@ -84,13 +107,15 @@ def fit_profiles(
             except SkipPair as exc:
                 pending[gpu] = str(exc)
                 continue
-            surface = grid.assign(throughput=fit.estimator.predict(grid))
+            box = MeasuredRange.of(pts)
+            inside = box.clip(grid)
+            surface = inside.assign(throughput=fit.estimator.predict(inside))
             knee = find_knee(surface, knee_fraction, fit.noise)
             report.fits.append(fit)
             report.knees[(str(model), str(gpu))] = knee
             rows.append(_rows(str(model), str(gpu), surface, knee, knee_fraction, method="fit", source=fit.source,
                               estimator=fit.estimator_name, n_points=fit.n_points, cv_mape=fit.cv_mape,
-                              cv_r2=fit.cv_r2, unit=fit.throughput_unit))
+                              cv_r2=fit.cv_r2, unit=fit.throughput_unit, box=box))
         for gpu in sorted(set(gpu_types) - set(by_gpu)):
             pending[gpu] = "no points"
         anchor = _anchor(report.fits, str(model))
@@ -98,7 +123,9 @@ def fit_profiles(
             if anchor is None:
                 report.skipped.append(Skipped(str(model), gpu, f"{reason}; no fitted GPU type to transfer from"))
                 continue
-            anchor_surface = grid.assign(throughput=anchor.estimator.predict(grid))
+            box = MeasuredRange.of(by_gpu[anchor.gpu_type])
+            inside = box.clip(grid)
+            anchor_surface = inside.assign(throughput=anchor.estimator.predict(inside))
             try:
                 transfer = transfer_curve(str(model), gpu, anchor.gpu_type, anchor_surface, by_gpu.get(gpu))
             except SkipPair as exc:
@@ -109,7 +136,8 @@ def fit_profiles(
             report.knees[(str(model), gpu)] = knee
             rows.append(_rows(str(model), gpu, transfer.surface, knee, knee_fraction, method="transferred",
                               source=f"transferred:{anchor.gpu_type}", estimator=None, n_points=transfer.n_points,
-                              cv_mape=None, cv_r2=None, unit=anchor.throughput_unit, uncertainty=transfer.uncertainty))
+                              cv_mape=None, cv_r2=None, unit=anchor.throughput_unit, uncertainty=transfer.uncertainty,
+                              box=box))
             if reason != "no points":
                 logger.info("%s on %s: %s; transferred from %s", model, gpu, reason, anchor.gpu_type)
     if rows:
@@ -126,7 +154,7 @@ def _anchor(fits: list[PairFit], model: str) -> PairFit | None:
 
 def _rows(model: str, gpu: str, surface: pd.DataFrame, knee: Knee, fraction: float, *, method: str, source: str,
           estimator: str | None, n_points: int, cv_mape: float | None, cv_r2: float | None, unit: str | None,
-          uncertainty: float | None = None) -> pd.DataFrame:
+          box: MeasuredRange, uncertainty: float | None = None) -> pd.DataFrame:
     rows = surface.copy()
     rows.insert(0, "model", model)
     rows.insert(1, "gpu_type", gpu)
@@ -145,4 +173,6 @@ def _rows(model: str, gpu: str, surface: pd.DataFrame, knee: Knee, fraction: flo
     rows["knee_cpus"] = knee.cpus
     rows["knee_mem_gb"] = knee.mem_gb
     rows["collapse_mem_gb"] = knee.collapse_mem_gb
+    rows["measured_cpus_min"], rows["measured_cpus_max"] = box.cpus_min, box.cpus_max
+    rows["measured_mem_gb_min"], rows["measured_mem_gb_max"] = box.mem_gb_min, box.mem_gb_max
     return rows

@@ -16,7 +16,7 @@ from functools import lru_cache
 import numpy as np
 import pandas as pd
 
-from hetplan.reference.derived import pipeline_rate
+from hetplan.reference.derived import capped_pipeline
 from hetplan.reference.speed import speed_ratios
 from hetplan.sensitivity.estimators import FEATURES, MonotoneGridRegressor
 from hetplan.sensitivity.fitting import SkipPair
@@ -51,7 +51,6 @@ def transfer_curve(model: str, gpu_type: str, anchor_gpu: str, anchor_surface: p
     """Transfer the anchor's pipeline curve to `gpu_type`; raise `SkipPair` if no cap can be set."""
     ratios = _ratios(model)
     observed = points["throughput"].to_numpy(dtype=float) if points is not None and len(points) else np.array([])
-    pipeline = pipeline_rate(anchor_surface.reset_index(drop=True))
     anchor_rate = float(anchor_surface["throughput"].max())
     if gpu_type in ratios and anchor_gpu in ratios:
         speed, kind = ratios[gpu_type][0] / ratios[anchor_gpu][0], ratios[gpu_type][1]
@@ -66,7 +65,7 @@ def transfer_curve(model: str, gpu_type: str, anchor_gpu: str, anchor_surface: p
         cap = float(observed.max())
         note += "; cap raised to the best measured point"
     surface = anchor_surface[list(FEATURES)].copy()
-    surface["throughput"] = np.minimum(pipeline.to_numpy(), cap)
+    surface["throughput"] = capped_pipeline(anchor_surface, cap / anchor_rate).to_numpy()
     if len(observed):
         grid = MonotoneGridRegressor().fit(surface[list(FEATURES)], surface["throughput"])
         predicted = grid.predict(points[list(FEATURES)].astype(float))

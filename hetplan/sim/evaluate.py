@@ -14,9 +14,9 @@ from dataclasses import dataclass, field
 import pandas as pd
 
 from hetplan.contracts import demand_from_trace
-from hetplan.planner import build_problem, evaluate_baselines, plan_cluster
+from hetplan.planner import build_problem
 from hetplan.planner.baselines import STATUS_QUO
-from hetplan.planner.planner import require_allocation
+from hetplan.planner.entry import plan_with_baselines
 from hetplan.planner.solvers import SolverName
 from hetplan.sim.engine import SimConfig, simulate
 from hetplan.sim.metrics import summarize
@@ -40,7 +40,7 @@ class EvaluationResult:
 
 def plan_setups(jobs: pd.DataFrame, catalog: pd.DataFrame, curves: pd.DataFrame, budget: float,
                 fairness: float = 1.0, solver: SolverName = "auto",
-                time_limit: float = 60.0) -> tuple[list[Setup], list[str]]:
+                time_limit: float = 60.0) -> tuple[list[Setup], list[str], pd.DataFrame]:
     """Plan hetplan and its baselines for the workload's demand mix under `budget`; the four setups.
 
     `fairness` is the planner's floor (each class gets at least this fraction of its share of the normalised
@@ -48,10 +48,9 @@ def plan_setups(jobs: pd.DataFrame, catalog: pd.DataFrame, curves: pd.DataFrame,
     """
     demand = demand_from_trace(jobs.assign(model=jobs["sim_model"]))
     problem = build_problem(curves, catalog, demand, budget)
-    result = plan_cluster(problem, solver=solver, time_limit=time_limit, fairness=fairness)
-    require_allocation(problem, result, "<catalog>")
-    evaluations = evaluate_baselines(problem, result, solver, time_limit, fairness)
-    return build_setups(problem.shapes, curves, problem.classes, result, evaluations), list(problem.warnings)
+    planned = plan_with_baselines(problem, solver=solver, time_limit=time_limit)
+    return (build_setups(problem.shapes, problem.defaults.curves, problem.classes, planned.result, planned.baselines),
+            list(problem.warnings), problem.defaults.curves)
 
 
 def evaluate(trace: pd.DataFrame, catalog: pd.DataFrame, curves: pd.DataFrame, truth: TruthCurves, budget: float, *,
@@ -61,7 +60,8 @@ def evaluate(trace: pd.DataFrame, catalog: pd.DataFrame, curves: pd.DataFrame, t
              progress: Progress | None = None) -> EvaluationResult:
     """Simulate the four setups on `trace` for every (load, scheduler); see the module docstring."""
     base = prepare_workload(trace, truth.models, unknown_model, seed)
-    setups, warnings = plan_setups(base.jobs, catalog, curves, budget, fairness, solver, time_limit)
+    setups, warnings, planned_curves = plan_setups(base.jobs, catalog, curves, budget, fairness, solver, time_limit)
+    truth = truth.extended(planned_curves)
     warnings = base.warnings + warnings + truth_warnings(truth, set(base.jobs["sim_model"]), setups)
     if all(s.name != STATUS_QUO for s in setups):
         warnings.append(f"no affordable, available shape can run every job class: no status quo at {budget:g} $/h, "

@@ -94,14 +94,14 @@ def build_setups(shapes: pd.DataFrame, curves: pd.DataFrame, classes: pd.DataFra
         evaluation = by_name.get(name)
         if evaluation is None or not evaluation.node_counts:
             continue
-        nodes = nodes_from_counts(shapes, evaluation.node_counts)
+        counts = dict(plan.plan.owned_nodes)
+        for shape, n in evaluation.node_counts.items():
+            counts[shape] = counts.get(shape, 0) + n
+        nodes = nodes_from_counts(shapes, counts)
         hints = knee_hints(curves, classes, sorted({n.gpu_type for n in nodes})) if policy == "hint" \
             else HintSet.empty()
         cost = float(sum(prices[s] * n for s, n in evaluation.node_counts.items()))
-        setups.append(Setup(name, nodes, policy, hints, cost, evaluation.normalized_throughput))
-    counts = {**plan.plan.owned_nodes}
-    for shape, n in plan.plan.node_counts.items():
-        counts[shape] = counts.get(shape, 0) + n
-    setups.append(Setup(HETPLAN, nodes_from_counts(shapes, counts), "hint", HintSet.from_frame(plan.hints),
+        setups.append(Setup(name, nodes, policy, hints, cost, evaluation.value))
+    setups.append(Setup(HETPLAN, nodes_from_counts(shapes, plan.counts), "hint", HintSet.from_frame(plan.hints),
                         plan.plan.cost_per_hour, plan.plan.objective))
     return setups

@@ -30,7 +30,7 @@ import numpy as np
 import pandas as pd
 
 from hetplan.contracts.table import ContractError, Problem
-from hetplan.planner.problem import REFERENCE
+from hetplan.gpus import REFERENCE
 
 
 @dataclass(frozen=True)
@@ -131,12 +131,26 @@ class TruthCurves:
         grids: dict[tuple[str, str], TruthGrid] = {}
         for (model, gpu), points in single.groupby(["model", "gpu_type"]):
             grids[(str(model), str(gpu))] = _grid(*_best_source_points(points))
-        if fallback is not None:
-            for (model, gpu), points in fallback.groupby(["model", "gpu_type"]):
-                grids.setdefault((str(model), str(gpu)), _grid(points, FITTED_FALLBACK))
-        if not grids:
+        if not grids and fallback is None:
             raise ContractError([Problem("<truth curves>", "no 1-GPU profile with a throughput: no truth to simulate")])
-        return cls(grids)
+        truth = cls(grids) if grids else None
+        if fallback is not None:
+            truth = truth.extended(fallback) if truth is not None else cls.from_curves(fallback)
+        return truth
+
+    @classmethod
+    def from_curves(cls, curves: pd.DataFrame) -> TruthCurves:
+        """A curve table taken as the truth (the planner's own view, e.g. to compare plans in simulation)."""
+        return cls({(str(m), str(g)): _grid(points, FITTED_FALLBACK) for (m, g), points in
+                    curves.groupby(["model", "gpu_type"])})
+
+    def extended(self, curves: pd.DataFrame) -> TruthCurves:
+        """These curves plus, for (model, GPU type) pairs they lack, grids from a curve table (labelled
+        `fitted-fallback`): e.g. the planner's defaults for unprofiled models and uncurved GPU types."""
+        grids = dict(self.grids)
+        for (model, gpu), points in curves.groupby(["model", "gpu_type"]):
+            grids.setdefault((str(model), str(gpu)), _grid(points, FITTED_FALLBACK))
+        return TruthCurves(grids) if len(grids) > len(self.grids) else self
 
     def reference(self, model: str) -> float:
         """Per-GPU throughput of `model` on the reference allocation."""
