@@ -24,20 +24,22 @@ $(VENV)/.installed: requirements.txt pyproject.toml
 	touch $@
 
 # The main job: the nightly Airflow DAG run for real on embedded defaults (profile this host for real,
-# derived profiles for the GPU types not present, fit with MLflow on SQLite, plan in-process, publish),
-# then the Kueue export DAG it triggers, then what was published and how to look at it.
+# derived profiles for the GPU types not present, fit with MLflow on SQLite, plan the workspace's workload on
+# its owned fleet plus what BUDGET rents, publish), then the Kueue export DAG it triggers, then what was
+# published and how to look at it.
 main: setup
 	$(BIN)/airflow db migrate
 	$(BIN)/airflow dags test hetplan_nightly -c '{"workspace": "$(WORKSPACE)", "budget": $(BUDGET)}'
 	$(BIN)/airflow dags test hetplan_publish -c '{"workspace": "$(WORKSPACE)"}'
 	$(BIN)/hetplan hints show --store $(WORKSPACE)/hints
 	@echo
-	@echo "Plan and hints:  $(WORKSPACE)/runs/*/plan/ (plan.json, hints.parquet, kueue.yaml, baselines.csv)"
+	@echo "Plan:            $$(cat $$(ls -d $(WORKSPACE)/runs/*/ | tail -1)plan/summary.txt)"
+	@echo "Plan and hints:  $$(ls -d $(WORKSPACE)/runs/*/ | tail -1)plan/ (plan.json, hints.parquet, kueue.yaml, baselines.csv)"
 	@echo "Published:       $$(cat $(WORKSPACE)/hints/LATEST) in $(WORKSPACE)/hints"
 	@echo "MLflow UI:       $(BIN)/mlflow ui --backend-store-uri $(MLFLOW_TRACKING_URI) --host 127.0.0.1 --port 5000"
 	@echo "Allocator:       $(BIN)/hetplan serve --store $(WORKSPACE)/hints --host 127.0.0.1 --port 8080"
-	@echo "Evaluate:        $(BIN)/hetplan evaluate --trace $(WORKSPACE)/trace.csv --budget $(BUDGET) --load 10,40 \\"
-	@echo "                   --clouds aws,gcp,azure --catalog $(WORKSPACE)/catalog.csv --truth $(WORKSPACE)/profiles.csv \\"
+	@echo "Evaluate:        $(BIN)/hetplan evaluate --trace $(WORKSPACE)/trace.csv --budget $(BUDGET) --rho 0.5,1.3 \\"
+	@echo "                   --owned $(WORKSPACE)/fleet.csv --catalog $(WORKSPACE)/catalog.csv --truth $(WORKSPACE)/profiles.csv \\"
 	@echo "                   --curves $$(ls -d $(WORKSPACE)/runs/*/ | tail -1)curves.parquet --out-dir $(WORKSPACE)/evaluation"
 
 # The same offline steps through the CLI, with plots and a budget sweep (no Airflow), then the four-way
@@ -46,12 +48,12 @@ pipeline: setup
 	$(BIN)/hetplan init --workspace $(WORKSPACE)
 	$(BIN)/hetplan fit --profiles $(WORKSPACE)/profiles.csv --out $(WORKSPACE)/curves.parquet
 	$(BIN)/hetplan plan --budget $(BUDGET) --curves $(WORKSPACE)/curves.parquet --catalog $(WORKSPACE)/catalog.csv \
-		--demand $(WORKSPACE)/demand.csv --out-dir $(WORKSPACE)/plan --sweep 50,100,200,400
+		--owned $(WORKSPACE)/fleet.csv --workload $(WORKSPACE)/trace.csv --out-dir $(WORKSPACE)/plan --sweep 100
 	$(BIN)/hetplan publish --plan $(WORKSPACE)/plan/plan.json --hints $(WORKSPACE)/plan/hints.parquet \
 		--store $(WORKSPACE)/hints
 	$(BIN)/hetplan hints show --store $(WORKSPACE)/hints
-	$(BIN)/hetplan evaluate --trace $(WORKSPACE)/trace.csv --budget $(BUDGET) --load 10,40 --clouds aws,gcp,azure \
-		--catalog $(WORKSPACE)/catalog.csv \
+	$(BIN)/hetplan evaluate --trace $(WORKSPACE)/trace.csv --budget $(BUDGET) --rho 0.5,1.3 \
+		--owned $(WORKSPACE)/fleet.csv --catalog $(WORKSPACE)/catalog.csv \
 		--curves $(WORKSPACE)/curves.parquet --truth $(WORKSPACE)/profiles.csv --out-dir $(WORKSPACE)/evaluation
 
 test: setup

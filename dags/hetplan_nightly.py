@@ -65,7 +65,7 @@ def hetplan_nightly():
     def plan(fitted: dict, params=None, **context) -> dict:
         from hetplan.pipeline import plan_step
 
-        return plan_step(params["workspace"], run_key(context), budget=params["budget"],
+        return plan_step(params["workspace"], run_key(context), budget=params["budget"], objective=params["objective"],
                          stale_gpu_types=fitted["stale_gpu_types"], clouds=params["clouds"],
                          solver=params["solver"], time_limit=params["time_limit"], tracking_uri=tracking_uri(params))
 

@@ -7,7 +7,8 @@ idempotent. Steps take and return JSON-able values (paths as strings), so they t
     prepare(ws)                                   -> seeds the workspace from the embedded defaults if empty
     profile_gpu(ws, key, "T4", "token-batch", ...) -> measures one GPU type, else falls back to its last good
     fit_step(ws, key, ["T4", "L4"], ...)          -> merged profiles -> curves (+ MLflow runs and models)
-    plan_step(ws, key, budget=200, ...)           -> plan.json (with `stale_gpu_types`), hints, Kueue YAML
+    plan_step(ws, key, budget=200, ...)           -> plan.json (with `stale_gpu_types`), hints, Kueue YAML, for the
+                                                     workspace's workload on its owned fleet plus what 200 $/h rents
     publish_step(ws, key)                         -> the hint table published into `<workspace>/hints`
     export_kueue(ws)                              -> `<workspace>/exports/<version>/kueue.yaml`
 
@@ -26,7 +27,9 @@ from typing import Any, Sequence
 
 import pandas as pd
 
-from hetplan.contracts import CATALOG, CURVES, DEMAND, HINTS, PROFILES, ContractError, Problem, fingerprint, load_plan
+from hetplan.contracts import (
+    CATALOG, CURVES, DEMAND, HINTS, PROFILES, TRACE, ContractError, Problem, demand_from_trace, fingerprint, load_plan,
+)
 from hetplan.contracts.table import atomic_write_bytes
 from hetplan.gpus import normalize_gpu
 
@@ -166,34 +169,53 @@ def fit_step(workspace: str | Path, run_key: str, gpu_types: Sequence[str], *, m
     return result
 
 
-def plan_step(workspace: str | Path, run_key: str, *, budget: float, stale_gpu_types: Sequence[str] = (),
-              clouds: Sequence[str] = (), solver: str = "auto", time_limit: float = 60.0,
-              tracking_uri: str | None = None, mlflow: bool = True) -> dict[str, Any]:
-    """Plan under `budget` from this run's curves; write the artifacts to `<run>/plan/`; return their paths."""
+def plan_step(workspace: str | Path, run_key: str, *, budget: float, objective: str = "jct",
+              stale_gpu_types: Sequence[str] = (), clouds: Sequence[str] = (), solver: str = "auto",
+              time_limit: float = 60.0, tracking_uri: str | None = None, mlflow: bool = True) -> dict[str, Any]:
+    """Plan from this run's curves on the workspace's owned fleet (`fleet.csv`, if any) plus what `budget`
+    rents: for its workload (`trace.csv`) by `objective` (jct, p95-jct, makespan), or with `throughput` (or
+    no workload) for its demand mix. Write the artifacts and `summary.txt` to `<run>/plan/`."""
     from hetplan.planner import write_plan_artifacts
     from hetplan.planner.entry import load_problem, plan_with_baselines
+    from hetplan.workspace import Workspace
 
-    ws = Path(workspace)
-    here = run_dir(ws, run_key)
-    fleet = ws / "fleet.csv"
-    problem, inputs = load_problem(here / "curves.parquet", ws / "catalog.csv", DEMAND.load(ws / "demand.csv"), budget,
-                                   clouds=clouds, fleet=fleet if fleet.is_file() else None)
-    inputs["demand"] = fingerprint(ws / "demand.csv")
+    ws = Workspace(Path(workspace))
+    here = run_dir(ws.root, run_key)
+    for_workload = objective != "throughput" and ws.trace.is_file()
+    jobs = TRACE.load(ws.trace) if for_workload else None
+    demand = demand_from_trace(jobs) if jobs is not None else DEMAND.load(ws.demand)
+    problem, inputs = load_problem(here / "curves.parquet", ws.catalog, demand, budget, clouds=clouds,
+                                   fleet=ws.fleet if ws.fleet.is_file() else None)
+    inputs["workload" if for_workload else "demand"] = fingerprint(ws.trace if for_workload else ws.demand)
     for warning in problem.warnings:
         log.warning("%s", warning)
-    planned = plan_with_baselines(problem, solver=solver, time_limit=time_limit, inputs=inputs,  # type: ignore[arg-type]
-                                  source=str(ws / "catalog.csv"))
-    result = replace(planned.result, plan=planned.result.plan.model_copy(
-        update={"stale_gpu_types": sorted(stale_gpu_types)}))
-    files = write_plan_artifacts(result, planned.baselines, here / "plan")
+    if jobs is not None:
+        from hetplan.codesign import plan_workload, workload_from_trace
+
+        planned = plan_workload(problem, workload_from_trace(jobs, source=str(ws.trace)), objective=objective,  # type: ignore[arg-type]
+                                solver=solver, time_limit=time_limit, inputs=inputs,  # type: ignore[arg-type]
+                                progress=lambda done, total, label: log.info("replay %d/%d: %s", done, total, label))
+        result, baselines, metrics, summary = planned.result, planned.baselines(), planned.metrics(), planned.summary()
+    else:
+        steady = plan_with_baselines(problem, solver=solver, time_limit=time_limit, inputs=inputs,  # type: ignore[arg-type]
+                                     source=str(ws.catalog))
+        result, baselines, metrics = steady.result, steady.baselines, {}
+        quo = steady.baseline("status quo")
+        summary = (f"mix served {result.plan.objective:.1f} reference GPUs per hour at {result.plan.cost_per_hour:.2f} "
+                   f"$/h" + (f"; status quo {quo.value:.1f} at {quo.cost_per_hour:.2f} $/h: predicted "
+                             f"{result.plan.objective / quo.value:.2f}x" if quo is not None and quo.value > 0 else ""))
+    result = replace(result, plan=result.plan.model_copy(update={"stale_gpu_types": sorted(stale_gpu_types)}))
+    files = write_plan_artifacts(result, baselines, here / "plan")
+    atomic_write_bytes(here / "plan" / "summary.txt", (summary + "\n").encode())
+    log.info("plan %s: %s", result.plan.plan_id, summary)
     out: dict[str, Any] = {"plan": str(files[0]), "hints": str(files[1]), "kueue": str(files[2]),
                            "plan_id": result.plan.plan_id, "stale_gpu_types": sorted(stale_gpu_types),
-                           "needs_profiling": result.plan.needs_profiling, "mlflow_run": None}
+                           "needs_profiling": result.plan.needs_profiling, "summary": summary, "mlflow_run": None}
     if mlflow:
         from hetplan.planner.tracking import log_planning_run
 
-        out["mlflow_run"] = log_planning_run(result, files, {b.name: b.value for b in planned.baselines},
-                                             tracking_uri)
+        out["mlflow_run"] = log_planning_run(result, files, {b.name: b.value for b in baselines}, tracking_uri,
+                                             metrics)
     return out
 
 

@@ -18,7 +18,8 @@ from hetplan.catalog import (
 from hetplan.catalog.gcp import attachable_gpus
 from hetplan.catalog.skypilot import MAX_PRICE_PER_GPU_HOUR, MIN_PRICE_PER_GPU_HOUR
 from hetplan.cli import app
-from hetplan.contracts import CATALOG, ContractError
+from hetplan.catalog.fleet import DEFAULT_FLEET, build_default_fleet, load_default_fleet
+from hetplan.contracts import CATALOG, FLEET, ContractError
 from hetplan.resources import upstream_path
 
 AWS = upstream_path("prices", "aws_us_east_1_gpu.csv")
@@ -429,6 +430,14 @@ def test_shipped_default_catalog_equals_a_fresh_build(tmp_path):
     built = build_default_catalog()
     fresh = CATALOG.write(built.shapes, tmp_path / "default.csv")
     assert DEFAULT_CATALOG.read_bytes() == fresh.read_bytes(), "regenerate with write_default_catalog()"
+
+
+def test_shipped_default_fleet_equals_a_fresh_build_of_the_pai_sample(tmp_path):
+    fresh = FLEET.write(build_default_fleet(), tmp_path / "fleet.csv")
+    assert DEFAULT_FLEET.read_bytes() == fresh.read_bytes(), "regenerate with hetplan data rebuild"
+    fleet = load_default_fleet()
+    assert set(fleet["gpu_type"]) == {"P100", "T4", "V100", "V100-32GB", "MISC"}  # MISC: PAI's unnamed GPUs
+    assert fleet.loc[fleet["gpu_type"] == "P100", "count"].sum() == 16  # 798 machines / 50
 
 
 def test_default_catalog_covers_four_clouds():

@@ -8,9 +8,9 @@ from typer.testing import CliRunner
 
 from hetplan.catalog import load_default_catalog
 from hetplan.cli import app
-from hetplan.contracts import CURVES, HINTS, load_plan
+from hetplan.contracts import CATALOG, CURVES, HINTS, ContractError, gpu_declarations, load_plan
 from hetplan.planner import (
-    InfeasibleError, LicenceError, build_model, build_problem, kueue_manifests, plan_cluster, solve, sweep,
+    InfeasibleError, LicenceError, SolveTimeout, build_model, build_problem, kueue_manifests, plan_cluster, solve, sweep,
 )
 from hetplan.planner.entry import plan_with_baselines
 from hetplan.reference import build_reference
@@ -338,3 +338,123 @@ def test_status_quo_ignores_shapes_the_budget_cannot_buy_when_sizing_jobs():
     assert len(problem.unplannable) == 1  # img x8: no 8-GPU shape can be had
     status_quo = plan_with_baselines(problem).baselines[0]
     assert status_quo.name == "status quo" and status_quo.node_counts == {"four": 10}
+
+
+# --- the planner tells the truth (issue 12) ----------------------------------------------------------------
+
+
+def test_the_mix_objective_gives_every_class_its_share_of_the_work(derived_problem_parts):
+    curves, catalog, demand = derived_problem_parts
+    problem = build_problem(curves, catalog, demand, budget=100.0)
+    result = plan_cluster(problem)
+    work = result.allocation.groupby(["model", "num_gpus"])["value"].sum()
+    assert result.plan.objective_kind == "mix" and result.plan.objective > 0
+    for cls in problem.classes.itertuples():
+        assert work[(cls.model, cls.num_gpus)] >= cls.share * result.plan.objective * (1 - 1e-6)
+
+
+def grid_profiles(model, gpu, cores, mems, rate):
+    rows = [dict(model=model, gpu_type=gpu, num_gpus=1, cpus_per_gpu=c, mem_gb_per_gpu=m, throughput=rate(c, m),
+                 source="measured:test") for c in cores for m in mems]
+    return pd.DataFrame(rows)
+
+
+def test_curves_never_flatter_below_the_measured_range():
+    """`img` is measured only at 12 and 16 cores; `nlp` on the whole 1-16 grid. A fit that held `img` flat
+    below 12 cores would hand it 1 core; its curve, knee and plan must stay within 12-16 cores."""
+    profiles = pd.concat([
+        grid_profiles("img", "V100", (12, 16), (32, 64, 128), lambda c, m: 100.0 + c),
+        grid_profiles("nlp", "V100", (1, 2, 4, 8, 16), (32, 64, 128), lambda c, m: 50.0),
+    ], ignore_index=True)
+    curves = fit_profiles(profiles).curves
+    img = curves[curves["model"] == "img"]
+    assert img["cpus_per_gpu"].min() == 12 and img["cpus_per_gpu"].max() == 16
+    assert (img["knee_cpus"] >= 12).all() and (img["measured_cpus_min"] == 12).all()
+    catalog = pd.DataFrame([shape("box", "V100", 8, 128, 1024, 10.0)])
+    demand = pd.DataFrame({"model": ["img", "nlp"], "num_gpus": [1, 1], "share": [0.5, 0.5]})
+    result = plan_cluster(build_problem(curves, catalog, demand, budget=30.0))
+    mine = result.hints[result.hints["model"] == "img"]
+    assert len(mine) and (mine["cpus_per_gpu"] >= 12).all() and (mine["cpus_per_gpu"] <= 16).all()
+
+
+def test_gpu_types_hetplan_does_not_know_are_planned_by_declaration_or_the_opaque_rule():
+    curves = pd.concat([curve("img", "A100", [(2, 50, 10.0), (8, 50, 40.0)]), curve("img", "T4", [(2, 50, 15.0)])])
+    catalog = pd.DataFrame([shape("a800", "A800", 1, 8, 100, 1.0), shape("h800", "H800", 1, 8, 100, 1.0)]).assign(
+        gpu_like=["A100", None], gpu_speed=[0.5, None])
+    catalog = CATALOG.validate(catalog, "<catalog>")
+    problem = build_problem(curves, catalog, TINY_DEMAND, budget=2.0, declarations=gpu_declarations(catalog))
+    result = plan_cluster(problem)
+    assert result.plan.gpu_type_rules == {"A800": "declared like A100 x0.5",
+                                          "H800": "opaque: like the slowest curved GPU type"}
+    assert result.plan.node_counts == {"a800": 2}  # half an A100 (20) beats the slowest type's 15 (the T4's)
+    a800 = problem.defaults.curves.query("gpu_type == 'A800'")
+    assert a800["throughput"].max() == pytest.approx(20.0) and set(a800["method"]) == {"declared"}
+    assert problem.defaults.curves.query("gpu_type == 'H800'")["throughput"].max() == pytest.approx(15.0)
+
+
+def test_a_price_zero_shape_needs_a_cap():
+    free = pd.DataFrame([shape("free", "T4", 1, 4, 16, 0.0)])
+    with pytest.raises(ContractError, match="a price-0 shape needs `available`"):
+        CATALOG.validate(free, "<catalog>")
+    CATALOG.validate(free.assign(available=3), "<catalog>")
+
+
+def test_the_status_quo_respects_availability_caps():
+    """Two identical shapes: one with 2 to be had, one with 2,492: the status quo buys the one it can buy."""
+    curves = curve("img", "V100", [(2, 50, 10.0)])
+    catalog = pd.DataFrame([shape("scarce", "V100", 1, 4, 100, 1.0, 2), shape("plenty", "V100", 1, 4, 100, 1.0, 2492)])
+    demand = pd.DataFrame({"model": ["img"], "num_gpus": [1], "share": [1.0]})
+    status_quo = plan_with_baselines(build_problem(curves, catalog, demand, budget=10.0)).baseline("status quo")
+    assert status_quo.node_counts == {"plenty": 10}
+
+
+def test_a_sweep_point_equals_the_single_plan_at_that_budget(derived_problem_parts):
+    curves, catalog, demand = derived_problem_parts
+    problem = build_problem(curves, catalog, demand, budget=50.0)
+    for objective in ("mix", "sum"):
+        points = sweep(problem, [50.0, 200.0, 400.0], objective=objective, baselines=False)
+        single = plan_cluster(build_problem(curves, catalog, demand, budget=200.0), objective=objective)
+        assert points[1].result.plan.objective == pytest.approx(single.plan.objective, rel=2e-3), objective
+
+
+def test_solver_failures_are_three_distinct_errors(derived_problem_parts):
+    curves, catalog, demand = derived_problem_parts
+    derived = build_reference().derived
+    every = pd.DataFrame({"model": sorted(derived["model"].unique())}).assign(num_gpus=1, share=1 / 7)
+    model = build_model(build_problem(derived, load_default_catalog(), every, budget=400.0))
+    with pytest.raises(LicenceError, match="size-limited licence"):
+        solve(model, "gurobi")
+    problem = build_problem(curves, catalog, demand, budget=50.0)
+    with pytest.raises(InfeasibleError, match="no plan satisfies"):
+        plan_cluster(problem, objective="cost", target=1e9)
+    with pytest.raises(SolveTimeout, match="no plan within the time limit"):
+        solve(model, "highs", time_limit=1e-4)
+
+
+def test_cli_plan_with_an_owned_fleet_keeps_it_through_the_clouds_filter(workspace, tmp_path):
+    fleet_path = tmp_path / "fleet.csv"
+    fleet(("rack-a800", "A800", 8, 128, 1024, 2)).assign(gpu_like="A100", gpu_speed=1.0).to_csv(fleet_path, index=False)
+    out = tmp_path / "out"
+    result = run_plan(workspace, "--budget", "0", "--owned", str(fleet_path), "--clouds", "aws", "--out-dir", str(out))
+    assert result.exit_code == 0, result.output
+    plan = load_plan(out / "plan.json")
+    assert plan.owned_nodes == {"rack-a800": 2} and plan.node_counts == {} and plan.cost_per_hour == 0
+    assert "0.00 $/h of 0.00 $/h budget" in result.output
+    legacy = tmp_path / "legacy.csv"
+    legacy.write_text("name,count\naws:p3.2xlarge,3\n")
+    result = run_plan(workspace, "--budget", "0", "--owned", str(legacy), "--out-dir", str(out))
+    assert result.exit_code == 0, result.output
+    assert load_plan(out / "plan.json").owned_nodes == {"owned:aws:p3.2xlarge": 3}
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (("--budget", "50", "--clouds", "ibm"), "--clouds names clouds the catalog has no shape of: ibm"),
+    (("--budget", "50", "--sweep", "50,abc"), "'abc' is not a budget"),
+    (("--budget", "50", "--objective", "fastest"), "'fastest' is not one of"),
+    (("--objective", "cost", "--target", "1e9", "--budget", "50"), "nothing could be planned: no plan satisfies"),
+])
+def test_cli_plan_refuses_bad_options_in_one_line_and_writes_nothing(workspace, tmp_path, args, message):
+    out = tmp_path / "out"
+    result = run_plan(workspace, *args, "--out-dir", str(out))
+    assert result.exit_code != 0 and message in result.output, result.output
+    assert "Traceback" not in result.output and not out.exists()

@@ -7,20 +7,16 @@ import zlib
 import numpy as np
 import pandas as pd
 import pytest
-from mlflow.tracking import MlflowClient
-from typer.testing import CliRunner
 
 from hetplan.allocator import Allocator
 from hetplan.allocator.spec import Node, Reason, Rejection
 from hetplan.catalog import load_default_catalog
-from hetplan.cli import app
-from hetplan.contracts import CURVES, PROFILES, ContractError
+from hetplan.contracts import PROFILES, ContractError
 from hetplan.hints import HintSet
 from hetplan.hints.index import HintEntry
 from hetplan.reference import build_reference
 from hetplan.sensitivity.curves import fit_profiles
 from hetplan.sim.engine import SimConfig, SimulationError, Simulator, simulate
-from hetplan.sim.evaluate import evaluate
 from hetplan.sim.metrics import summarize, utilisation
 from hetplan.sim.setups import knee_hints, nodes_from_counts
 from hetplan.sim.truth import TruthCurves
@@ -280,39 +276,18 @@ def test_a_job_no_policy_will_place_stops_the_simulation(tiny_truth):
         simulator.run()
 
 
-# ---------------------------------------------------------------------- the four-way evaluation
+# ---------------------------------------------------------------------- setups
 
 @pytest.fixture(scope="module")
 def planning_inputs():
     derived = build_reference().derived
     profiles = derived[derived["model"].isin(["res18", "transformer", "alexnet"])
                        & derived["gpu_type"].isin(["V100", "T4", "A100"])]
-    curves = fit_profiles(profiles).curves
-    catalog = load_default_catalog()
-    catalog = catalog[catalog["cloud"].isin(["aws", "gcp"])]
-    jobs = trace(*[(f"j{i}", ["res18", "transformer", "alexnet"][i % 3], [1, 1, 2, 4][i % 4], i * 600.0,
-                    1800.0 + 300 * (i % 5)) for i in range(40)])
-    return profiles, curves, catalog, jobs
-
-
-def test_evaluate_compares_four_setups_on_the_same_trace(planning_inputs):
-    profiles, curves, catalog, jobs = planning_inputs
-    truth = TruthCurves.from_profiles(profiles, fallback=curves)
-    result = evaluate(jobs, catalog, curves, truth, 60.0, schedulers=("las", "fifo"), loads=(None, 12.0))
-    summary = result.summary
-    assert len(summary) == 2 * 2 * len(result.setups) and len(result.setups) >= 3
-    assert set(summary["setup"]) >= {"status quo", "status quo + sensitivity-aware", "hetplan"}
-    assert (summary["cost_per_hour"] <= 60.0 + 1e-6).all()
-    assert (summary.loc[summary["setup"] == "status quo", "jct_speedup"] == 1.0).all()
-    assert (summary["completed"] + summary["rejected_too_big"] == len(jobs)).all()
-    assert len(result.jobs) == len(jobs) * len(summary)
-    by_setup = {s.name: s for s in result.setups}
-    assert by_setup["status quo"].policy == "proportional" and by_setup["hetplan"].policy == "hint"
-    assert by_setup["status quo + sensitivity-aware"].nodes == by_setup["status quo"].nodes
+    return profiles, fit_profiles(profiles).curves
 
 
 def test_knee_hints_ask_for_each_class_knee(planning_inputs):
-    _, curves, _, _ = planning_inputs
+    _, curves = planning_inputs
     classes = pd.DataFrame({"model": ["res18", "transformer"], "num_gpus": [1, 4]})
     hints = knee_hints(curves, classes, ["V100", "T4"])
     res18 = hints.lookup("res18", 1)
@@ -327,63 +302,3 @@ def test_nodes_from_counts_builds_named_nodes():
     nodes = nodes_from_counts(catalog, {name: 3})
     assert [n.name for n in nodes] == [f"{name}-{i}" for i in range(3)]
     assert {n.labels["hetplan/shape"] for n in nodes} == {name}
-
-
-# ---------------------------------------------------------------------- the CLI
-
-@pytest.fixture(scope="module")
-def cli_inputs(tmp_path_factory, planning_inputs):
-    profiles, curves, catalog, jobs = planning_inputs
-    root = tmp_path_factory.mktemp("evaluate")
-    CURVES.write(curves, root / "curves.parquet")
-    PROFILES.write(profiles, root / "profiles.csv")
-    catalog.to_csv(root / "catalog.csv", index=False)
-    jobs.to_csv(root / "trace.csv", index=False)
-    return root
-
-
-def evaluate_cli(root, *extra, trace_file="trace.csv"):
-    args = ["evaluate", "--trace", str(root / trace_file), "--budget", "60", "--catalog", str(root / "catalog.csv"),
-            "--curves", str(root / "curves.parquet"), "--truth", str(root / "profiles.csv"), *extra]
-    if "--tracking-uri" not in extra:
-        args.append("--no-mlflow")
-    return CliRunner().invoke(app, args, env={"COLUMNS": "200"})
-
-
-def test_cli_evaluate_prints_the_comparison_and_writes_tables_and_plots(cli_inputs):
-    out = cli_inputs / "out"
-    uri = f"sqlite:///{cli_inputs / 'mlflow.db'}"
-    result = evaluate_cli(cli_inputs, "--policy", "las", "--load", "6", "--out-dir", str(out), "--tracking-uri", uri)
-    assert result.exit_code == 0, result.output
-    client = MlflowClient(tracking_uri=uri)
-    (run,) = client.search_runs([client.get_experiment_by_name("hetplan-evaluation").experiment_id])
-    assert run.data.params["loads"] == "6" and run.data.metrics["status_quo.las.6jph.jct_speedup"] == 1.0
-    assert {a.path for a in client.list_artifacts(run.info.run_id)} >= {"summary.csv", "jct_cdf_las_6jph.png"}
-    assert "LAS at 6 jobs/h" in result.output and "hetplan" in result.output
-    summary = pd.read_csv(out / "summary.csv")
-    assert set(summary["setup"]) >= {"status quo", "hetplan"}
-    assert len(pd.read_csv(out / "jobs.csv")) == 40 * len(summary)
-    assert (out / "jct_cdf_las_6jph.png").stat().st_size > 0 and (out / "utilisation_las_6jph.png").is_file()
-
-
-@pytest.mark.parametrize("extra, message", [
-    (("--load", "fast"), "--load: 'fast' is not a positive number"),
-    (("--unknown-model", "bert"), "'bert' is not a truth model"),
-])
-def test_cli_evaluate_refuses_bad_options_and_writes_nothing(cli_inputs, extra, message):
-    out = cli_inputs / "refused"
-    result = evaluate_cli(cli_inputs, *extra, "--out-dir", str(out))
-    assert result.exit_code == 1
-    assert message in result.output
-    assert not out.exists()
-
-
-def test_cli_evaluate_names_the_bad_trace_row_and_writes_nothing(cli_inputs):
-    bad = pd.read_csv(cli_inputs / "trace.csv")
-    bad.loc[4, "duration_s"] = -1.0
-    bad.to_csv(cli_inputs / "bad.csv", index=False)
-    out = cli_inputs / "bad-out"
-    result = evaluate_cli(cli_inputs, "--out-dir", str(out), trace_file="bad.csv")
-    assert result.exit_code == 1
-    assert "bad.csv:6:duration_s" in result.output
-    assert not out.exists()

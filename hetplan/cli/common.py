@@ -35,3 +35,14 @@ def contract_errors() -> Iterator[None]:
         for problem in exc.problems:
             errors.print(f"[red]error:[/] {escape(str(problem))}", highlight=False, soft_wrap=True)
         raise typer.Exit(EXIT_INVALID) from None
+
+
+def read_trace(path, fmt: str):
+    """A trace file in hetplan's contract (`fmt` "trace") or a public format: (trace, import report, warnings)."""
+    from hetplan.contracts import TRACE
+    from hetplan.traces import import_trace
+
+    if fmt == "trace":
+        return TRACE.load(path), {}, []
+    imported = import_trace(path, fmt)
+    return imported.trace, imported.report, imported.warnings

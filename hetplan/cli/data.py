@@ -29,11 +29,12 @@ def validate(
 def rebuild() -> None:
     """Regenerate the derived tables shipped in hetplan/data/ from the upstream copies (developers only)."""
     from hetplan.catalog.default import DEFAULT_CATALOG, write_default_catalog
+    from hetplan.catalog.fleet import write_default_fleet
     from hetplan.reference import build_reference, write_reference
 
     with contract_errors():
         paths = write_reference(build_reference())
         write_default_catalog()
-        paths.append(DEFAULT_CATALOG)
+        paths += [DEFAULT_CATALOG, write_default_fleet()]
     for path in paths:
         console.print(f"wrote {path}")

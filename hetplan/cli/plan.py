@@ -1,4 +1,11 @@
-"""`hetplan plan`: solve the cost-constrained GPU plan, compare it with the baselines, write its artifacts."""
+"""`hetplan plan`: choose the node mix and CPU/RAM split, for a demand mix or for a workload; write its artifacts.
+
+Without `--workload` it solves the steady-state MILP (`throughput`: the most of the demand mix served per
+hour; `throughput-sum`; `cost` for a mix target) and values the baselines with the same model. With
+`--workload TRACE` it plans for those jobs (`hetplan.codesign`): the MILP proposes candidate clusters, the
+simulator replays each, and the objective (`jct`, the default; `p95-jct`; `makespan`; `cost` with
+`--max-avg-jct`) picks one.
+"""
 
 from __future__ import annotations
 
@@ -6,19 +13,26 @@ from enum import Enum
 from pathlib import Path
 
 import matplotlib.pyplot as plt
+import pandas as pd
 import typer
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from hetplan.cli.common import console, contract_errors, warn
+from hetplan.cli.common import console, contract_errors, read_trace, warn
 from hetplan.contracts import DEMAND, ContractError, Problem, fingerprint
 from hetplan.contracts.table import atomic_write_bytes
 from hetplan.planner import SolveError, frontier_table, sweep, write_plan_artifacts
-from hetplan.planner.baselines import STATUS_QUO
+from hetplan.planner.baselines import STATUS_QUO, Evaluation
 from hetplan.planner.entry import Planned, load_problem, plan_with_baselines
-from hetplan.planner.plots import plot_frontier, plot_node_mix
+from hetplan.planner.plots import plot_cost_jct, plot_frontier, plot_node_mix
+from hetplan.planner.planner import PlanResult
+from hetplan.traces import FORMATS
 
 
 class Objective(str, Enum):
+    jct = "jct"
+    p95_jct = "p95-jct"
+    makespan = "makespan"
     throughput = "throughput"
     throughput_sum = "throughput-sum"
     cost = "cost"
@@ -30,65 +44,109 @@ class Solver(str, Enum):
     highs = "highs"
 
 
+class Scheduler(str, Enum):
+    las = "las"
+    fifo = "fifo"
+    srtf = "srtf"
+
+
 MILP_OBJECTIVE = {Objective.throughput: "mix", Objective.throughput_sum: "sum", Objective.cost: "cost"}
+WORKLOAD_ONLY = (Objective.jct, Objective.p95_jct, Objective.makespan)
 
 
 def plan(
     curves: Path = typer.Option(Path(".hetplan/curves.parquet"), "--curves", help="Curve table from `hetplan fit`."),
     catalog: Path = typer.Option(Path(".hetplan/catalog.csv"), "--catalog", help="Node-shape catalog."),
-    demand: Path = typer.Option(Path(".hetplan/demand.csv"), "--demand", help="Demand mix."),
+    demand: Path = typer.Option(Path(".hetplan/demand.csv"), "--demand", help="Demand mix (without --workload)."),
+    workload: Path | None = typer.Option(None, "--workload", help="Recent jobs to plan for (a trace); the mix and "
+                                         "the arrival rate come from it."),
+    workload_format: str = typer.Option("trace", "--workload-format", help=f"trace|{'|'.join(FORMATS)}."),
     budget: float | None = typer.Option(None, "--budget", min=0.0, help="US$ per hour to spend on added nodes."),
-    objective: Objective = typer.Option(Objective.throughput, "--objective", help="throughput: the most of the "
-                                        "demand mix served per hour; throughput-sum: the most normalised throughput "
-                                        "summed over classes (with --fairness); cost: the cheapest plan serving "
-                                        "--target."),
-    target: float | None = typer.Option(None, "--target", min=0.0, help="Reference GPUs of the mix to serve per "
-                                        "hour (cost)."),
+    objective: Objective | None = typer.Option(None, "--objective", help="With --workload: jct (default), p95-jct, "
+                                               "makespan, cost (with --max-avg-jct), throughput. Without: throughput "
+                                               "(default: the most of the demand mix served per hour), "
+                                               "throughput-sum (with --fairness), cost (with --target)."),
+    target: float | None = typer.Option(None, "--target", min=0.0, help="cost without a workload: reference GPUs "
+                                        "of the mix to serve per hour."),
+    max_avg_jct: float | None = typer.Option(None, "--max-avg-jct", min=0.0, help="cost with a workload: the "
+                                             "average JCT (hours) the cheapest plan must reach."),
     fairness: float = typer.Option(0.0, "--fairness", min=0.0, max=1.0, help="throughput-sum: each class gets at "
                                    "least this fraction of its share of the normalised throughput."),
     owned: Path | None = typer.Option(None, "--owned", help="Owned fleet: CSV name,gpu_type,gpus,vcpus,mem_gb,count "
                                       "(or name,count naming catalog shapes)."),
-    demand_gpus: float | None = typer.Option(None, "--demand-gpus", min=0.0, help="throughput-sum: total GPU "
-                                             "demand behind the per-class caps (default: what the budget buys)."),
+    demand_gpus: float | None = typer.Option(None, "--demand-gpus", min=0.0, help="Total GPU demand: no plan "
+                                             "allocates more GPUs (default: unbounded)."),
     clouds: str = typer.Option("", "--clouds", help="Comma-separated clouds to buy from (default: all)."),
+    scheduler: Scheduler = typer.Option(Scheduler.las, "--scheduler", help="The cluster's scheduling policy, "
+                                        "for the workload's replays."),
     solver: Solver = typer.Option(Solver.auto, "--solver"),
     time_limit: float = typer.Option(60.0, "--time-limit", min=0.1),
     gap: float = typer.Option(1e-3, "--gap", min=0.0, help="Relative MIP gap to stop at."),
-    sweep_budgets: str = typer.Option("", "--sweep", help="Comma-separated budgets: plot the Pareto frontier."),
+    sweep_budgets: str = typer.Option("", "--sweep", help="Comma-separated budgets: the frontier (budget vs mix "
+                                      "served; with --workload, cost vs average JCT)."),
     out_dir: Path = typer.Option(Path(".hetplan/plan"), "--out-dir", help="Where plan.json, hints and plots go."),
     no_mlflow: bool = typer.Option(False, "--no-mlflow", help="Do not log the planning run to MLflow."),
     tracking_uri: str | None = typer.Option(None, "--tracking-uri"),
 ) -> None:
     """Choose the node mix and the CPU/RAM split together; print hetplan beside its baselines."""
+    objective = objective or (Objective.jct if workload else Objective.throughput)
     budgets = _budgets(sweep_budgets)
-    if objective != Objective.cost and budget is None and owned is None:
-        raise typer.BadParameter(f"the {objective.value} objective needs --budget (or an --owned fleet)",
-                                 param_hint="--budget")
-    if objective == Objective.cost and target is None:
-        raise typer.BadParameter("the cost objective needs --target", param_hint="--target")
+    _check(objective, workload, workload_format, budget, owned, target, max_avg_jct)
     with contract_errors():
-        problem, inputs = load_problem(curves, catalog, DEMAND.load(demand), budget,
-                                       clouds=[c.strip() for c in clouds.split(",")], fleet=owned,
-                                       demand_gpus=demand_gpus)
-        inputs["demand"] = fingerprint(demand)
+        jobs = read_trace(workload, workload_format)[0] if workload else None
+        mix = _demand_of(jobs) if jobs is not None else DEMAND.load(demand)
+        problem, inputs = load_problem(curves, catalog, mix, budget, clouds=[c.strip() for c in clouds.split(",")],
+                                       fleet=owned, demand_gpus=demand_gpus)
+        inputs["workload" if workload else "demand"] = fingerprint(workload or demand)
         warn(problem.warnings)
         try:
-            planned = plan_with_baselines(problem, objective=MILP_OBJECTIVE[objective], target=target,  # type: ignore[arg-type]
-                                          fairness=fairness, solver=solver.value, time_limit=time_limit, gap=gap,  # type: ignore[arg-type]
-                                          inputs=inputs, source=str(catalog))
-            points = sweep(problem, budgets, solver.value, time_limit, gap, MILP_OBJECTIVE[objective], fairness) \
-                if budgets else []  # type: ignore[arg-type]
+            if jobs is not None and objective not in (Objective.throughput, Objective.throughput_sum):
+                outcome = _plan_workload(problem, jobs, objective, max_avg_jct, scheduler, solver, time_limit, inputs,
+                                         budgets)
+            else:
+                outcome = _plan_steady(problem, objective, target, fairness, solver, time_limit, gap, inputs, budgets,
+                                       str(catalog))
         except SolveError as exc:
             raise ContractError([Problem(str(catalog), str(exc))]) from None
-        files = _write(planned, out_dir)
-        if points:
-            files += _write_sweep(points, out_dir)
-    _summary(planned, out_dir)
+        files = _write(outcome, out_dir)
+    _summary(outcome, out_dir)
     if not no_mlflow:
         from hetplan.planner.tracking import log_planning_run
 
-        run = log_planning_run(planned.result, files, {b.name: b.value for b in planned.baselines}, tracking_uri)
+        run = log_planning_run(outcome.result, files, {b.name: b.value for b in outcome.baselines}, tracking_uri,
+                               outcome.metrics)
         console.print(f"MLflow: planning run {run} in experiment hetplan-planning", highlight=False)
+
+
+class Outcome:
+    """What a plan command produced: the plan, its baselines, and for a workload its candidates and frontier."""
+
+    def __init__(self, result: PlanResult, baselines: list[Evaluation], unit: str,
+                 candidates: pd.DataFrame | None = None, frontier: pd.DataFrame | None = None,
+                 metrics: dict[str, float] | None = None, summary: str = "") -> None:
+        self.result, self.baselines, self.unit = result, baselines, unit
+        self.candidates, self.frontier, self.metrics, self.summary = candidates, frontier, metrics or {}, summary
+
+
+def _check(objective: Objective, workload: Path | None, workload_format: str, budget: float | None,
+           owned: Path | None, target: float | None, max_avg_jct: float | None) -> None:
+    """Every bad combination of options, as a one-line error before anything is read or written."""
+    if workload_format not in ("trace", *FORMATS):
+        raise typer.BadParameter(f"one of trace, {', '.join(FORMATS)}", param_hint="--workload-format")
+    if objective in WORKLOAD_ONLY and workload is None:
+        raise typer.BadParameter(f"the {objective.value} objective needs --workload", param_hint="--objective")
+    if objective == Objective.cost:
+        if workload is not None and max_avg_jct is None:
+            raise typer.BadParameter("the cost objective with a workload needs --max-avg-jct", param_hint="--max-avg-jct")
+        if workload is None and target is None:
+            raise typer.BadParameter("the cost objective needs --target (or --workload and --max-avg-jct)",
+                                     param_hint="--target")
+    if budget is None and owned is None and not (objective == Objective.cost and workload is None):
+        raise typer.BadParameter(f"the {objective.value} objective needs --budget (or an --owned fleet)",
+                                 param_hint="--budget")
+    if budget is None and workload is not None and objective not in MILP_OBJECTIVE:
+        raise typer.BadParameter("planning for a workload needs --budget (0 with an --owned fleet)",
+                                 param_hint="--budget")
 
 
 def _budgets(text: str) -> list[float]:
@@ -104,58 +162,124 @@ def _budgets(text: str) -> list[float]:
     return budgets
 
 
-def _write(planned: Planned, out_dir: Path) -> list[Path]:
-    result = planned.result
-    files = write_plan_artifacts(result, planned.baselines, out_dir)
-    mix = out_dir / "node_mix.png"
-    figure = plot_node_mix(result.nodes, result.allocation, f"{result.plan.plan_id}: "
-                           f"{result.plan.cost_per_hour:.2f} $/h, {result.plan.objective:.1f} reference GPUs of work")
-    figure.savefig(mix)
-    plt.close(figure)
-    return [*files, mix]
+def _demand_of(jobs: pd.DataFrame) -> pd.DataFrame:
+    from hetplan.contracts import demand_from_trace
+
+    return demand_from_trace(jobs)
 
 
-def _write_sweep(points, out_dir: Path) -> list[Path]:
-    table = frontier_table(points)
-    path = out_dir / "frontier.csv"
-    atomic_write_bytes(path, table.to_csv(index=False).encode())
-    png = out_dir / "frontier.png"
-    figure = plot_frontier(table)
-    figure.savefig(png)
-    plt.close(figure)
-    console.print(f"frontier over budgets {', '.join(f'{p.budget:g}' for p in points)} -> {png}", highlight=False)
-    return [path, png]
+def _plan_steady(problem, objective: Objective, target, fairness, solver: Solver, time_limit, gap, inputs, budgets,
+                 source: str) -> Outcome:
+    kind = MILP_OBJECTIVE[objective]
+    planned: Planned = plan_with_baselines(problem, objective=kind, target=target, fairness=fairness,  # type: ignore[arg-type]
+                                           solver=solver.value, time_limit=time_limit, gap=gap, inputs=inputs,  # type: ignore[arg-type]
+                                           source=source)
+    frontier = frontier_table(sweep(problem, budgets, solver.value, time_limit, gap, kind, fairness)) if budgets \
+        else None  # type: ignore[arg-type]
+    unit = "mix served" if kind != "sum" else "normalised throughput"
+    return Outcome(planned.result, planned.baselines, unit, frontier=frontier)
 
 
-def _summary(planned: Planned, out_dir: Path) -> None:
-    plan = planned.result.plan
+def _plan_workload(problem, jobs: pd.DataFrame, objective: Objective, max_avg_jct, scheduler: Scheduler,
+                   solver: Solver, time_limit, inputs, budgets: list[float]) -> Outcome:
+    from hetplan.codesign import plan_workload, workload_from_trace
+    from hetplan.planner.problem import with_budget
+
+    workload = workload_from_trace(jobs, source="--workload")
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  console=console, transient=True) as bar:
+        task = bar.add_task("proposing candidate clusters", total=None)
+
+        def step(done: int, total: int, label: str) -> None:
+            bar.update(task, completed=done, total=total, description=f"replaying {label}")
+
+        plans = [plan_workload(with_budget(problem, b), workload, objective=objective.value, max_avg_jct=max_avg_jct,  # type: ignore[arg-type]
+                               scheduler=scheduler.value, solver=solver.value, time_limit=time_limit,  # type: ignore[arg-type]
+                               progress=step) for b in budgets]
+        planned = plan_workload(problem, workload, objective=objective.value, max_avg_jct=max_avg_jct,  # type: ignore[arg-type]
+                                scheduler=scheduler.value, solver=solver.value, time_limit=time_limit,  # type: ignore[arg-type]
+                                inputs=inputs, progress=step)
+    warn(planned.workload.warnings)
+    frontier = pd.concat([p.candidates.assign(budget=p.problem.budget) for p in [*plans, planned]], ignore_index=True)
+    return Outcome(planned.result, planned.baselines(), "mix served", candidates=planned.candidates, frontier=frontier,
+                   metrics=planned.metrics(), summary=planned.summary())
+
+
+def _write(outcome: Outcome, out_dir: Path) -> list[Path]:
+    result = outcome.result
+    files = write_plan_artifacts(result, outcome.baselines, out_dir)
+    figures = [("node_mix.png", plot_node_mix(result.nodes, result.allocation, f"{result.plan.plan_id}: "
+                                              f"{result.plan.cost_per_hour:.2f} $/h"))]
+    if outcome.candidates is not None:
+        table = outcome.candidates.assign(node_counts=outcome.candidates["node_counts"].map(str))
+        atomic_write_bytes(out_dir / "candidates.csv", table.to_csv(index=False).encode())
+        files.append(out_dir / "candidates.csv")
+    if outcome.frontier is not None and len(outcome.frontier):
+        frontier = outcome.frontier.copy()
+        if "node_counts" in frontier:
+            frontier["node_counts"] = frontier["node_counts"].map(str)
+        atomic_write_bytes(out_dir / "frontier.csv", frontier.to_csv(index=False).encode())
+        files.append(out_dir / "frontier.csv")
+        figure = plot_cost_jct(outcome.frontier) if outcome.candidates is not None else plot_frontier(outcome.frontier)
+        figures.append(("frontier.png", figure))
+    for name, figure in figures:
+        tmp = out_dir / f".{name}.tmp.png"
+        figure.savefig(tmp)
+        plt.close(figure)
+        tmp.replace(out_dir / name)
+        files.append(out_dir / name)
+    return files
+
+
+def _summary(outcome: Outcome, out_dir: Path) -> None:
+    plan = outcome.result.plan
     budget = "no budget" if plan.budget_per_hour is None else f"{plan.budget_per_hour:.2f} $/h budget"
-    console.print(f"[bold]{plan.plan_id}[/]: {plan.cost_per_hour:.2f} $/h of {budget}; {plan.objective_kind} "
-                  f"objective {plan.objective:.2f} (LP bound {plan.lp_bound:.2f}, gap {plan.gap:.2%}); "
-                  f"{plan.solver} in {plan.solve_seconds:.2f} s"
+    console.print(f"[bold]{plan.plan_id}[/]: {plan.cost_per_hour:.2f} $/h of {budget}; {outcome.unit} "
+                  f"{plan.objective:.2f} reference GPUs per hour; {plan.solver} in {plan.solve_seconds:.2f} s"
                   + (" [yellow](time limit reached: best plan found)[/]" if plan.timed_out else ""), highlight=False)
     nodes = Table(title="node mix")
     for column in ("shape", "gpu_type", "add", "owned", "GPUs", "vCPU/GPU", "GB/GPU", "$/h each"):
         nodes.add_column(column, justify="left" if column in ("shape", "gpu_type") else "right")
-    for r in planned.result.nodes.itertuples():
+    for r in outcome.result.nodes.itertuples():
         nodes.add_row(r.shape, r.gpu_type, str(r.added), str(r.owned), str((r.added + r.owned) * r.gpus),
                       f"{r.vcpus / r.gpus:g}", f"{r.mem_gb / r.gpus:g}", f"{r.price_per_hour:.2f}")
     console.print(nodes)
-    if planned.baselines:
-        _baseline_table(planned)
-    console.print(f"wrote {out_dir}/plan.json, hints.parquet, kueue.yaml, baselines.csv, node_mix.png", highlight=False)
+    if outcome.candidates is not None:
+        _candidate_table(outcome)
+    elif outcome.baselines:
+        _baseline_table(outcome)
+    if plan.needs_profiling:
+        console.print(f"needs profiling (planned on the conservative default): {', '.join(plan.needs_profiling)}",
+                      highlight=False)
+    extra = ", candidates.csv" if outcome.candidates is not None else ""
+    extra += ", frontier.csv, frontier.png" if outcome.frontier is not None and len(outcome.frontier) else ""
+    console.print(f"wrote {out_dir}/plan.json, hints.parquet, kueue.yaml, baselines.csv, node_mix.png{extra}",
+                  highlight=False)
 
 
-def _baseline_table(planned: Planned) -> None:
-    reference = planned.baseline(STATUS_QUO)
-    unit = "mix served" if planned.model.objective == "mix" else "normalised throughput"
-    table = Table(title=f"hetplan vs baselines (predicted from the curves; {unit}, reference GPUs per hour)")
-    for column in ("plan", "$/h", unit, "per $/h", "vs status quo", "per $ vs status quo"):
+def _candidate_table(outcome: Outcome) -> None:
+    frame = outcome.candidates
+    planning = outcome.result.plan.planning or {}
+    table = Table(title=f"candidates replayed on the workload ({planning.get('workload', {}).get('jobs', '?')} jobs, "
+                  f"{planning.get('scheduler', '?')}; simulated with the planner's curves)")
+    for column in ("candidate", "policy", "$/h", "GPUs", "mix served", "avg JCT h", "p95 JCT h", "makespan h", ""):
+        table.add_column(column, justify="left" if column in ("candidate", "policy", "") else "right")
+    for r in frame.itertuples():
+        table.add_row(r.candidate, r.policy, f"{r.cost_per_hour:.2f}", str(r.gpus), f"{r.mix_served:.1f}",
+                      f"{r.avg_jct_h:.3g}", f"{r.p95_jct_h:.3g}", f"{r.makespan_h:.4g}",
+                      "[bold green]chosen[/]" if r.chosen else "")
+    console.print(table)
+    console.print(f"predicted for the workload: {outcome.summary}", highlight=False)
+
+
+def _baseline_table(outcome: Outcome) -> None:
+    reference = next((b for b in outcome.baselines if b.name == STATUS_QUO), None)
+    table = Table(title=f"hetplan vs baselines (predicted from the curves; {outcome.unit}, reference GPUs per hour)")
+    for column in ("plan", "$/h", outcome.unit, "per $/h", "vs status quo", "per $ vs status quo"):
         table.add_column(column, justify="left" if column == "plan" else "right")
-    for b in planned.baselines:
+    for b in outcome.baselines:
         ok = reference is not None and reference.value > 0
         table.add_row(b.name, f"{b.cost_per_hour:.2f}", f"{b.value:.1f}", f"{b.per_dollar:.3f}",
                       f"{b.value / reference.value:.2f}x" if ok else "-",
                       f"{b.per_dollar / reference.per_dollar:.2f}x" if ok and reference.per_dollar > 0 else "-")
     console.print(table)
-

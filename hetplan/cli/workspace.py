@@ -14,7 +14,7 @@ from hetplan.workspace import InitSummary, init_workspace
 def init(
     workspace: Path = typer.Option(Path(".hetplan"), "--workspace", "-w", help="Directory to seed."),
 ) -> None:
-    """Write the default catalog, the derived profiles, a reference trace and its demand mix to a workspace."""
+    """Write the default catalog and owned fleet, the derived profiles, a reference workload and its demand mix."""
     with contract_errors():
         summary = init_workspace(workspace)
     warn(summary.warnings)
@@ -28,9 +28,10 @@ def _show(summary: InitSummary) -> None:
         files.add_column(column)
     sources = ", ".join(sorted(summary.profiles["source"].unique()))
     files.add_row(str(ws.catalog), str(len(summary.catalog)), "node shapes from real cloud price lists")
+    files.add_row(str(ws.fleet), "", "owned fleet: [bold yellow]DERIVED[/] 1/50 sample of Alibaba PAI's 2020 GPU machines")
     files.add_row(str(ws.profiles), str(len(summary.profiles)), f"[bold yellow]DERIVED[/] profiles ({sources})")
     files.add_row(str(ws.published_profiles), "", "published Synergy V100 table (published:synergy)")
-    files.add_row(str(ws.trace), str(len(summary.trace)), "Synergy static 100-job trace")
+    files.add_row(str(ws.trace), str(len(summary.trace)), "workload: Gavel's Philly-derived trace (0e4a51)")
     files.add_row(str(ws.demand), str(len(summary.demand)), "demand mix (share of GPU-seconds) from that trace")
     console.print(files)
 

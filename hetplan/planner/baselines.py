@@ -72,7 +72,7 @@ def status_quo_counts(problem: PlanningProblem, model: MilpModel) -> dict[int, i
     share = problem.classes["share"].to_numpy(float)
     price = shapes["price_per_hour"].to_numpy(float)
     cap = shapes["available"].to_numpy(float)
-    with np.errstate(divide="ignore"):
+    with np.errstate(divide="ignore", invalid="ignore"):
         count = np.floor(problem.budget / price + 1e-9)
     count = np.where(np.isnan(cap), count, np.minimum(count, cap))
     values = cols.pivot_table(index="s", columns="j", values="value", aggfunc="max").reindex(columns=range(n_classes))

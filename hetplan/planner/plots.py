@@ -46,3 +46,30 @@ def plot_frontier(table: pd.DataFrame, title: str = "budget vs performance") -> 
     ax.legend(fontsize=8)
     fig.tight_layout()
     return fig
+
+
+def plot_cost_jct(candidates: pd.DataFrame, title: str = "cost vs average JCT (simulated)") -> Figure:
+    """Every candidate weighed for a workload as a point (cost, average JCT), the frontier of those no other
+    beats on both, and the chosen ones marked."""
+    fig, ax = plt.subplots(figsize=(7, 4.5), dpi=100)
+    points = candidates.sort_values(["cost_per_hour", "avg_jct_h"])
+    ax.scatter(points["cost_per_hour"], points["avg_jct_h"], s=18, alpha=0.6, label="candidates")
+    best, frontier = float("inf"), []
+    for row in points.itertuples():
+        if row.avg_jct_h < best:
+            best = row.avg_jct_h
+            frontier.append((row.cost_per_hour, row.avg_jct_h))
+    if frontier:
+        ax.plot(*zip(*frontier), "-", color="black", linewidth=1, label="frontier")
+    chosen = points[points["chosen"]]
+    ax.scatter(chosen["cost_per_hour"], chosen["avg_jct_h"], s=80, marker="*", color="tab:red", label="chosen")
+    for row in points[points["candidate"] == "status quo"].itertuples():
+        ax.annotate("status quo", (row.cost_per_hour, row.avg_jct_h), fontsize=7)
+    ax.set_yscale("log")
+    ax.set_xlabel("cost (US$ per hour)")
+    ax.set_ylabel("average JCT (h, simulated)")
+    ax.set_title(title, fontsize=10)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    return fig

@@ -101,19 +101,15 @@ def _timed(backend, model: MilpModel, time_limit: float, gap: float, bound: bool
 
 @contextlib.contextmanager
 def _stdout_to_stderr():
-    """HiGHS prints a banner on stdout when its first instance is made; send it where logs go."""
-    try:
-        fd = sys.stdout.fileno()
-    except (AttributeError, OSError, ValueError):
-        yield
-        return
+    """HiGHS prints a banner on the process's stdout (fd 1) when its first instance is made; send it to
+    stderr (fd 2), where logs go, whatever Python's `sys.stdout` is at the time."""
     sys.stdout.flush()
-    saved = os.dup(fd)
+    saved = os.dup(1)
     try:
-        os.dup2(sys.stderr.fileno(), fd)
+        os.dup2(2, 1)
         yield
     finally:
-        os.dup2(saved, fd)
+        os.dup2(saved, 1)
         os.close(saved)
 
 

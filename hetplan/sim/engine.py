@@ -61,13 +61,14 @@ class SimConfig:
 class _Job:
     """A job's simulation state. Work and remaining are in reference seconds."""
 
-    __slots__ = ("idx", "request", "model", "gpus", "arrival", "work", "remaining", "attained", "last", "speed",
+    __slots__ = ("idx", "request", "model", "truth_model", "gpus", "arrival", "work", "remaining", "attained", "last", "speed",
                  "alloc", "start", "finish", "run_s", "preemptions", "migrations", "version", "gpu_type", "share")
 
-    def __init__(self, idx: int, request: Job, arrival: float, work: float) -> None:
+    def __init__(self, idx: int, request: Job, truth_model: str, arrival: float, work: float) -> None:
         self.idx = idx
         self.request = request
-        self.model = request.model
+        self.model = request.model  # what the allocator is asked for (the trace's model)
+        self.truth_model = truth_model  # what the job's speed is read as
         self.gpus = request.num_gpus
         self.arrival = arrival
         self.work = work
@@ -106,7 +107,8 @@ class SimResult:
 
 class Simulator:
     """Replays `jobs` (a prepared workload: job_id, model, sim_model, num_gpus, arrival_s, duration_s) on an
-    allocator (see `hetplan.sim.workload.prepare_workload`)."""
+    allocator (see `hetplan.sim.workload.prepare_workload`). The allocator is asked for each job's `model`
+    (as the trace names it, so hints keyed by it apply); its speed is read off the truth as `sim_model`."""
 
     def __init__(self, jobs: pd.DataFrame, allocator: Allocator, truth: TruthCurves, config: SimConfig) -> None:
         self.allocator = allocator
@@ -115,10 +117,10 @@ class Simulator:
         self.priority = PRIORITY[config.scheduler]
         self.frame = jobs.reset_index(drop=True)
         self.jobs = [
-            _Job(i, Job(str(job_id), str(model), int(gpus)), float(arrival), float(duration))
-            for i, (job_id, model, gpus, arrival, duration) in enumerate(zip(
-                self.frame["job_id"], self.frame["sim_model"], self.frame["num_gpus"], self.frame["arrival_s"],
-                self.frame["duration_s"]))
+            _Job(i, Job(str(job_id), str(model), int(gpus)), str(truth_model), float(arrival), float(duration))
+            for i, (job_id, model, truth_model, gpus, arrival, duration) in enumerate(zip(
+                self.frame["job_id"], self.frame["model"], self.frame["sim_model"], self.frame["num_gpus"],
+                self.frame["arrival_s"], self.frame["duration_s"]))
         ]
         totals = allocator.cluster.totals()
         self.capacity = {"gpus": totals["gpus"], "cpus": totals["cpu_m"] / 1000, "mem_gb": totals["mem_mb"] / 1000}
@@ -144,7 +146,7 @@ class Simulator:
             self.status[job.idx] = "rejected_too_big"
         self.counts["rejected_too_big"] = len(too_big)
         arrivals = [j for j in arrivals if j.gpus <= largest]
-        self.truth.require({j.model for j in arrivals}, self.allocator.cluster.gpu_types())
+        self.truth.require({j.truth_model for j in arrivals}, self.allocator.cluster.gpu_types())
         self._record(arrivals[0].arrival if arrivals else 0.0)
         nxt = 0
         while nxt < len(arrivals) or self.running or self.queue:
@@ -280,9 +282,9 @@ class Simulator:
         job.last = now
 
     def _start(self, job: _Job, a: Allocation, now: float) -> None:
-        speed = self.truth.speed(job.model, a.gpu_type, a.gpus, a.cpu_m, a.mem_mb)
+        speed = self.truth.speed(job.truth_model, a.gpu_type, a.gpus, a.cpu_m, a.mem_mb)
         if not speed > 0:
-            raise SimulationError(f"{job.request.job_id}: the truth gives {job.model} on {a.gpu_type} no throughput "
+            raise SimulationError(f"{job.request.job_id}: the truth gives {job.truth_model} on {a.gpu_type} no throughput "
                                   f"with {a.cpus:g} cores and {a.mem_gb:g} GB (nothing measured at or below that "
                                   f"share): the job would never finish")
         job.alloc, job.speed, job.last = a, speed, now

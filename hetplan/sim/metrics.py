@@ -42,7 +42,7 @@ def summarize(result: SimResult, cost_per_hour: float) -> dict[str, float]:
     return {
         "jobs": len(jobs), "completed": len(done), "rejected_too_big": result.counts["rejected_too_big"],
         "avg_jct_h": float(jct.mean()) if len(jct) else float("nan"), "median_jct_h": pct(jct, 50),
-        "p99_jct_h": pct(jct, 99), "makespan_h": makespan_h,
+        "p95_jct_h": pct(jct, 95), "p99_jct_h": pct(jct, 99), "makespan_h": makespan_h,
         "avg_queue_h": float(queue.mean()) if len(queue) else float("nan"), "p99_queue_h": pct(queue, 99),
         "avg_wait_h": float(wait.mean()) if len(wait) else float("nan"),
         "gpu_util": utilisation(result.timeline, cap["gpus"], "gpus", start, end),

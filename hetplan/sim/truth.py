@@ -23,7 +23,7 @@ job running at speed s completes s reference seconds per second.
 from __future__ import annotations
 
 import bisect
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -100,7 +100,9 @@ def _grid(points: pd.DataFrame, source: str) -> TruthGrid:
 class TruthCurves:
     """Truth throughput per (model, GPU type), and each model's throughput on the reference allocation."""
 
-    def __init__(self, grids: dict[tuple[str, str], TruthGrid]) -> None:
+    def __init__(self, grids: dict[tuple[str, str], TruthGrid], references: Mapping[str, float] | None = None) -> None:
+        """`references` gives a model's reference throughput where no V100 grid can (the planner's view of a
+        model profiled on other GPU types only); profiles-as-truth never need it."""
         self.grids = grids
         self.models = frozenset(m for m, _ in grids)
         self.gaps = [f"{m} on {g} at {grid.cpus[a]:g} cores, {grid.mem_gb[b]:g} GB"
@@ -112,6 +114,8 @@ class TruthCurves:
         for model in sorted(self.models):
             grid = grids.get((model, REFERENCE[0]))
             value = grid.at(REFERENCE[1], REFERENCE[2]) if grid else 0.0
+            if value <= 0 and references:
+                value = float(references.get(model, 0.0))
             if value <= 0:
                 missing.append(model)
             self._reference[model] = value
@@ -139,10 +143,10 @@ class TruthCurves:
         return truth
 
     @classmethod
-    def from_curves(cls, curves: pd.DataFrame) -> TruthCurves:
+    def from_curves(cls, curves: pd.DataFrame, references: Mapping[str, float] | None = None) -> TruthCurves:
         """A curve table taken as the truth (the planner's own view, e.g. to compare plans in simulation)."""
         return cls({(str(m), str(g)): _grid(points, FITTED_FALLBACK) for (m, g), points in
-                    curves.groupby(["model", "gpu_type"])})
+                    curves.groupby(["model", "gpu_type"])}, references)
 
     def extended(self, curves: pd.DataFrame) -> TruthCurves:
         """These curves plus, for (model, GPU type) pairs they lack, grids from a curve table (labelled
@@ -150,7 +154,7 @@ class TruthCurves:
         grids = dict(self.grids)
         for (model, gpu), points in curves.groupby(["model", "gpu_type"]):
             grids.setdefault((str(model), str(gpu)), _grid(points, FITTED_FALLBACK))
-        return TruthCurves(grids) if len(grids) > len(self.grids) else self
+        return TruthCurves(grids, self._reference) if len(grids) > len(self.grids) else self
 
     def reference(self, model: str) -> float:
         """Per-GPU throughput of `model` on the reference allocation."""

@@ -15,6 +15,7 @@ from airflow.sdk import Asset, Param
 DEFAULTS: dict[str, Any] = {
     "workspace": os.environ.get("HETPLAN_WORKSPACE", ".hetplan"),  # deployments set HETPLAN_WORKSPACE
     "budget": 200.0,
+    "objective": "jct",       # the workspace's workload plan: jct | p95-jct | makespan; throughput: its demand mix
     "gpu_types": ["T4"],
     "workload": "token-batch",
     "workloads": {},          # per-GPU-type override of `workload`, e.g. {"L4": "image-pipeline"}
@@ -46,7 +47,9 @@ def nightly_params(**overrides: Any) -> dict[str, Param]:
     values = {**DEFAULTS, **overrides}
     return {
         "workspace": Param(values["workspace"], type="string", description="Workspace directory (hetplan init)."),
-        "budget": Param(values["budget"], type="number", minimum=0, description="US$ per hour to plan under."),
+        "budget": Param(values["budget"], type="number", minimum=0, description="US$ per hour to rent more with."),
+        "objective": Param(values["objective"], type="string", enum=["jct", "p95-jct", "makespan", "throughput"],
+                           description="Plan the workspace's workload for this (throughput: its demand mix)."),
         "gpu_types": Param(values["gpu_types"], type="array", description="GPU types to profile (one mapped task each)."),
         "workload": Param(values["workload"], type="string", description="Workload to profile: built-in or module:fn."),
         "workloads": Param(values["workloads"], type="object", description="Per-GPU-type workload overrides."),

@@ -9,17 +9,18 @@ from typing import Any
 
 import mlflow
 
-from hetplan.sim.evaluate import EvaluationResult
+from hetplan.evaluation.evaluate import EvaluationResult
 from hetplan.tracking import experiment_id, tracking_uri
 
 EXPERIMENT = "hetplan-evaluation"
-METRICS = ("avg_jct_h", "p99_jct_h", "makespan_h", "gpu_util", "cpu_util", "work_per_dollar", "jct_speedup",
+METRICS = ("avg_jct_h", "p95_jct_h", "p99_jct_h", "makespan_h", "gpu_util", "cpu_util", "work_per_dollar", "jct_speedup",
            "work_per_dollar_ratio")
 
 
-def metric_prefix(load: float, scheduler: str, setup: str) -> str:
-    """`<setup>.<scheduler>.<load>` with MLflow-safe characters, e.g. `status_quo.las.trace`, `hetplan.fifo.8jph`."""
-    where = "trace" if math.isnan(load) else f"{load:g}jph"
+def metric_prefix(rho: float, load: float, scheduler: str, setup: str) -> str:
+    """`<setup>.<scheduler>.<load>` with MLflow-safe characters, e.g. `status_quo.las.trace`, `hetplan.fifo.8jph`,
+    `hetplan.las.rho1.3`."""
+    where = f"rho{rho:g}" if not math.isnan(rho) else ("trace" if math.isnan(load) else f"{load:g}jph")
     return re.sub(r"[^A-Za-z0-9_.-]+", "_", f"{setup}.{scheduler}.{where}")
 
 
@@ -31,7 +32,7 @@ def log_evaluation_run(result: EvaluationResult, params: dict[str, Any], files: 
     mlflow.set_experiment(experiment_id=experiment_id(uri, EXPERIMENT))
     metrics = {}
     for row in result.summary.itertuples():
-        prefix = metric_prefix(row.load_jobs_per_h, row.scheduler, row.setup)
+        prefix = metric_prefix(row.rho, row.load_jobs_per_h, row.scheduler, row.setup)
         metrics.update({f"{prefix}.{name}": float(getattr(row, name)) for name in METRICS
                         if math.isfinite(float(getattr(row, name)))})
     with mlflow.start_run(run_name=f"evaluate-{params.get('budget')}") as run:

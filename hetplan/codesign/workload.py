@@ -1,0 +1,63 @@
+"""A workload as the planner sees it: recent jobs, their mix, their arrival rate and their arrival draws."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import pandas as pd
+
+from hetplan.contracts import TRACE, ContractError, Problem, demand_from_trace
+from hetplan.sim.workload import with_load
+
+HOUR = 3600.0
+
+
+@dataclass(frozen=True)
+class Workload:
+    """Jobs (trace columns plus `sim_model`), their demand mix, and the arrival draws replays use."""
+
+    jobs: pd.DataFrame
+    demand: pd.DataFrame
+    draws: tuple[pd.DataFrame, ...]
+    summary: dict[str, float]
+    warnings: list[str] = field(default_factory=list)
+
+
+def jobs_per_hour(jobs: pd.DataFrame) -> float:
+    """The mean arrival rate: arrivals after the first over the time they span (1 job: 1 per hour)."""
+    span = float(jobs["arrival_s"].max() - jobs["arrival_s"].min())
+    return (len(jobs) - 1) / span * HOUR if len(jobs) > 1 and span > 0 else 1.0
+
+
+def workload_from_trace(trace: pd.DataFrame, draws: int = 2, seed: int = 0, source: str = "<workload>") -> Workload:
+    """The planner's workload: draw 0 is the trace's own arrivals, draws 1.. are Poisson arrivals at the same
+    mean rate (seeded), the jobs in their order. Raises `ContractError` for an empty or invalid trace."""
+    if trace is None or len(trace) == 0:
+        raise ContractError([Problem(source, "the workload has no jobs: nothing to plan for")])
+    jobs = TRACE.validate(trace, source).sort_values("arrival_s", kind="stable").reset_index(drop=True)
+    jobs = jobs.assign(sim_model=jobs["model"].astype(str))
+    rate = jobs_per_hour(jobs)
+    arrivals = [jobs] + [with_load(jobs, rate, seed + k) for k in range(1, max(1, draws))]
+    offered = float((jobs["num_gpus"] * jobs["duration_s"]).sum()) / HOUR
+    summary = {"jobs": len(jobs), "jobs_per_hour": rate, "span_h": float(jobs["arrival_s"].max() - jobs["arrival_s"].min()) / HOUR,
+               "reference_gpu_hours": offered, "draws": len(arrivals)}
+    return Workload(jobs, demand_from_trace(jobs), tuple(arrivals), summary)
+
+
+def without_classes(workload: Workload, classes: pd.DataFrame, why: str) -> Workload:
+    """The workload without the jobs of `classes` (model, num_gpus), counted in a warning."""
+    if classes is None or classes.empty:
+        return workload
+    drop = set(zip(classes["model"], classes["num_gpus"]))
+
+    def keep(jobs: pd.DataFrame) -> pd.DataFrame:
+        return jobs[[(m, n) not in drop for m, n in zip(jobs["model"], jobs["num_gpus"])]].reset_index(drop=True)
+
+    kept = keep(workload.jobs)
+    dropped = len(workload.jobs) - len(kept)
+    if kept.empty:
+        raise ContractError([Problem("<workload>", f"every job of the workload is {why}: nothing to plan for")])
+    summary = {**workload.summary, "jobs": len(kept), "dropped_jobs": dropped}
+    warning = f"{dropped} of {len(workload.jobs)} jobs left out of the plan's replays: {why}"
+    return Workload(kept, workload.demand, tuple(keep(d) for d in workload.draws), summary,
+                    [*workload.warnings, warning])

@@ -1,0 +1,272 @@
+"""Out-of-sample evaluation: plan on one trace, replay another, four setups side by side.
+
+The planner sees `plan_trace` (its mix, its arrivals at each load) and the fitted curves; the setups replay
+`trace` (jobs it has not seen, arrivals drawn with another seed) while jobs advance by the *truth* curves.
+With the same trace for both the evaluation is in-sample, and says so. The four setups:
+
+1. `status quo`: the owned fleet plus the best-value single shape bought with the budget; proportional;
+2. `status quo + sensitivity-aware`: the same nodes with knee hints (Synergy-like, no plan);
+3. `GPU-only mix`: the mix a CPU-blind planner buys (Gavel-like); proportional;
+4. `hetplan`: the plan for the workload (`hetplan.codesign`) by the chosen objective, with its hints; with
+   the `throughput` objective, the steady-state mix plan (`hetplan.planner`).
+
+Loads: the traces' own arrivals; `loads` (jobs per hour, both traces); or `rhos`, the share of the status
+quo's GPU time the arrivals ask for (each job's GPUs x its duration on the status quo's nodes at the
+proportional share, truth speeds), a rate set for each trace. Ratios are against the status quo of the same
+load and scheduler: `jct_speedup` = its average JCT / the setup's (above 1 is better).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+import pandas as pd
+
+from hetplan.allocator.spec import Node, to_milli
+from hetplan.codesign import plan_workload, workload_from_trace
+from hetplan.codesign.candidates import HINT, STATUS_QUO
+from hetplan.codesign.plan import WorkloadPlan
+from hetplan.codesign.replay import candidate_nodes
+from hetplan.contracts import demand_from_trace
+from hetplan.hints import HintSet
+from hetplan.planner.baselines import GPU_ONLY, HETPLAN, SENSITIVITY_AWARE
+from hetplan.planner.entry import plan_with_baselines
+from hetplan.planner.problem import PlanningProblem, build_problem
+from hetplan.planner.solvers import SolverName
+from hetplan.sim.engine import SimConfig, simulate
+from hetplan.sim.metrics import summarize
+from hetplan.sim.setups import Setup, knee_hints, nodes_from_counts
+from hetplan.sim.truth import FITTED_FALLBACK, TruthCurves
+from hetplan.sim.workload import MIX, prepare_workload, with_load
+
+Progress = Callable[[int, int, str], None]
+"""Called before each step with (steps done, steps in all, what runs next)."""
+HOUR = 3600.0
+PLAN_SEED_OFFSET = 0
+REPLAY_SEED_OFFSET = 1000  # the replay's arrivals never repeat the planner's draws
+
+
+@dataclass(frozen=True)
+class LoadPoint:
+    """One load the evaluation runs at: its label and the arrival rates of the two traces (None: as traced)."""
+
+    rho: float | None
+    plan_rate: float | None
+    replay_rate: float | None
+
+    @property
+    def key(self) -> dict[str, float]:
+        nan = float("nan")
+        return {"rho": nan if self.rho is None else self.rho,
+                "load_jobs_per_h": nan if self.replay_rate is None else self.replay_rate}
+
+
+@dataclass
+class EvaluationResult:
+    summary: pd.DataFrame  # one row per (load, scheduler, setup)
+    jobs: pd.DataFrame  # one row per job and run
+    timelines: pd.DataFrame  # resource use over time per run
+    setups: dict[str, list[Setup]]  # by load label
+    plans: dict[str, WorkloadPlan]  # the workload plan behind `hetplan` at each load (not for `throughput`)
+    report: dict[str, int] = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)
+
+
+def evaluate(trace: pd.DataFrame, problem_inputs: ProblemInputs, truth: TruthCurves, *,
+             plan_trace: pd.DataFrame | None = None, objective: str = "jct", rhos: Sequence[float] = (),
+             loads: Sequence[float] = (), schedulers: Sequence[str] = ("las",), unknown_model: str = MIX,
+             relabel_unknown: bool = False, seed: int = 0, round_s: float = 300.0, solver: SolverName = "auto",
+             time_limit: float = 60.0, progress: Progress | None = None) -> EvaluationResult:
+    """Plan on `plan_trace` (default: `trace`, in-sample), replay `trace`, at every load and scheduler.
+
+    Jobs of models the truth lacks run as `unknown_model` (a truth model, or `mix`: one drawn per job). The
+    planner then plans them on its stated defaults for unprofiled models; with `relabel_unknown` both traces
+    are relabelled as the truth models they run as before anything sees them (the planner then knows them
+    as what they are, by their fitted curves).
+    """
+    warnings: list[str] = []
+    if plan_trace is None:
+        plan_trace = trace
+        warnings.append("in-sample: the planner saw the trace it is evaluated on (give --plan-trace for an "
+                        "out-of-sample evaluation)")
+    replay = prepare_workload(trace, truth.models, unknown_model, seed)
+    if relabel_unknown:
+        plan_trace = prepare_workload(plan_trace, truth.models, unknown_model, seed + 1).jobs
+        plan_trace = plan_trace.assign(model=plan_trace["sim_model"]).drop(columns="sim_model")
+        replay = replace(replay, jobs=replay.jobs.assign(model=replay.jobs["sim_model"]))
+        warnings.append("unknown models relabelled in both traces as the truth models they run as")
+    problem = problem_inputs.problem(demand_from_trace(plan_trace))
+    truth = truth.extended(problem.defaults.curves)
+    warnings += problem.warnings + replay.warnings
+    steady = plan_with_baselines(problem, solver=solver, time_limit=time_limit)
+    status_quo = steady.baseline(STATUS_QUO)
+    if status_quo is None:
+        raise ValueError("no shape can run every job class at the proportional share: there is no status quo")
+    counts = _with_owned(problem, status_quo.node_counts)
+    quo_nodes = nodes_from_counts(problem.shapes, counts)
+    truth.require(replay.jobs["sim_model"], {n.gpu_type for n in quo_nodes})
+    points = load_points(plan_trace, replay.jobs, truth, quo_nodes, rhos, loads)
+    baselines = _baselines(problem, steady, quo_nodes)
+    rows, job_frames, timelines, setups_by_load, plans = [], [], [], {}, {}
+    steps = len(points) * (1 + len(schedulers) * (len(baselines) + 1))
+    done = 0
+    for point in points:
+        label = _label(point)
+        if progress:
+            progress(done, steps, f"planning for {label}")
+        done += 1
+        if objective == "throughput":
+            hetplan = Setup(HETPLAN, nodes_from_counts(problem.shapes, steady.result.counts), HINT,
+                            HintSet.from_frame(steady.result.hints), steady.result.plan.cost_per_hour,
+                            steady.result.plan.objective)
+        else:
+            planned = _plan_at(problem, plan_trace, point, objective, schedulers[0], round_s, seed, solver, time_limit)
+            plans[label] = planned
+            hetplan = _setup_of(HETPLAN, planned)
+        setups = [*baselines, hetplan]
+        setups_by_load[label] = setups
+        jobs = replay.jobs if point.replay_rate is None else with_load(replay.jobs, point.replay_rate,
+                                                                        seed + REPLAY_SEED_OFFSET)
+        for scheduler in schedulers:
+            for setup in setups:
+                if progress:
+                    progress(done, steps, f"{setup.name} | {scheduler} | {label}")
+                done += 1
+                result = simulate(jobs, setup.nodes, truth, setup.policy, setup.hints, SimConfig(scheduler, round_s))  # type: ignore[arg-type]
+                key = {**point.key, "scheduler": scheduler, "setup": setup.name}
+                rows.append({**key, "policy": setup.policy, "gpus": setup.gpus, "cost_per_hour": setup.cost_per_hour,
+                             "predicted_mix": setup.predicted_mix, **summarize(result, setup.cost_per_hour)})
+                job_frames.append(result.jobs.assign(**key))
+                timelines.append(result.timeline.assign(**key))
+    summary = with_ratios(pd.DataFrame(rows))
+    warnings += truth_warnings(truth, set(replay.jobs["sim_model"]),
+                               [s for setups in setups_by_load.values() for s in setups])
+    return EvaluationResult(summary, pd.concat(job_frames, ignore_index=True), pd.concat(timelines, ignore_index=True),
+                            setups_by_load, plans, dict(replay.report), warnings)
+
+
+@dataclass(frozen=True)
+class ProblemInputs:
+    """What the planning problem is built from, but the demand (which comes from the plan trace)."""
+
+    curves: pd.DataFrame
+    catalog: pd.DataFrame
+    budget: float
+    fleet: pd.DataFrame | None = None
+    declarations: dict | None = None
+
+    def problem(self, demand: pd.DataFrame) -> PlanningProblem:
+        return build_problem(self.curves, self.catalog, demand, self.budget, fleet=self.fleet,
+                             declarations=self.declarations)
+
+
+def load_points(plan_trace: pd.DataFrame, replay_jobs: pd.DataFrame, truth: TruthCurves, quo_nodes: Sequence[Node],
+                rhos: Sequence[float], loads: Sequence[float]) -> list[LoadPoint]:
+    """The loads to run at: each rho as a rate per trace, each load for both traces, else the traced arrivals."""
+    if rhos:
+        plan_jobs = plan_trace.assign(sim_model=[_truth_model(m, truth) for m in plan_trace["model"]])
+        per_plan_job = gpu_hours_per_job(plan_jobs, truth, quo_nodes)
+        per_replay_job = gpu_hours_per_job(replay_jobs, truth, quo_nodes)
+        gpus = sum(n.gpus for n in quo_nodes)
+        return [LoadPoint(float(rho), rho * gpus / per_plan_job, rho * gpus / per_replay_job) for rho in rhos]
+    if loads:
+        return [LoadPoint(None, float(load), float(load)) for load in loads]
+    return [LoadPoint(None, None, None)]
+
+
+def gpu_hours_per_job(jobs: pd.DataFrame, truth: TruthCurves, nodes: Sequence[Node]) -> float:
+    """Mean GPU-hours a job of `jobs` (with `sim_model`) takes on `nodes` at the proportional share: its GPUs x
+    its duration over its truth speed, the speed averaged over the node shapes that fit it, weighted by GPUs.
+    Jobs no node fits count zero."""
+    shapes = {(n.gpu_type, n.gpus, n.cpus, n.mem_gb): 0 for n in nodes}
+    for n in nodes:
+        shapes[(n.gpu_type, n.gpus, n.cpus, n.mem_gb)] += n.gpus
+    total = 0.0
+    for model, num_gpus, duration in zip(jobs["sim_model"], jobs["num_gpus"], jobs["duration_s"]):
+        speeds, weights = [], []
+        for (gpu, gpus, cpus, mem), weight in shapes.items():
+            if gpus >= num_gpus:
+                share_cpu, share_mem = to_milli(cpus) * num_gpus // gpus, to_milli(mem) * num_gpus // gpus
+                speeds.append(truth.speed(str(model), gpu, int(num_gpus), share_cpu, share_mem))
+                weights.append(weight)
+        if speeds:
+            total += num_gpus * duration / float(np.average(speeds, weights=weights)) / HOUR
+    return total / max(1, len(jobs))
+
+
+def _truth_model(model: str, truth: TruthCurves) -> str:
+    by_fold = {m.casefold(): m for m in truth.models}
+    return by_fold.get(str(model).strip().casefold(), str(model))
+
+
+def _plan_at(problem: PlanningProblem, plan_trace: pd.DataFrame, point: LoadPoint, objective: str, scheduler: str,
+             round_s: float, seed: int, solver: SolverName, time_limit: float) -> WorkloadPlan:
+    jobs = plan_trace if point.plan_rate is None else with_load(plan_trace, point.plan_rate, seed + PLAN_SEED_OFFSET)
+    workload = workload_from_trace(jobs, seed=seed)
+    return plan_workload(problem, workload, objective=objective, scheduler=scheduler, round_s=round_s,  # type: ignore[arg-type]
+                         solver=solver, time_limit=time_limit)
+
+
+def _setup_of(name: str, planned: WorkloadPlan) -> Setup:
+    """The setup of a workload plan's winner: its nodes, policy and hints."""
+    winner = planned.candidate(planned.winner)
+    hints = HintSet.from_frame(planned.result.hints) if len(planned.result.hints) else HintSet.empty()
+    return Setup(name, tuple(candidate_nodes(planned.problem, winner)), winner.policy, hints,
+                 winner.cost_per_hour, winner.result.plan.objective)
+
+
+def _baselines(problem: PlanningProblem, steady, quo_nodes) -> list[Setup]:
+    """The three baselines (a baseline the budget cannot buy is left out)."""
+    status_quo = steady.baseline(STATUS_QUO)
+    setups = [Setup(STATUS_QUO, tuple(quo_nodes), "proportional", HintSet.empty(), status_quo.cost_per_hour,
+                    status_quo.value),
+              Setup(SENSITIVITY_AWARE, tuple(quo_nodes), HINT,
+                    knee_hints(problem.defaults.curves, problem.classes, sorted({n.gpu_type for n in quo_nodes})),
+                    status_quo.cost_per_hour, steady.baseline(SENSITIVITY_AWARE).value)]
+    gpu_only = steady.baseline(GPU_ONLY)
+    if gpu_only is not None and gpu_only.node_counts:
+        setups.append(Setup(GPU_ONLY, nodes_from_counts(problem.shapes, _with_owned(problem, gpu_only.node_counts)),
+                            "proportional", HintSet.empty(), gpu_only.cost_per_hour, gpu_only.value))
+    return setups
+
+
+def _with_owned(problem: PlanningProblem, added: dict[str, int]) -> dict[str, int]:
+    counts = {str(n): int(c) for n, c in zip(problem.shapes["name"], problem.shapes["owned"]) if c > 0}
+    for name, n in added.items():
+        counts[name] = counts.get(name, 0) + n
+    return counts
+
+
+def _label(point: LoadPoint) -> str:
+    if point.rho is not None:
+        return f"rho {point.rho:g}"
+    return "traced load" if point.replay_rate is None else f"{point.replay_rate:g} jobs/h"
+
+
+def truth_warnings(truth: TruthCurves, models: set[str], setups: list[Setup]) -> list[str]:
+    """Where the truth cannot show model error (fitted curves standing in) or has no throughput at all."""
+    gpu_types = {n.gpu_type for setup in setups for n in setup.nodes}
+    fallback = sorted(f"{m} on {g}" for (m, g), grid in truth.grids.items()
+                      if m in models and g in gpu_types and grid.source == FITTED_FALLBACK)
+    out = []
+    if fallback:
+        out.append(f"{len(fallback)} truth curves are the planner's curves (no profiles): model error cannot show "
+                   f"there ({', '.join(fallback[:6])}{', ...' if len(fallback) > 6 else ''})")
+    if truth.gaps:
+        out.append(f"{len(truth.gaps)} truth grid cells have no throughput ({', '.join(truth.gaps[:3])}"
+                   f"{', ...' if len(truth.gaps) > 3 else ''}): a job granted such a share stops the simulation")
+    return out
+
+
+def with_ratios(summary: pd.DataFrame) -> pd.DataFrame:
+    """Add `jct_speedup` and `work_per_dollar_ratio` against the status quo of the same load and scheduler."""
+    keys = list(zip(summary["rho"].fillna(-1.0), summary["load_jobs_per_h"].fillna(-1.0), summary["scheduler"]))
+    base = {k: (jct, wpd) for k, jct, wpd, name in zip(keys, summary["avg_jct_h"], summary["work_per_dollar"],
+                                                         summary["setup"]) if name == STATUS_QUO}
+    nan = (float("nan"), float("nan"))
+    return summary.assign(
+        jct_speedup=[base.get(k, nan)[0] / jct for k, jct in zip(keys, summary["avg_jct_h"])],
+        work_per_dollar_ratio=[wpd / base.get(k, nan)[1] if base.get(k, nan)[1] > 0 else float("nan")
+                               for k, wpd in zip(keys, summary["work_per_dollar"])])

@@ -1,0 +1,183 @@
+"""Planning for a workload: candidates, replays, the choice rule, the record in plan.json, the CLI."""
+
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+from typer.testing import CliRunner
+
+from hetplan.catalog import load_default_catalog
+from hetplan.cli import app
+from hetplan.codesign import choose, plan_workload, propose, workload_from_trace
+from hetplan.codesign.candidates import PROPORTIONAL, STATUS_QUO
+from hetplan.contracts import CURVES, ContractError, load_plan
+from hetplan.planner import build_problem
+from hetplan.reference import build_reference
+from hetplan.sensitivity import fit_profiles
+
+MODELS = ["res18", "transformer", "alexnet"]
+GPU_TYPES = ["V100", "T4", "A100"]
+
+
+@pytest.fixture(scope="module")
+def curves():
+    derived = build_reference().derived
+    return fit_profiles(derived[derived["model"].isin(MODELS) & derived["gpu_type"].isin(GPU_TYPES)]).curves
+
+
+@pytest.fixture(scope="module")
+def catalog():
+    shapes = load_default_catalog()
+    return shapes[shapes["cloud"].isin(["aws", "gcp"]) & shapes["gpu_type"].isin(GPU_TYPES)].reset_index(drop=True)
+
+
+def jobs(n=40, models=MODELS, gap_s=900.0, seed=0):
+    rng = np.random.default_rng(seed)
+    return pd.DataFrame({"job_id": [f"j{i}" for i in range(n)], "model": [models[i % len(models)] for i in range(n)],
+                         "num_gpus": rng.choice([1, 1, 2, 4], size=n), "arrival_s": np.arange(n) * gap_s,
+                         "duration_s": rng.lognormal(np.log(3600), 1.0, size=n)})
+
+
+@pytest.fixture(scope="module")
+def planned(curves, catalog):
+    workload = workload_from_trace(jobs())
+    problem = build_problem(curves, catalog, workload.demand, budget=60.0)
+    return plan_workload(problem, workload)
+
+
+def test_the_status_quo_is_a_candidate_and_the_winner_never_loses_in_sample(planned):
+    table = planned.candidates
+    quo = table[table["candidate"] == STATUS_QUO].iloc[0]
+    winner = table[table["chosen"]].iloc[0]
+    assert quo["policy"] == PROPORTIONAL and table["chosen"].sum() == 1
+    assert winner["avg_jct_h"] <= quo["avg_jct_h"]
+    assert (table["cost_per_hour"] <= 60.0 + 1e-6).all() and len(table) >= 5
+    assert table["candidate"].is_unique
+
+
+def test_plan_json_records_the_objective_every_candidate_and_the_winner(planned):
+    planning = planned.result.plan.planning
+    assert planning["objective"] == "jct" and planning["winner"] == planned.winner
+    assert len(planning["candidates"]) == len(planned.candidates)
+    assert planning["workload"]["jobs"] == 40 and planning["workload"]["draws"] == 2
+    json.dumps(planning)  # JSON-able, NaN as null
+    assert set(planned.result.hints["plan_id"]) <= {planned.result.plan.plan_id}
+
+
+@pytest.mark.parametrize(("rows", "objective", "target", "winner"), [
+    # the status quo stays unless beaten by more than the margin
+    ([("status quo", 10.0, 100, 0), ("a", 9.9, 90, 0)], "jct", None, "status quo"),
+    ([("status quo", 10.0, 100, 0), ("a", 9.0, 90, 0)], "jct", None, "a"),
+    # a candidate that cannot run every job is never chosen
+    ([("status quo", 10.0, 100, 0), ("a", 1.0, 90, 3)], "jct", None, "status quo"),
+    # cost: the cheapest that meets the target, ties to the faster
+    ([("status quo", 10.0, 100, 0), ("a", 12.0, 40, 0), ("b", 11.0, 40, 0), ("c", 30.0, 10, 0)], "cost", 12.0, "b"),
+])
+def test_the_choice_rule(rows, objective, target, winner):
+    table = pd.DataFrame(rows, columns=["candidate", "avg_jct_h", "cost_per_hour", "rejected"])
+    assert table.loc[choose(table, objective, target), "candidate"] == winner
+
+
+def test_a_jct_target_nobody_reaches_is_a_one_line_error():
+    table = pd.DataFrame([("status quo", 10.0, 100.0, 0)], columns=["candidate", "avg_jct_h", "cost_per_hour", "rejected"])
+    with pytest.raises(ContractError, match="no candidate reaches an average JCT of 1 h; the fastest"):
+        choose(table, "cost", 1.0)
+
+
+def test_the_cost_objective_buys_less_for_a_looser_target(curves, catalog):
+    workload = workload_from_trace(jobs())
+    problem = build_problem(curves, catalog, workload.demand, budget=60.0)
+    quo = plan_workload(problem, workload).row(STATUS_QUO)
+    cheap = plan_workload(problem, workload, objective="cost", max_avg_jct=float(quo["avg_jct_h"]) * 1.5)
+    chosen = cheap.row(cheap.winner)
+    assert chosen["avg_jct_h"] <= quo["avg_jct_h"] * 1.5 and chosen["cost_per_hour"] < quo["cost_per_hour"]
+
+
+def test_unprofiled_models_are_planned_never_dropped(curves, catalog):
+    workload = workload_from_trace(jobs(models=[*MODELS, "bert"]))
+    problem = build_problem(curves, catalog, workload.demand, budget=60.0)
+    plan = plan_workload(problem, workload)
+    assert plan.result.plan.needs_profiling == ["bert"] and plan.workload.summary["jobs"] == 40
+    bert = problem.defaults.curves.query("model == 'bert'")
+    assert set(bert["method"]) == {"default"} and bert["cpus_per_gpu"].max() == 3.0
+
+
+def test_jobs_larger_than_every_shape_are_left_out_and_counted(curves, catalog):
+    trace = jobs().assign(num_gpus=lambda f: np.where(f.index < 3, 64, f["num_gpus"]))
+    workload = workload_from_trace(trace)
+    problem = build_problem(curves, catalog, workload.demand, budget=60.0)
+    plan = plan_workload(problem, workload)
+    assert plan.workload.summary["dropped_jobs"] == 3 and plan.workload.summary["jobs"] == 37
+    assert any("3 of 40 jobs left out" in w for w in plan.warnings)
+
+
+def test_an_empty_workload_is_refused():
+    with pytest.raises(ContractError, match="the workload has no jobs"):
+        workload_from_trace(jobs().iloc[:0])
+
+
+def test_draws_keep_the_jobs_and_the_mean_rate():
+    workload = workload_from_trace(jobs(n=200), draws=3)
+    assert len(workload.draws) == 3 and all(len(d) == 200 for d in workload.draws)
+    assert list(workload.draws[1]["job_id"]) == list(workload.draws[0]["job_id"])
+    span = workload.draws[2]["arrival_s"].max() / 3600
+    assert 199 / span == pytest.approx(workload.summary["jobs_per_hour"], rel=0.25)
+
+
+def test_candidates_cover_budget_fractions_speed_floors_and_gpu_types(curves, catalog):
+    problem = build_problem(curves, catalog, workload_from_trace(jobs()).demand, budget=60.0)
+    names = {c.name for c in propose(problem)}
+    assert {STATUS_QUO, "milp 100% budget", "milp 25% budget"} <= names
+    assert any(n.startswith("speed floor") for n in names) and any(n.startswith("only ") for n in names)
+
+
+# ---------------------------------------------------------------------- the CLI
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory, curves, catalog):
+    root = tmp_path_factory.mktemp("workload")
+    CURVES.write(curves, root / "curves.parquet")
+    catalog.to_csv(root / "catalog.csv", index=False)
+    jobs().to_csv(root / "trace.csv", index=False)
+    jobs().iloc[:0].to_csv(root / "empty.csv", index=False)
+    return root
+
+
+def plan_cli(root, *extra):
+    args = ["plan", "--curves", str(root / "curves.parquet"), "--catalog", str(root / "catalog.csv"), "--no-mlflow",
+            *extra]
+    return CliRunner().invoke(app, args, env={"COLUMNS": "200"})
+
+
+def test_cli_plans_for_a_workload_and_says_why(files):
+    out = files / "out"
+    result = plan_cli(files, "--workload", str(files / "trace.csv"), "--budget", "60", "--sweep", "30",
+                      "--out-dir", str(out))
+    assert result.exit_code == 0, result.output
+    assert "predicted for the workload:" in result.output and "predicted avg JCT" in result.output
+    assert "simulated gain" in result.output
+    plan = load_plan(out / "plan.json")
+    assert plan.planning["objective"] == "jct" and plan.inputs["workload"].startswith("sha256:")
+    candidates = pd.read_csv(out / "candidates.csv")
+    assert candidates["chosen"].sum() == 1 and STATUS_QUO in set(candidates["candidate"])
+    frontier = pd.read_csv(out / "frontier.csv")
+    assert set(frontier["budget"]) == {30.0, 60.0} and (out / "frontier.png").stat().st_size > 0
+    baselines = pd.read_csv(out / "baselines.csv")
+    assert json.loads(baselines.loc[baselines["name"] == STATUS_QUO, "node_counts"].iloc[0])
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (("--objective", "jct", "--budget", "60"), "the jct objective needs --workload"),
+    (("--workload", "{trace}", "--objective", "cost", "--budget", "60"), "needs --max-avg-jct"),
+    (("--workload", "{trace}"), "needs --budget"),
+    (("--workload", "{empty}", "--budget", "60"), "no data rows"),
+    (("--workload", "{trace}", "--objective", "cost", "--max-avg-jct", "0.001", "--budget", "60"),
+     "no candidate reaches an average JCT of 0.001 h"),
+])
+def test_cli_refuses_bad_workload_plans_in_one_line_and_writes_nothing(files, args, message):
+    out = files / "refused"
+    args = [a.format(trace=files / "trace.csv", empty=files / "empty.csv") for a in args]
+    result = plan_cli(files, *args, "--out-dir", str(out))
+    assert result.exit_code != 0 and message in result.output, result.output
+    assert "Traceback" not in result.output and not out.exists()

@@ -1,0 +1,146 @@
+"""Out-of-sample evaluation: plan on one trace, replay another, four setups; loads by rho; the CLI."""
+
+import numpy as np
+import pandas as pd
+import pytest
+from mlflow.tracking import MlflowClient
+from typer.testing import CliRunner
+
+from hetplan.catalog import load_default_catalog
+from hetplan.cli import app
+from hetplan.contracts import CURVES, PROFILES
+from hetplan.evaluation import ProblemInputs, evaluate, load_points
+from hetplan.reference import build_reference
+from hetplan.sensitivity import fit_profiles
+from hetplan.sim.setups import nodes_from_counts
+from hetplan.sim.truth import TruthCurves
+
+MODELS = ["res18", "transformer", "alexnet"]
+GPU_TYPES = ["V100", "T4", "A100"]
+
+
+def trace(n, seed, start=0):
+    rng = np.random.default_rng(seed)
+    return pd.DataFrame({"job_id": [f"j{start + i}" for i in range(n)],
+                         "model": [MODELS[i % 3] for i in range(n)], "num_gpus": rng.choice([1, 1, 2, 4], size=n),
+                         "arrival_s": (start + np.arange(n)) * 600.0,
+                         "duration_s": rng.lognormal(np.log(3600), 0.8, size=n)})
+
+
+@pytest.fixture(scope="module")
+def inputs():
+    derived = build_reference().derived
+    profiles = derived[derived["model"].isin(MODELS) & derived["gpu_type"].isin(GPU_TYPES)]
+    curves = fit_profiles(profiles).curves
+    catalog = load_default_catalog()
+    catalog = catalog[catalog["cloud"].isin(["aws", "gcp"]) & catalog["gpu_type"].isin(GPU_TYPES)]
+    return profiles, curves, catalog.reset_index(drop=True)
+
+
+@pytest.fixture(scope="module")
+def result(inputs):
+    profiles, curves, catalog = inputs
+    truth = TruthCurves.from_profiles(profiles, fallback=curves)
+    return evaluate(trace(30, 2, start=30), ProblemInputs(curves, catalog, 60.0), truth, plan_trace=trace(30, 1),
+                    rhos=(0.5, 1.3))
+
+
+def test_four_setups_replay_the_unseen_trace_at_each_rho(result):
+    summary = result.summary
+    assert len(summary) == 2 * 4 and set(summary["rho"]) == {0.5, 1.3}
+    assert set(summary["setup"]) == {"status quo", "status quo + sensitivity-aware", "GPU-only mix", "hetplan"}
+    assert (summary.loc[summary["setup"] == "status quo", "jct_speedup"] == 1.0).all()
+    assert (summary["cost_per_hour"] <= 60.0 + 1e-6).all()
+    assert (summary["completed"] + summary["rejected_too_big"] == 30).all()
+    assert set(result.jobs["job_id"]) == {f"j{i}" for i in range(30, 60)}  # the replayed trace, not the planner's
+    assert set(result.plans) == {"rho 0.5", "rho 1.3"}
+    assert not any(w.startswith("in-sample") for w in result.warnings)
+    for label, setups in result.setups.items():
+        by_name = {s.name: s for s in setups}
+        assert by_name["status quo + sensitivity-aware"].nodes == by_name["status quo"].nodes
+        winner = result.plans[label].candidate(result.plans[label].winner)
+        assert by_name["hetplan"].policy == winner.policy
+
+
+def test_rho_sets_each_traces_rate_from_the_status_quos_gpu_time(inputs):
+    profiles, curves, catalog = inputs
+    truth = TruthCurves.from_profiles(profiles, fallback=curves)
+    nodes = nodes_from_counts(catalog, {catalog["name"].iloc[0]: 4})
+    plan_jobs, replay = trace(30, 1), trace(30, 2).assign(sim_model=lambda f: f["model"])
+    points = load_points(plan_jobs, replay, truth, nodes, (0.5, 1.0), ())
+    assert points[1].plan_rate == pytest.approx(2 * points[0].plan_rate)
+    assert points[1].replay_rate == pytest.approx(2 * points[0].replay_rate)
+    assert load_points(plan_jobs, replay, truth, nodes, (), ())[0].replay_rate is None
+
+
+def test_the_same_trace_for_both_is_called_in_sample(inputs):
+    profiles, curves, catalog = inputs
+    truth = TruthCurves.from_profiles(profiles, fallback=curves)
+    out = evaluate(trace(20, 1), ProblemInputs(curves, catalog, 60.0), truth, objective="throughput")
+    assert any(w.startswith("in-sample") for w in out.warnings) and not out.plans
+    assert set(out.summary["setup"]) >= {"status quo", "hetplan"}
+
+
+# ---------------------------------------------------------------------- the CLI
+
+@pytest.fixture(scope="module")
+def cli_inputs(tmp_path_factory, inputs):
+    profiles, curves, catalog = inputs
+    root = tmp_path_factory.mktemp("evaluate")
+    CURVES.write(curves, root / "curves.parquet")
+    PROFILES.write(profiles, root / "profiles.csv")
+    catalog.to_csv(root / "catalog.csv", index=False)
+    trace(30, 2, start=30).to_csv(root / "trace.csv", index=False)
+    trace(30, 1).to_csv(root / "plan.csv", index=False)
+    return root
+
+
+def evaluate_cli(root, *extra, trace_file="trace.csv"):
+    args = ["evaluate", "--trace", str(root / trace_file), "--plan-trace", str(root / "plan.csv"), "--budget", "60",
+            "--catalog", str(root / "catalog.csv"), "--curves", str(root / "curves.parquet"),
+            "--truth", str(root / "profiles.csv"), *extra]
+    if "--tracking-uri" not in extra:
+        args.append("--no-mlflow")
+    return CliRunner().invoke(app, args, env={"COLUMNS": "200"})
+
+
+def test_cli_evaluate_prints_the_comparison_and_writes_tables_and_plots(cli_inputs):
+    out = cli_inputs / "out"
+    uri = f"sqlite:///{cli_inputs / 'mlflow.db'}"
+    result = evaluate_cli(cli_inputs, "--rho", "1.3", "--out-dir", str(out), "--tracking-uri", uri)
+    assert result.exit_code == 0, result.output
+    client = MlflowClient(tracking_uri=uri)
+    (run,) = client.search_runs([client.get_experiment_by_name("hetplan-evaluation").experiment_id])
+    assert run.data.params["rho"] == "1.3" and run.data.metrics["status_quo.las.rho1.3.jct_speedup"] == 1.0
+    assert {a.path for a in client.list_artifacts(run.info.run_id)} >= {"summary.csv", "jct_cdf_las_rho1.3.png"}
+    assert "LAS, rho 1.3" in result.output and "hetplan at rho 1.3:" in result.output
+    summary = pd.read_csv(out / "summary.csv")
+    assert {"setup", "avg_jct_h", "jct_speedup", "rho"} <= set(summary.columns) and set(summary["rho"]) == {1.3}
+    assert len(pd.read_csv(out / "jobs.csv")) == 30 * len(summary)
+    assert (out / "jct_cdf_las_rho1.3.png").stat().st_size > 0 and (out / "utilisation_las_rho1.3.png").is_file()
+
+
+@pytest.mark.parametrize("extra, message", [
+    (("--load", "fast"), "--load: 'fast' is not a positive number"),
+    (("--rho", "0"), "--rho: '0' is not a positive number"),
+    (("--rho", "1", "--load", "3"), "give --rho or --load, not both"),
+    (("--unknown-model", "bert"), "'bert' is not a truth model"),
+    (("--objective", "fastest"), "'fastest' is not one of"),
+])
+def test_cli_evaluate_refuses_bad_options_and_writes_nothing(cli_inputs, extra, message):
+    out = cli_inputs / "refused"
+    result = evaluate_cli(cli_inputs, *extra, "--out-dir", str(out))
+    assert result.exit_code != 0
+    assert message in result.output, result.output
+    assert not out.exists()
+
+
+def test_cli_evaluate_names_the_bad_trace_row_and_writes_nothing(cli_inputs):
+    bad = pd.read_csv(cli_inputs / "trace.csv")
+    bad.loc[4, "duration_s"] = -1.0
+    bad.to_csv(cli_inputs / "bad.csv", index=False)
+    out = cli_inputs / "bad-out"
+    result = evaluate_cli(cli_inputs, "--out-dir", str(out), trace_file="bad.csv")
+    assert result.exit_code == 1
+    assert "bad.csv:6:duration_s" in result.output
+    assert not out.exists()
