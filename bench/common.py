@@ -35,8 +35,9 @@ def fitted_curves() -> tuple[pd.DataFrame, str]:
 
     runs = sorted(WORKSPACE_RUNS.glob("*/curves.parquet"))
     if runs:
-        return CURVES.load(runs[-1]), f"`.hetplan/runs/{runs[-1].parent.name}/curves.parquet`"
-    return fit_profiles(default_profiles()).curves, "fitted from the default profiles (`fit_profiles`)"
+        where = f"`.hetplan/runs/{runs[-1].parent.name}/curves.parquet`"
+        return CURVES.load(runs[-1]), f"from {where} (fitted from the derived profiles)"
+    return fit_profiles(default_profiles()).curves, "fitted from the derived default profiles (`fit_profiles`)"
 
 
 def sim_fingerprint() -> str:

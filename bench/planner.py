@@ -72,7 +72,8 @@ def scaling(repeats: int, budget: float) -> list[str]:
                 totals.append(time.perf_counter() - start)
                 solves.append(planned.result.plan.solve_seconds)
             name = objective + (f", fairness {fairness:g}" if fairness else "")
-            rows.append(f"| {classes} x {len(catalog)} | {name} | {planned.model.num_vars:,} | {planned.model.num_rows:,} "
+            rows.append(f"| {classes} x {len(catalog)} | {name} | {planned.model.num_vars:,} | "
+                        f"{planned.model.num_rows:,} "
                         f"| {planned.model.matrix.nnz:,} | {statistics.median(builds):.2f} s | "
                         f"**{statistics.median(totals):.2f} s** | {statistics.median(solves):.2f} s | "
                         f"{planned.result.plan.gap:.2%} |")
@@ -114,7 +115,8 @@ def main() -> None:
         return
     text = [
         "\n## GPU planner: the mix objective, checked independently, and its speed (`bench/planner.py`, issue 12)\n",
-        f"Run: `.venv/bin/python bench/planner.py --repeats {args.repeats}` on {dt.datetime.now(dt.UTC):%Y-%m-%d %H:%M} "
+        f"Run: `.venv/bin/python bench/planner.py --repeats {args.repeats}` on "
+        f"{dt.datetime.now(dt.UTC):%Y-%m-%d %H:%M} "
         f"UTC; {machine()}. HiGHS 1.16, one thread.\n",
         "**Predicted gain over the status quo, embedded defaults** (curves fitted from the **derived** profiles, 7 "
         "models at equal shares, 1 GPU each; the catalog's shapes of GPU types with curves). \"Mix served\" = "

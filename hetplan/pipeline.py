@@ -57,7 +57,26 @@ def prepare(workspace: str | Path) -> dict[str, str]:
     if not all(p.is_file() for p in (ws.catalog, ws.profiles, ws.demand)):
         init_workspace(ws.root)
         log.info("seeded workspace %s from the embedded defaults", ws.root)
-    return {"catalog": str(ws.catalog), "profiles": str(ws.profiles), "demand": str(ws.demand)}
+    needs = needs_profiling(ws.root)
+    if needs:
+        log.warning("the last published plan planned %d models on the unprofiled default; profile them (a "
+                    "`workloads` entry running each model's training): %s", len(needs), ", ".join(needs))
+    return {"catalog": str(ws.catalog), "profiles": str(ws.profiles), "demand": str(ws.demand),
+            "needs_profiling": ",".join(needs)}
+
+
+def needs_profiling(workspace: str | Path) -> list[str]:
+    """The models the workspace's last published plan planned on the unprofiled default (none if unpublished)."""
+    latest = Path(workspace) / "hints" / "LATEST"
+    if not latest.is_file():
+        return []
+    from hetplan.hints import HintStore
+
+    try:
+        return list(HintStore(Path(workspace) / "hints").load().plan.needs_profiling)
+    except (ContractError, OSError) as exc:
+        log.warning("cannot read the last published plan (%s)", exc)
+        return []
 
 
 def profile_gpu(workspace: str | Path, run_key: str, gpu_type: str, workload: str, *, cpus: str | Sequence[float],

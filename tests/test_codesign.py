@@ -80,7 +80,8 @@ def test_the_choice_rule(rows, objective, target, winner):
 
 
 def test_a_jct_target_nobody_reaches_is_a_one_line_error():
-    table = pd.DataFrame([("status quo", 10.0, 100.0, 0)], columns=["candidate", "avg_jct_h", "cost_per_hour", "rejected"])
+    table = pd.DataFrame([("status quo", 10.0, 100.0, 0)],
+                         columns=["candidate", "avg_jct_h", "cost_per_hour", "rejected"])
     with pytest.raises(ContractError, match="no candidate reaches an average JCT of 1 h; the fastest"):
         choose(table, "cost", 1.0)
 
@@ -181,3 +182,25 @@ def test_cli_refuses_bad_workload_plans_in_one_line_and_writes_nothing(files, ar
     result = plan_cli(files, *args, "--out-dir", str(out))
     assert result.exit_code != 0 and message in result.output, result.output
     assert "Traceback" not in result.output and not out.exists()
+
+
+def test_the_nightly_pipeline_names_the_models_its_last_plan_could_not_profile(tmp_path, curves, catalog):
+    from hetplan.hints import HintStore
+    from hetplan.pipeline import needs_profiling
+
+    assert needs_profiling(tmp_path) == []
+    workload = workload_from_trace(jobs(models=[*MODELS, "bert"]))
+    plan = plan_workload(build_problem(curves, catalog, workload.demand, budget=60.0), workload)
+    HintStore(tmp_path / "hints").publish(plan.result.plan, plan.result.hints)
+    assert needs_profiling(tmp_path) == ["bert"]
+
+
+def test_candidates_that_cannot_keep_up_are_pruned_before_simulation(curves, catalog):
+    workload = workload_from_trace(jobs(n=60, gap_s=120.0))
+    plan = plan_workload(build_problem(curves, catalog, workload.demand, budget=60.0), workload)
+    table = plan.candidates
+    quo = table[table["candidate"] == STATUS_QUO].iloc[0]
+    pruned = table[table["pruned"]]
+    assert len(pruned) and not quo["pruned"] and not table.loc[table["chosen"], "pruned"].any()
+    assert (pruned["fluid_load"] > max(1.25, quo["fluid_load"])).all() and pruned["avg_jct_h"].isna().all()
+    assert (table.loc[~table["pruned"], "fluid_load"] <= max(1.25, quo["fluid_load"]) + 1e-9).all()

@@ -10,7 +10,8 @@ from hetplan.catalog import load_default_catalog
 from hetplan.cli import app
 from hetplan.contracts import CATALOG, CURVES, HINTS, ContractError, gpu_declarations, load_plan
 from hetplan.planner import (
-    InfeasibleError, LicenceError, SolveTimeout, build_model, build_problem, kueue_manifests, plan_cluster, solve, sweep,
+    InfeasibleError, LicenceError, SolveTimeout, build_model, build_problem, kueue_manifests, plan_cluster, solve,
+    sweep,
 )
 from hetplan.planner.entry import plan_with_baselines
 from hetplan.reference import build_reference

@@ -9,6 +9,7 @@ simulator replays each, and the objective (`jct`, the default; `p95-jct`; `makes
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
 
@@ -19,7 +20,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from hetplan.cli.common import console, contract_errors, read_trace, warn
-from hetplan.contracts import DEMAND, ContractError, Problem, fingerprint
+from hetplan.contracts import DEMAND, ContractError, Problem, demand_from_trace, fingerprint
 from hetplan.contracts.table import atomic_write_bytes
 from hetplan.planner import SolveError, frontier_table, sweep, write_plan_artifacts
 from hetplan.planner.baselines import STATUS_QUO, Evaluation
@@ -94,7 +95,7 @@ def plan(
     _check(objective, workload, workload_format, budget, owned, target, max_avg_jct)
     with contract_errors():
         jobs = read_trace(workload, workload_format)[0] if workload else None
-        mix = _demand_of(jobs) if jobs is not None else DEMAND.load(demand)
+        mix = demand_from_trace(jobs) if jobs is not None else DEMAND.load(demand)
         problem, inputs = load_problem(curves, catalog, mix, budget, clouds=[c.strip() for c in clouds.split(",")],
                                        fleet=owned, demand_gpus=demand_gpus)
         inputs["workload" if workload else "demand"] = fingerprint(workload or demand)
@@ -118,14 +119,17 @@ def plan(
         console.print(f"MLflow: planning run {run} in experiment hetplan-planning", highlight=False)
 
 
+@dataclass
 class Outcome:
     """What a plan command produced: the plan, its baselines, and for a workload its candidates and frontier."""
 
-    def __init__(self, result: PlanResult, baselines: list[Evaluation], unit: str,
-                 candidates: pd.DataFrame | None = None, frontier: pd.DataFrame | None = None,
-                 metrics: dict[str, float] | None = None, summary: str = "") -> None:
-        self.result, self.baselines, self.unit = result, baselines, unit
-        self.candidates, self.frontier, self.metrics, self.summary = candidates, frontier, metrics or {}, summary
+    result: PlanResult
+    baselines: list[Evaluation]
+    unit: str
+    candidates: pd.DataFrame | None = None
+    frontier: pd.DataFrame | None = None
+    metrics: dict[str, float] = field(default_factory=dict)
+    summary: str = ""
 
 
 def _check(objective: Objective, workload: Path | None, workload_format: str, budget: float | None,
@@ -137,7 +141,8 @@ def _check(objective: Objective, workload: Path | None, workload_format: str, bu
         raise typer.BadParameter(f"the {objective.value} objective needs --workload", param_hint="--objective")
     if objective == Objective.cost:
         if workload is not None and max_avg_jct is None:
-            raise typer.BadParameter("the cost objective with a workload needs --max-avg-jct", param_hint="--max-avg-jct")
+            raise typer.BadParameter("the cost objective with a workload needs --max-avg-jct",
+                                     param_hint="--max-avg-jct")
         if workload is None and target is None:
             raise typer.BadParameter("the cost objective needs --target (or --workload and --max-avg-jct)",
                                      param_hint="--target")
@@ -160,12 +165,6 @@ def _budgets(text: str) -> list[float]:
             raise typer.BadParameter(f"{item!r} is not a budget in US$ per hour", param_hint="--sweep")
         budgets.append(value)
     return budgets
-
-
-def _demand_of(jobs: pd.DataFrame) -> pd.DataFrame:
-    from hetplan.contracts import demand_from_trace
-
-    return demand_from_trace(jobs)
 
 
 def _plan_steady(problem, objective: Objective, target, fairness, solver: Solver, time_limit, gap, inputs, budgets,
@@ -193,12 +192,13 @@ def _plan_workload(problem, jobs: pd.DataFrame, objective: Objective, max_avg_jc
         def step(done: int, total: int, label: str) -> None:
             bar.update(task, completed=done, total=total, description=f"replaying {label}")
 
-        plans = [plan_workload(with_budget(problem, b), workload, objective=objective.value, max_avg_jct=max_avg_jct,  # type: ignore[arg-type]
-                               scheduler=scheduler.value, solver=solver.value, time_limit=time_limit,  # type: ignore[arg-type]
-                               progress=step) for b in budgets]
-        planned = plan_workload(problem, workload, objective=objective.value, max_avg_jct=max_avg_jct,  # type: ignore[arg-type]
-                                scheduler=scheduler.value, solver=solver.value, time_limit=time_limit,  # type: ignore[arg-type]
-                                inputs=inputs, progress=step)
+        def run(at, inputs=None):
+            return plan_workload(at, workload, objective=objective.value, max_avg_jct=max_avg_jct,  # type: ignore[arg-type]
+                                 scheduler=scheduler.value, solver=solver.value, time_limit=time_limit,  # type: ignore[arg-type]
+                                 inputs=inputs, progress=step)
+
+        plans = [run(with_budget(problem, b)) for b in budgets]
+        planned = run(problem, inputs)
     warn(planned.workload.warnings)
     frontier = pd.concat([p.candidates.assign(budget=p.problem.budget) for p in [*plans, planned]], ignore_index=True)
     return Outcome(planned.result, planned.baselines(), "mix served", candidates=planned.candidates, frontier=frontier,
@@ -262,12 +262,14 @@ def _candidate_table(outcome: Outcome) -> None:
     planning = outcome.result.plan.planning or {}
     table = Table(title=f"candidates replayed on the workload ({planning.get('workload', {}).get('jobs', '?')} jobs, "
                   f"{planning.get('scheduler', '?')}; simulated with the planner's curves)")
-    for column in ("candidate", "policy", "$/h", "GPUs", "mix served", "avg JCT h", "p95 JCT h", "makespan h", ""):
+    for column in ("candidate", "policy", "$/h", "GPUs", "mix served", "fluid load", "avg JCT h", "p95 JCT h",
+                   "makespan h", ""):
         table.add_column(column, justify="left" if column in ("candidate", "policy", "") else "right")
     for r in frame.itertuples():
+        figures = ("-", "-", "-") if r.pruned else (f"{r.avg_jct_h:.3g}", f"{r.p95_jct_h:.3g}", f"{r.makespan_h:.4g}")
+        mark = "[bold green]chosen[/]" if r.chosen else ("pruned: overloaded" if r.pruned else "")
         table.add_row(r.candidate, r.policy, f"{r.cost_per_hour:.2f}", str(r.gpus), f"{r.mix_served:.1f}",
-                      f"{r.avg_jct_h:.3g}", f"{r.p95_jct_h:.3g}", f"{r.makespan_h:.4g}",
-                      "[bold green]chosen[/]" if r.chosen else "")
+                      f"{r.fluid_load:.2f}", *figures, mark)
     console.print(table)
     console.print(f"predicted for the workload: {outcome.summary}", highlight=False)
 

@@ -28,7 +28,8 @@ def _show(summary: InitSummary) -> None:
         files.add_column(column)
     sources = ", ".join(sorted(summary.profiles["source"].unique()))
     files.add_row(str(ws.catalog), str(len(summary.catalog)), "node shapes from real cloud price lists")
-    files.add_row(str(ws.fleet), "", "owned fleet: [bold yellow]DERIVED[/] 1/50 sample of Alibaba PAI's 2020 GPU machines")
+    files.add_row(str(ws.fleet), "", "owned fleet: [bold yellow]DERIVED[/] 1/50 sample of Alibaba PAI's 2020 GPU "
+                  "machines")
     files.add_row(str(ws.profiles), str(len(summary.profiles)), f"[bold yellow]DERIVED[/] profiles ({sources})")
     files.add_row(str(ws.published_profiles), "", "published Synergy V100 table (published:synergy)")
     files.add_row(str(ws.trace), str(len(summary.trace)), "workload: Gavel's Philly-derived trace (0e4a51)")

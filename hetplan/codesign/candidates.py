@@ -5,7 +5,8 @@ the MILP reads off it, and the allocator policy it runs with:
 
 - `milp <f>% budget`: the mix plan at fractions of the budget (cheaper plans, for a JCT target);
 - `speed floor <s>`: the mix plan where every class runs only on options at least s times as fast per GPU
-  as its fastest option anywhere (so no class is parked on slow GPUs to raise the total);
+  as its fastest option anywhere (so no class is parked on slow GPUs to raise the total); with
+  `floors_at_every_fraction` (the cost objective) also at every budget fraction (`speed floor <s>, <f>%`);
 - `only <GPU type>`: the best plan with one GPU type (plus the owned fleet);
 - `GPU-only mix`: the mix a planner that ignores CPU and RAM would buy, run at the proportional share;
 - `status quo`: the baseline itself, proportional policy; `status quo + hints`: its nodes with the MILP's hints.
@@ -52,8 +53,8 @@ class Candidate:
 
 
 def propose(problem: PlanningProblem, *, fractions: Sequence[float] = BUDGET_FRACTIONS,
-            floors: Sequence[float] = SPEED_FLOORS, per_gpu_type: bool = True, solver: SolverName = "auto",
-            time_limit: float = 60.0, gap: float = 1e-3) -> list[Candidate]:
+            floors: Sequence[float] = SPEED_FLOORS, floors_at_every_fraction: bool = False, per_gpu_type: bool = True,
+            solver: SolverName = "auto", time_limit: float = 60.0, gap: float = 1e-3) -> list[Candidate]:
     """The candidates of `problem` (which must have a budget), duplicates (same nodes, same policy) removed."""
     if problem.budget is None:
         raise ValueError("candidates need a budget to spend")
@@ -75,9 +76,13 @@ def propose(problem: PlanningProblem, *, fractions: Sequence[float] = BUDGET_FRA
     add(f"{STATUS_QUO} + hints", status_quo)
     for fraction in sorted(fractions, reverse=True):
         at = with_budget(problem, problem.budget * fraction)
-        add(f"milp {fraction:.0%} budget", _counts(at, build_model(at, "mix"), solver, time_limit, gap))
-    for floor in floors:
-        add(f"speed floor {floor:g}", _counts(problem, model.restricted(_fast_columns(model, floor)), solver, time_limit, gap))
+        at_model = build_model(at, "mix")
+        add(f"milp {fraction:.0%} budget", _counts(at, at_model, solver, time_limit, gap))
+        if fraction < 1 and not floors_at_every_fraction:
+            continue
+        for floor in floors:
+            name = f"speed floor {floor:g}" + ("" if fraction == 1 else f", {fraction:.0%} budget")
+            add(name, _counts(at, at_model.restricted(_fast_columns(at_model, floor)), solver, time_limit, gap))
     if per_gpu_type:
         gpu_of_column = model.columns["gpu_type"].to_numpy()
         for gpu in problem.gpu_types:

@@ -28,6 +28,7 @@ from hetplan.planner.solvers import SolverName
 from hetplan.sim.engine import SimConfig
 
 COST_FRACTIONS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
+PRUNE_LOAD = 1.25
 Progress = Callable[[int, int, str], None]
 
 
@@ -85,27 +86,50 @@ class WorkloadPlan:
 def plan_workload(problem: PlanningProblem, workload: Workload, *, objective: WorkloadObjective = "jct",
                   max_avg_jct: float | None = None, scheduler: str = "las", round_s: float = 300.0,
                   solver: SolverName = "auto", time_limit: float = 60.0, inputs: dict[str, str] | None = None,
-                  progress: Progress | None = None) -> WorkloadPlan:
-    """Choose the cluster and hints for `workload` under `problem`'s budget by `objective` (see the module)."""
+                  prune_load: float | None = PRUNE_LOAD, progress: Progress | None = None) -> WorkloadPlan:
+    """Choose the cluster and hints for `workload` under `problem`'s budget by `objective` (see the module).
+
+    A candidate whose fluid load (the workload's offered work per hour over the mix the MILP says it serves)
+    exceeds both `prune_load` and the status quo's is not simulated: its queue would grow without bound,
+    faster than the status quo's (the status quo is always simulated; None simulates every candidate).
+    """
     workload = without_classes(workload, problem.unplannable, "larger than every node shape (no plan can run them)")
     fractions = COST_FRACTIONS if objective == "cost" else BUDGET_FRACTIONS
     if progress:
         progress(0, 1, "proposing candidates")
-    candidates = propose(problem, fractions=fractions, solver=solver, time_limit=time_limit)
-    replayed = replay(problem, candidates, workload.draws, SimConfig(scheduler, round_s), progress)  # type: ignore[arg-type]
+    candidates = propose(problem, fractions=fractions, floors_at_every_fraction=objective == "cost", solver=solver,
+                         time_limit=time_limit)
+    loads = [fluid_load(workload, c) for c in candidates]
+    quo_load = next((load for c, load in zip(candidates, loads) if c.name == STATUS_QUO), float("nan"))
+    limit = float("inf") if prune_load is None else max(prune_load, quo_load if quo_load == quo_load else 0.0)
+    kept = {i for i, (c, load) in enumerate(zip(candidates, loads)) if c.name == STATUS_QUO or not load > limit}
+    simulated = iter(replay(problem, [candidates[i] for i in sorted(kept)], workload.draws,
+                            SimConfig(scheduler, round_s), progress, [loads[i] for i in sorted(kept)]))  # type: ignore[arg-type]
+    replayed = [next(simulated) if i in kept else Replayed.skipped(c, loads[i]) for i, c in enumerate(candidates)]
     weighed = table(replayed, problem)
     chosen = choose(weighed, objective, max_avg_jct)
     weighed["chosen"] = weighed.index == chosen
     winner = replayed[chosen].candidate
     planning = {
         "objective": objective, "metric": METRIC[objective], "max_avg_jct_h": max_avg_jct, "scheduler": scheduler,
-        "round_s": round_s, "margin": MARGIN, "workload": workload.summary, "winner": winner.name,
+        "round_s": round_s, "margin": MARGIN, "prune_load": prune_load, "workload": workload.summary,
+        "winner": winner.name,
         "speeds": "the planner's curves (fitted, defaults for unprofiled models); simulated, not measured",
         "candidates": _records(weighed),
     }
     result = _stamped(winner.result, inputs or {}, planning)
     warnings = [*problem.warnings, *workload.warnings]
     return WorkloadPlan(problem, result, winner.name, weighed, replayed, workload, objective, warnings)
+
+
+def fluid_load(workload: Workload, candidate: Candidate) -> float:
+    """The workload's offered work (reference GPU-hours per hour over its arrival span) over the mix the
+    candidate serves per hour by the MILP: a lower bound on its utilisation, ignoring packing."""
+    span = float(workload.summary.get("span_h", 0.0))
+    served = candidate.result.plan.objective
+    if not span > 0 or not served > 0:
+        return float("nan")
+    return float(workload.summary["reference_gpu_hours"]) / span / served
 
 
 def _stamped(result: PlanResult, inputs: dict[str, str], planning: dict) -> PlanResult:

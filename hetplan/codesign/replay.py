@@ -27,12 +27,19 @@ METRICS = ("avg_jct_h", "p95_jct_h", "makespan_h", "avg_queue_h", "gpu_util")
 
 @dataclass(frozen=True)
 class Replayed:
-    """A candidate's simulated figures: the mean over arrival draws, and each draw's average JCT."""
+    """A candidate's simulated figures: the mean over arrival draws, and each draw's average JCT. A candidate
+    pruned before simulation (`pruned`) has NaN figures and is never chosen."""
 
     candidate: Candidate
     metrics: dict[str, float]
     avg_jct_by_draw: tuple[float, ...]
     rejected: int  # jobs larger than every node of this candidate
+    fluid_load: float = float("nan")  # offered work / the mix it serves: above 1 its queue grows without bound
+    pruned: bool = False
+
+    @classmethod
+    def skipped(cls, candidate: Candidate, fluid_load: float) -> Replayed:
+        return cls(candidate, {m: float("nan") for m in METRICS}, (), 0, fluid_load, True)
 
 
 def planner_truth(problem: PlanningProblem) -> TruthCurves:
@@ -52,7 +59,8 @@ def candidate_nodes(problem: PlanningProblem, candidate: Candidate):
 
 
 def replay(problem: PlanningProblem, candidates: Sequence[Candidate], draws: Sequence[pd.DataFrame],
-           config: SimConfig, progress: Progress | None = None) -> list[Replayed]:
+           config: SimConfig, progress: Progress | None = None,
+           fluid_loads: Sequence[float] | None = None) -> list[Replayed]:
     """Simulate every candidate on every draw of the workload (jobs with `sim_model` = their model)."""
     truth = planner_truth(problem)
     out = []
@@ -67,8 +75,9 @@ def replay(problem: PlanningProblem, candidates: Sequence[Candidate], draws: Seq
             result = simulate(jobs, nodes, truth, candidate.policy, hints, config)
             rows.append(summarize(result, candidate.cost_per_hour))
         frame = pd.DataFrame(rows)
+        load = float(fluid_loads[i]) if fluid_loads is not None else float("nan")
         out.append(Replayed(candidate, {m: float(frame[m].mean()) for m in METRICS},
-                            tuple(float(v) for v in frame["avg_jct_h"]), int(frame["rejected_too_big"].max())))
+                            tuple(float(v) for v in frame["avg_jct_h"]), int(frame["rejected_too_big"].max()), load))
     return out
 
 
@@ -82,7 +91,7 @@ def table(replayed: Sequence[Replayed], problem: PlanningProblem) -> pd.DataFram
         rows.append({"candidate": c.name, "policy": c.policy, "cost_per_hour": c.cost_per_hour,
                      "gpus": gpus + owned, "mix_served": c.result.plan.objective,
                      **{m: r.metrics[m] for m in METRICS},
-                     "avg_jct_spread": float(np.ptp(r.avg_jct_by_draw)) if r.avg_jct_by_draw else 0.0,
-                     "rejected": r.rejected,
+                     "avg_jct_spread": float(np.ptp(r.avg_jct_by_draw)) if r.avg_jct_by_draw else float("nan"),
+                     "rejected": r.rejected, "fluid_load": r.fluid_load, "pruned": r.pruned,
                      "node_counts": {str(problem.shapes.loc[s, "name"]): n for s, n in sorted(c.counts.items())}})
     return pd.DataFrame(rows)

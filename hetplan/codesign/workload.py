@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import numpy as np
 import pandas as pd
 
 from hetplan.contracts import TRACE, ContractError, Problem, demand_from_trace
@@ -29,18 +30,25 @@ def jobs_per_hour(jobs: pd.DataFrame) -> float:
     return (len(jobs) - 1) / span * HOUR if len(jobs) > 1 and span > 0 else 1.0
 
 
-def workload_from_trace(trace: pd.DataFrame, draws: int = 2, seed: int = 0, source: str = "<workload>") -> Workload:
-    """The planner's workload: draw 0 is the trace's own arrivals, draws 1.. are Poisson arrivals at the same
-    mean rate (seeded), the jobs in their order. Raises `ContractError` for an empty or invalid trace."""
+def workload_from_trace(trace: pd.DataFrame, draws: int = 2, seed: int = 0, source: str = "<workload>",
+                        load_spread: float = 1.0) -> Workload:
+    """The planner's workload: draw 0 is the trace's own arrivals, draws 1.. are Poisson arrivals (seeded), the
+    jobs in their order. With `load_spread` s > 1 the Poisson draws' rates spread evenly in log space from r/s
+    to r x s around the trace's mean rate r (a plan robust to the load moving by that factor); with 1, all at r.
+    Raises `ContractError` for an empty or invalid trace."""
     if trace is None or len(trace) == 0:
         raise ContractError([Problem(source, "the workload has no jobs: nothing to plan for")])
     jobs = TRACE.validate(trace, source).sort_values("arrival_s", kind="stable").reset_index(drop=True)
     jobs = jobs.assign(sim_model=jobs["model"].astype(str))
     rate = jobs_per_hour(jobs)
-    arrivals = [jobs] + [with_load(jobs, rate, seed + k) for k in range(1, max(1, draws))]
+    poisson = max(1, draws) - 1
+    factors = np.exp(np.linspace(-np.log(load_spread), np.log(load_spread), poisson)) if poisson > 1 \
+        else np.full(poisson, load_spread)
+    arrivals = [jobs] + [with_load(jobs, rate * f, seed + k) for k, f in enumerate(factors, start=1)]
     offered = float((jobs["num_gpus"] * jobs["duration_s"]).sum()) / HOUR
-    summary = {"jobs": len(jobs), "jobs_per_hour": rate, "span_h": float(jobs["arrival_s"].max() - jobs["arrival_s"].min()) / HOUR,
-               "reference_gpu_hours": offered, "draws": len(arrivals)}
+    span_h = float(jobs["arrival_s"].max() - jobs["arrival_s"].min()) / HOUR
+    summary = {"jobs": len(jobs), "jobs_per_hour": rate, "span_h": span_h, "reference_gpu_hours": offered,
+               "draws": len(arrivals), "load_factors": [1.0, *(round(float(f), 4) for f in factors)]}
     return Workload(jobs, demand_from_trace(jobs), tuple(arrivals), summary)
 
 
@@ -57,7 +65,8 @@ def without_classes(workload: Workload, classes: pd.DataFrame, why: str) -> Work
     dropped = len(workload.jobs) - len(kept)
     if kept.empty:
         raise ContractError([Problem("<workload>", f"every job of the workload is {why}: nothing to plan for")])
-    summary = {**workload.summary, "jobs": len(kept), "dropped_jobs": dropped}
+    summary = {**workload.summary, "jobs": len(kept), "dropped_jobs": dropped,
+               "reference_gpu_hours": float((kept["num_gpus"] * kept["duration_s"]).sum()) / HOUR}
     warning = f"{dropped} of {len(workload.jobs)} jobs left out of the plan's replays: {why}"
     return Workload(kept, workload.demand, tuple(keep(d) for d in workload.draws), summary,
                     [*workload.warnings, warning])

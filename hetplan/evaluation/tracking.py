@@ -13,7 +13,8 @@ from hetplan.evaluation.evaluate import EvaluationResult
 from hetplan.tracking import experiment_id, tracking_uri
 
 EXPERIMENT = "hetplan-evaluation"
-METRICS = ("avg_jct_h", "p95_jct_h", "p99_jct_h", "makespan_h", "gpu_util", "cpu_util", "work_per_dollar", "jct_speedup",
+METRICS = ("avg_jct_h", "p95_jct_h", "p99_jct_h", "makespan_h", "gpu_util", "cpu_util", "work_per_dollar",
+           "jct_speedup",
            "work_per_dollar_ratio")
 
 

@@ -25,7 +25,8 @@ def flavor_name(gpu_type: str) -> str:
     return "gpu-" + re.sub(r"[^a-z0-9-]", "-", gpu_type.lower())
 
 
-def kueue_manifests(plan: Plan, catalog: pd.DataFrame | None, hints: pd.DataFrame, queue: str = "hetplan") -> list[dict]:
+def kueue_manifests(plan: Plan, catalog: pd.DataFrame | None, hints: pd.DataFrame,
+                    queue: str = "hetplan") -> list[dict]:
     """Kueue objects for the cluster a plan provides (added plus owned nodes); shapes come from the plan
     itself, or for plans written before it carried them, from `catalog`."""
     counts = pd.Series(plan.node_counts, dtype=float).add(pd.Series(plan.owned_nodes, dtype=float), fill_value=0)

@@ -182,7 +182,8 @@ def x_columns(problem: PlanningProblem) -> pd.DataFrame:
         s_idx = s_idx[gpus[s_idx] >= n]
         if not len(s_idx):
             continue
-        fits = (opts.cpus[:, None] * n <= vcpus[s_idx][None, :] + 1e-9) & (opts.mem_gb[:, None] * n <= mem[s_idx][None, :] + 1e-9)
+        fits = ((opts.cpus[:, None] * n <= vcpus[s_idx][None, :] + 1e-9)
+                & (opts.mem_gb[:, None] * n <= mem[s_idx][None, :] + 1e-9))
         k, where = np.nonzero(fits)
         if not len(k):
             continue

@@ -47,7 +47,8 @@ def frontier_table(points: list[SweepPoint]) -> pd.DataFrame:
     """One row per (budget, way of planning) with cost and the objective's value."""
     frames = [p.evaluations.assign(budget=p.budget) for p in points if len(p.evaluations)]
     if not frames:
-        frames = [pd.DataFrame({"name": ["hetplan"], "budget": [p.budget], "cost_per_hour": [p.result.plan.cost_per_hour],
-                                "value": [p.result.plan.objective], "per_dollar": [p.result.per_dollar]})
+        frames = [pd.DataFrame({"name": ["hetplan"], "budget": [p.budget],
+                                "cost_per_hour": [p.result.plan.cost_per_hour], "value": [p.result.plan.objective],
+                                "per_dollar": [p.result.per_dollar]})
                   for p in points if p.result]
     return pd.concat(frames, ignore_index=True)[["budget", "name", "cost_per_hour", "value", "per_dollar"]]

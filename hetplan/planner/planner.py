@@ -101,7 +101,8 @@ def read_solution(problem: PlanningProblem, model: MilpModel, solution: Solution
     nodes = nodes[(nodes["added"] + nodes["owned"]) > 0].reset_index(drop=True)
     classes = problem.classes
     table = pd.DataFrame({
-        "model": classes.loc[allocation["j"], "model"].to_numpy(), "num_gpus": classes.loc[allocation["j"], "num_gpus"].to_numpy(),
+        "model": classes.loc[allocation["j"], "model"].to_numpy(),
+        "num_gpus": classes.loc[allocation["j"], "num_gpus"].to_numpy(),
         "shape": shapes.loc[allocation["s"], "name"].to_numpy(), "gpu_type": allocation["gpu_type"],
         "cpus_per_gpu": allocation["cpus"], "mem_gb_per_gpu": allocation["mem_gb"], "gpus": allocation["gpus"],
         "throughput": allocation["throughput"] * allocation["gpus"], "value": allocation["value"] * allocation["gpus"]})

@@ -39,13 +39,7 @@ def plot_frontier(table: pd.DataFrame, title: str = "budget vs performance") -> 
         rows = rows.sort_values("budget")
         style = "-o" if name == "hetplan" else "--."
         ax.plot(rows["budget"], rows["value"], style, label=name)
-    ax.set_xlabel("budget (US$ per hour)")
-    ax.set_ylabel("work served (reference GPUs per hour)")
-    ax.set_title(title, fontsize=10)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    return fig
+    return _finish(fig, ax, "budget (US$ per hour)", "work served (reference GPUs per hour)", title)
 
 
 def plot_cost_jct(candidates: pd.DataFrame, title: str = "cost vs average JCT (simulated)") -> Figure:
@@ -66,8 +60,12 @@ def plot_cost_jct(candidates: pd.DataFrame, title: str = "cost vs average JCT (s
     for row in points[points["candidate"] == "status quo"].itertuples():
         ax.annotate("status quo", (row.cost_per_hour, row.avg_jct_h), fontsize=7)
     ax.set_yscale("log")
-    ax.set_xlabel("cost (US$ per hour)")
-    ax.set_ylabel("average JCT (h, simulated)")
+    return _finish(fig, ax, "cost (US$ per hour)", "average JCT (h, simulated)", title)
+
+
+def _finish(fig: Figure, ax, xlabel: str, ylabel: str, title: str) -> Figure:
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
     ax.set_title(title, fontsize=10)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)

@@ -60,7 +60,8 @@ def frontier(cpus: np.ndarray, mem_gb: np.ndarray, throughput: np.ndarray) -> Op
     cpus, mem_gb, throughput = cpus[order], mem_gb[order], throughput[order]
     no_more = (cpus[None, :] <= cpus[:, None]) & (mem_gb[None, :] <= mem_gb[:, None])
     at_least = throughput[None, :] >= throughput[:, None]
-    strictly = (cpus[None, :] < cpus[:, None]) | (mem_gb[None, :] < mem_gb[:, None]) | (throughput[None, :] > throughput[:, None])
+    strictly = ((cpus[None, :] < cpus[:, None]) | (mem_gb[None, :] < mem_gb[:, None])
+                | (throughput[None, :] > throughput[:, None]))
     earlier = np.arange(len(cpus))[None, :] < np.arange(len(cpus))[:, None]
     dominated = (no_more & at_least & (strictly | earlier)).any(axis=1)
     return OptionSet(cpus[~dominated], mem_gb[~dominated], throughput[~dominated])

@@ -61,8 +61,9 @@ class SimConfig:
 class _Job:
     """A job's simulation state. Work and remaining are in reference seconds."""
 
-    __slots__ = ("idx", "request", "model", "truth_model", "gpus", "arrival", "work", "remaining", "attained", "last", "speed",
-                 "alloc", "start", "finish", "run_s", "preemptions", "migrations", "version", "gpu_type", "share")
+    __slots__ = ("idx", "request", "model", "truth_model", "gpus", "arrival", "work", "remaining", "attained", "last",
+                 "speed", "alloc", "start", "finish", "run_s", "preemptions", "migrations", "version", "gpu_type",
+                 "share")
 
     def __init__(self, idx: int, request: Job, truth_model: str, arrival: float, work: float) -> None:
         self.idx = idx
@@ -284,9 +285,9 @@ class Simulator:
     def _start(self, job: _Job, a: Allocation, now: float) -> None:
         speed = self.truth.speed(job.truth_model, a.gpu_type, a.gpus, a.cpu_m, a.mem_mb)
         if not speed > 0:
-            raise SimulationError(f"{job.request.job_id}: the truth gives {job.truth_model} on {a.gpu_type} no throughput "
-                                  f"with {a.cpus:g} cores and {a.mem_gb:g} GB (nothing measured at or below that "
-                                  f"share): the job would never finish")
+            raise SimulationError(f"{job.request.job_id}: the truth gives {job.truth_model} on {a.gpu_type} no "
+                                  f"throughput with {a.cpus:g} cores and {a.mem_gb:g} GB (nothing measured at or below "
+                                  f"that share): the job would never finish")
         job.alloc, job.speed, job.last = a, speed, now
         job.gpu_type, job.share = a.gpu_type, a.share
         if math.isnan(job.start):
