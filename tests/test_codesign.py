@@ -204,3 +204,13 @@ def test_candidates_that_cannot_keep_up_are_pruned_before_simulation(curves, cat
     assert len(pruned) and not quo["pruned"] and not table.loc[table["chosen"], "pruned"].any()
     assert (pruned["fluid_load"] > max(1.25, quo["fluid_load"])).all() and pruned["avg_jct_h"].isna().all()
     assert (table.loc[~table["pruned"], "fluid_load"] <= max(1.25, quo["fluid_load"]) + 1e-9).all()
+
+
+def test_the_best_candidates_are_tried_again_with_the_fastest_gpu_type_first(planned):
+    refined = [n for n in planned.candidates["candidate"] if n.endswith(", fastest first")]
+    assert 1 <= len(refined) <= 3
+    candidate = planned.candidate(refined[0])
+    for _, rows in candidate.result.hints.groupby(["model", "num_gpus"]):
+        rows = rows.sort_values("rank")
+        assert list(rows["rank"]) == list(range(1, len(rows) + 1))
+        assert rows["normalized_throughput"].is_monotonic_decreasing

@@ -3,6 +3,8 @@
     workload (recent jobs) + curves + catalog + budget
         -> candidates (hetplan.codesign.candidates)      node mixes with their hints
         -> replays (hetplan.codesign.replay)             each on every arrival draw, the planner's speeds
+                                                         (overloaded ones pruned; the best three replayed
+                                                         again with hints ranked fastest first)
         -> choice (hetplan.codesign.objectives)          by avg JCT, p95 JCT, makespan, or cost for a JCT target
 
 The winner's plan records the objective, every candidate's simulated figures and why it won
@@ -13,7 +15,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import pandas as pd
 
@@ -29,6 +31,7 @@ from hetplan.sim.engine import SimConfig
 
 COST_FRACTIONS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
 PRUNE_LOAD = 1.25
+REFINE = 3  # the best candidates replayed again with their hints ranked fastest first
 Progress = Callable[[int, int, str], None]
 
 
@@ -99,13 +102,13 @@ def plan_workload(problem: PlanningProblem, workload: Workload, *, objective: Wo
         progress(0, 1, "proposing candidates")
     candidates = propose(problem, fractions=fractions, floors_at_every_fraction=objective == "cost", solver=solver,
                          time_limit=time_limit)
-    loads = [fluid_load(workload, c) for c in candidates]
-    quo_load = next((load for c, load in zip(candidates, loads) if c.name == STATUS_QUO), float("nan"))
-    limit = float("inf") if prune_load is None else max(prune_load, quo_load if quo_load == quo_load else 0.0)
-    kept = {i for i, (c, load) in enumerate(zip(candidates, loads)) if c.name == STATUS_QUO or not load > limit}
-    simulated = iter(replay(problem, [candidates[i] for i in sorted(kept)], workload.draws,
-                            SimConfig(scheduler, round_s), progress, [loads[i] for i in sorted(kept)]))  # type: ignore[arg-type]
-    replayed = [next(simulated) if i in kept else Replayed.skipped(c, loads[i]) for i, c in enumerate(candidates)]
+    config = SimConfig(scheduler, round_s)  # type: ignore[arg-type]
+    replayed = _replay_unless_overloaded(problem, candidates, workload, config, prune_load, progress)
+    best = table(replayed, problem).sort_values(METRIC[objective] if objective != "cost" else "avg_jct_h")
+    refine = [fastest_first(r.candidate) for r in (replayed[i] for i in best.index[:REFINE])
+              if r.candidate.policy != PROPORTIONAL and not r.pruned]
+    replayed += replay(problem, refine, workload.draws, config, progress,
+                       [fluid_load(workload, c) for c in refine])
     weighed = table(replayed, problem)
     chosen = choose(weighed, objective, max_avg_jct)
     weighed["chosen"] = weighed.index == chosen
@@ -120,6 +123,31 @@ def plan_workload(problem: PlanningProblem, workload: Workload, *, objective: Wo
     result = _stamped(winner.result, inputs or {}, planning)
     warnings = [*problem.warnings, *workload.warnings]
     return WorkloadPlan(problem, result, winner.name, weighed, replayed, workload, objective, warnings)
+
+
+def _replay_unless_overloaded(problem: PlanningProblem, candidates: list[Candidate], workload: Workload,
+                              config: SimConfig, prune_load: float | None, progress: Progress | None) -> list[Replayed]:
+    """Replay every candidate but those whose fluid load exceeds `prune_load` and the status quo's."""
+    loads = [fluid_load(workload, c) for c in candidates]
+    quo_load = next((load for c, load in zip(candidates, loads) if c.name == STATUS_QUO), float("nan"))
+    limit = float("inf") if prune_load is None else max(prune_load, quo_load if quo_load == quo_load else 0.0)
+    kept = [i for i, (c, load) in enumerate(zip(candidates, loads)) if c.name == STATUS_QUO or not load > limit]
+    simulated = dict(zip(kept, replay(problem, [candidates[i] for i in kept], workload.draws, config, progress,
+                                      [loads[i] for i in kept])))
+    return [simulated[i] if i in simulated else Replayed.skipped(c, loads[i]) for i, c in enumerate(candidates)]
+
+
+def fastest_first(candidate: Candidate) -> Candidate:
+    """The candidate with each class's GPU types re-ranked by per-GPU throughput, fastest first (the MILP
+    ranks them by the GPUs its steady-state allocation gives, which balances load but can queue a job for
+    a slower type while a faster one is free); same nodes, same cores and RAM per type."""
+    hints = candidate.result.hints
+    if len(hints):
+        hints = hints.sort_values(["model", "num_gpus", "normalized_throughput"], ascending=[True, True, False],
+                                  kind="stable")
+        hints = hints.assign(rank=hints.groupby(["model", "num_gpus"]).cumcount() + 1).reset_index(drop=True)
+    return Candidate(f"{candidate.name}, fastest first", candidate.counts, candidate.policy,
+                     replace(candidate.result, hints=hints))
 
 
 def fluid_load(workload: Workload, candidate: Candidate) -> float:
