@@ -6,8 +6,8 @@ canonical names below; `normalize_gpu` is the one place that translates.
 
 The list is open: a type hetplan does not know (A800, H800, a vendor's own series name) is kept under a
 cleaned spelling of its own name by `canonical_gpu` (upper case, dashes, no vendor prefix) so that files
-naming it are read, not refused; the planner then needs curves for it or a declared speed ratio
-(`GpuDeclaration`), else it plans it at the stated opaque default.
+naming it are read, not refused; the planner then plans it by its curves, a declared speed ratio
+(`GpuDeclaration`), or else like the slowest GPU type it has curves for (`hetplan.planner.defaults`).
 """
 
 from __future__ import annotations
@@ -166,7 +166,3 @@ class GpuDeclaration:
     speed: float = 1.0
     memory_gb: float | None = None
 
-
-OPAQUE_DEFAULT = GpuDeclaration("<opaque>", "V100", 1.0)
-"""How a GPU type with neither curves nor a declaration is planned: like a V100 (the reference GPU) at
-speed 1.0, a stated guess that the plan's warnings repeat."""
