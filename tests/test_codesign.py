@@ -102,6 +102,12 @@ def test_unprofiled_models_are_planned_never_dropped(curves, catalog):
     assert plan.result.plan.needs_profiling == ["bert"] and plan.workload.summary["jobs"] == 40
     bert = problem.defaults.curves.query("model == 'bert'")
     assert set(bert["method"]) == {"default"} and bert["cpus_per_gpu"].max() == 3.0
+    # nobody measured what cores do for bert: it is hinted the whole GPU-proportional share, as the status quo
+    nodes = plan.result.nodes.assign(share=lambda f: f["vcpus"] / f["gpus"])
+    rows = plan.result.hints[plan.result.hints["model"] == "bert"]
+    assert len(rows)
+    for row in rows.itertuples():
+        assert row.cpus_per_gpu in set(nodes.loc[nodes["gpu_type"] == row.gpu_type, "share"])
 
 
 def test_jobs_larger_than_every_shape_are_left_out_and_counted(curves, catalog):

@@ -19,7 +19,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 import pandas as pd
 
-from hetplan.planner.model import MilpModel, build_model
+from hetplan.planner.model import MilpModel, build_model, proportional_mask
 from hetplan.planner.planner import PlanResult, read_solution
 from hetplan.planner.problem import OptionSet, PlanningProblem
 from hetplan.planner.solvers import InfeasibleError, SolverName, solve
@@ -46,18 +46,9 @@ class Evaluation:
 
 
 def proportional_columns(problem: PlanningProblem, model: MilpModel) -> np.ndarray:
-    """Per x column: True where it is the option a GPU-proportional allocator gives its (class, shape): the
-    best option within the node's cores and RAM per GPU."""
-    cols = model.columns
-    shapes = problem.shapes
-    cpus_share = (shapes["vcpus"] / shapes["gpus"]).to_numpy(float)[cols["s"].to_numpy()]
-    mem_share = (shapes["mem_gb"] / shapes["gpus"]).to_numpy(float)[cols["s"].to_numpy()]
-    fits = (cols["cpus"].to_numpy() <= cpus_share + 1e-9) & (cols["mem_gb"].to_numpy() <= mem_share + 1e-9)
-    candidates = cols[fits].assign(neg=-cols.loc[fits, "throughput"])
-    best = candidates.sort_values(["j", "s", "neg", "cpus", "mem_gb"], kind="stable").groupby(["j", "s"]).head(1)
-    keep = np.zeros(len(cols), dtype=bool)
-    keep[best.index.to_numpy()] = True
-    return keep
+    """Per x column of `model`: True where it is the option a GPU-proportional allocator gives its (class,
+    shape)."""
+    return proportional_mask(model.columns, problem.shapes)
 
 
 def status_quo_counts(problem: PlanningProblem, model: MilpModel) -> dict[int, int] | None:

@@ -5,7 +5,9 @@ its `method` and `source` and listed in the plan as needing profiling:
 
 - **An unprofiled model** runs at its GPU type's speed ratio with *no gain beyond the reference share*
   (3 cores and 62.5 GB per GPU): throughput = ratio x min(1, cores / 3, RAM / 62.5) in units of its own
-  reference throughput (V100 at the reference share = 1). The ratio is its Gavel job family's measured one
+  reference throughput (V100 at the reference share = 1). The planner gives it exactly the GPU-proportional
+  share (`hetplan.planner.model.x_columns`, `hetplan.planner.hints`): its GPU types are planned, its cores
+  are not. The ratio is its Gavel job family's measured one
   where Gavel has it (K80, P100; families matched by name: lm -> LM, ...), else the median over the
   profiled models of their plateau on that type over their plateau on a V100.
 - **A GPU type without curves** runs like a known type: the one a catalog or fleet declares (`gpu_like`,

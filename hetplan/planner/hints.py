@@ -2,7 +2,9 @@
 the cores and RAM per GPU to give and the throughput to expect.
 
 Only classes the plan gives GPUs get rows; a class without rows gets the allocator's GPU-proportional
-share, which is all a fallback row would say.
+share, which is all a fallback row would say. A class planned on the unprofiled default (nobody measured
+what cores do for it) is hinted the whole GPU-proportional share on every type, never less than the status
+quo would give it: the plan chooses its GPU types, not its cores.
 
 GPU types the plan allocated to a class come first, by GPUs allocated, with the option the plan used most;
 the plan's other GPU types follow as fallbacks, by throughput per dollar, with their GPU-proportional share
@@ -46,10 +48,13 @@ def hints_from_allocation(problem: PlanningProblem, allocation: pd.DataFrame, no
         if used.empty:
             continue
         ranked: list[dict] = []
+        defaulted = cls.get("curve") == "default"
         for gpu, on_type in used.groupby("gpu_type"):
             best = on_type.sort_values("gpus", ascending=False).iloc[0]
             shape = shapes.loc[int(best["s"])]
-            ranked.append(_row(cls, str(gpu), best["cpus"], best["mem_gb"], best["throughput"], shape, plan_id,
+            cpus, mem = (shape["vcpus"] / shape["gpus"], shape["mem_gb"] / shape["gpus"]) if defaulted \
+                else (best["cpus"], best["mem_gb"])
+            ranked.append(_row(cls, str(gpu), cpus, mem, best["throughput"], shape, plan_id,
                                float(on_type["gpus"].sum())))
         ranked.sort(key=lambda r: -r.pop("_gpus"))
         fallbacks = []

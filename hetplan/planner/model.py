@@ -166,6 +166,20 @@ def _node_bounds(available: np.ndarray, price: np.ndarray, budget: float | None,
     return np.minimum(bound, affordable)
 
 
+def proportional_mask(columns: pd.DataFrame, shapes: pd.DataFrame) -> np.ndarray:
+    """Per x column: True where it is the option a GPU-proportional allocator gives its (class, shape): the
+    best option within the node's cores and RAM per GPU (fewest resources on ties)."""
+    s = columns["s"].to_numpy()
+    cpus_share = (shapes["vcpus"] / shapes["gpus"]).to_numpy(float)[s]
+    mem_share = (shapes["mem_gb"] / shapes["gpus"]).to_numpy(float)[s]
+    fits = (columns["cpus"].to_numpy() <= cpus_share + 1e-9) & (columns["mem_gb"].to_numpy() <= mem_share + 1e-9)
+    candidates = columns[fits].assign(neg=-columns.loc[fits, "throughput"])
+    best = candidates.sort_values(["j", "s", "neg", "cpus", "mem_gb"], kind="stable").groupby(["j", "s"]).head(1)
+    keep = np.zeros(len(columns), dtype=bool)
+    keep[columns.index.get_indexer(best.index)] = True
+    return keep
+
+
 def x_columns(problem: PlanningProblem) -> pd.DataFrame:
     """One x column per (class, shape, option) a job of the class can run with on one node of the shape."""
     shapes = problem.shapes
@@ -194,4 +208,11 @@ def x_columns(problem: PlanningProblem) -> pd.DataFrame:
         return pd.DataFrame({n: pd.Series(dtype=float) for n in names}).astype({"j": int, "s": int, "gpu_type": object})
     frame = pd.DataFrame({name: np.concatenate([p[i] for p in parts]) for i, name in enumerate(names)})
     frame = frame.sort_values(["j", "s", "cpus", "mem_gb"], kind="stable", ignore_index=True)
-    return frame.astype({"j": int, "s": int})
+    frame = frame.astype({"j": int, "s": int})
+    # A class on the unprofiled default is planned exactly as a GPU-proportional allocator runs it: its curve
+    # says nothing about what more (or fewer) cores would do.
+    defaulted = problem.classes["curve"].to_numpy()[frame["j"].to_numpy()] == "default" \
+        if "curve" in problem.classes else np.zeros(len(frame), dtype=bool)
+    if defaulted.any():
+        frame = frame[~defaulted | proportional_mask(frame, shapes)].reset_index(drop=True)
+    return frame
