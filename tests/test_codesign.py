@@ -168,6 +168,7 @@ def test_cli_plans_for_a_workload_and_says_why(files):
     assert plan.planning["objective"] == "jct" and plan.inputs["workload"].startswith("sha256:")
     candidates = pd.read_csv(out / "candidates.csv")
     assert candidates["chosen"].sum() == 1 and STATUS_QUO in set(candidates["candidate"])
+    assert all(isinstance(json.loads(counts), dict) for counts in candidates["node_counts"])
     frontier = pd.read_csv(out / "frontier.csv")
     assert set(frontier["budget"]) == {30.0, 60.0} and (out / "frontier.png").stat().st_size > 0
     baselines = pd.read_csv(out / "baselines.csv")

@@ -9,6 +9,7 @@ simulator replays each, and the objective (`jct`, the default; `p95-jct`; `makes
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
@@ -211,13 +212,13 @@ def _write(outcome: Outcome, out_dir: Path) -> list[Path]:
     figures = [("node_mix.png", plot_node_mix(result.nodes, result.allocation, f"{result.plan.plan_id}: "
                                               f"{result.plan.cost_per_hour:.2f} $/h"))]
     if outcome.candidates is not None:
-        table = outcome.candidates.assign(node_counts=outcome.candidates["node_counts"].map(str))
+        table = outcome.candidates.assign(node_counts=outcome.candidates["node_counts"].map(_json))
         atomic_write_bytes(out_dir / "candidates.csv", table.to_csv(index=False).encode())
         files.append(out_dir / "candidates.csv")
     if outcome.frontier is not None and len(outcome.frontier):
         frontier = outcome.frontier.copy()
         if "node_counts" in frontier:
-            frontier["node_counts"] = frontier["node_counts"].map(str)
+            frontier["node_counts"] = frontier["node_counts"].map(_json)
         atomic_write_bytes(out_dir / "frontier.csv", frontier.to_csv(index=False).encode())
         files.append(out_dir / "frontier.csv")
         figure = plot_cost_jct(outcome.frontier) if outcome.candidates is not None else plot_frontier(outcome.frontier)
@@ -229,6 +230,10 @@ def _write(outcome: Outcome, out_dir: Path) -> list[Path]:
         tmp.replace(out_dir / name)
         files.append(out_dir / name)
     return files
+
+
+def _json(counts) -> str:
+    return json.dumps(counts, sort_keys=True) if isinstance(counts, dict) else ""
 
 
 def _summary(outcome: Outcome, out_dir: Path) -> None:
