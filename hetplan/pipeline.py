@@ -36,6 +36,7 @@ from hetplan.gpus import normalize_gpu
 log = logging.getLogger(__name__)
 
 MEASURED = "measured"
+PLAN_OBJECTIVES = ("jct", "p95-jct", "makespan", "throughput")
 STALE = "stale"
 
 
@@ -198,6 +199,8 @@ def plan_step(workspace: str | Path, run_key: str, *, budget: float, objective: 
     from hetplan.planner.entry import load_problem, plan_with_baselines
     from hetplan.workspace import Workspace
 
+    if objective not in PLAN_OBJECTIVES:
+        raise ContractError([Problem("objective", f"must be one of {', '.join(PLAN_OBJECTIVES)}, got {objective!r}")])
     ws = Workspace(Path(workspace))
     here = run_dir(ws.root, run_key)
     for_workload = objective != "throughput" and ws.trace.is_file()

@@ -179,6 +179,8 @@ def test_cli_plans_for_a_workload_and_says_why(files):
     (("--objective", "jct", "--budget", "60"), "the jct objective needs --workload"),
     (("--workload", "{trace}", "--objective", "cost", "--budget", "60"), "needs --max-avg-jct"),
     (("--workload", "{trace}"), "needs --budget"),
+    (("--workload", "{trace}", "--objective", "cost", "--max-avg-jct", "5"), "needs --budget"),
+    (("--workload", "{trace}", "--budget", "0"), "buys no useful node and there is no owned fleet"),
     (("--workload", "{empty}", "--budget", "60"), "no data rows"),
     (("--workload", "{trace}", "--objective", "cost", "--max-avg-jct", "0.001", "--budget", "60"),
      "no candidate reaches an average JCT of 0.001 h"),

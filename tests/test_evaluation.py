@@ -144,3 +144,14 @@ def test_cli_evaluate_names_the_bad_trace_row_and_writes_nothing(cli_inputs):
     assert result.exit_code == 1
     assert "bad.csv:6:duration_s" in result.output
     assert not out.exists()
+
+
+def test_an_owned_fleet_without_a_budget_is_its_own_status_quo(inputs):
+    profiles, curves, catalog = inputs
+    truth = TruthCurves.from_profiles(profiles, fallback=curves)
+    fleet = pd.DataFrame([dict(name="own", gpu_type="V100", gpus=8, vcpus=64, mem_gb=488.0, count=2)])
+    out = evaluate(trace(20, 2), ProblemInputs(curves, catalog, 0.0, fleet), truth, plan_trace=trace(20, 1),
+                   rhos=(0.8,))
+    by_setup = out.summary.set_index("setup")
+    assert by_setup.loc["status quo", "gpus"] == 16 and by_setup.loc["status quo", "cost_per_hour"] == 0
+    assert by_setup.loc["hetplan", "gpus"] == 16 and by_setup.loc["hetplan", "cost_per_hour"] == 0  # nothing to buy

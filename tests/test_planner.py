@@ -459,3 +459,43 @@ def test_cli_plan_refuses_bad_options_in_one_line_and_writes_nothing(workspace, 
     result = run_plan(workspace, *args, "--out-dir", str(out))
     assert result.exit_code != 0 and message in result.output, result.output
     assert "Traceback" not in result.output and not out.exists()
+
+
+def test_a_class_whose_jobs_fit_no_node_on_cores_is_left_out_not_zeroing_the_plan():
+    """b x2 needs 4+ cores per GPU; the only node has 6 cores for 2 GPUs: b is counted out, a is planned."""
+    curves = pd.concat([curve("a", "A100", [(1, 50, 5.0)]), curve("b", "A100", [(4, 50, 10.0), (8, 50, 20.0)])])
+    catalog = pd.DataFrame([shape("x", "A100", 2, 6, 200, 1.0)])
+    demand = pd.DataFrame({"model": ["a", "b"], "num_gpus": [1, 2], "share": [0.5, 0.5]})
+    problem = build_problem(curves, catalog, demand, budget=10.0)
+    assert list(problem.unplannable["model"]) == ["b"] and "cores and RAM" in " ".join(problem.warnings)
+    assert plan_cluster(problem).plan.objective > 0
+
+
+def test_a_known_gpu_type_without_a_v100_curve_is_planned_from_another_curved_type():
+    derived = build_reference().derived
+    curves = fit_profiles(derived[derived["model"].isin(["res18"]) & derived["gpu_type"].isin(["T4", "A100"])]).curves
+    catalog = load_default_catalog()
+    catalog = catalog[catalog["cloud"] == "aws"]
+    demand = pd.DataFrame({"model": ["res18"], "num_gpus": [1], "share": [1.0]})
+    problem = build_problem(curves, catalog, demand, budget=100.0)
+    assert {"H100", "V100", "L4"} <= set(problem.shapes["gpu_type"])
+    assert not any("no curve can be made" in w for w in problem.warnings)
+
+
+def test_the_status_quo_is_valued_at_the_share_it_really_gets():
+    """56 GB per GPU lies between the grid's 20.83 and 62.5 GB: the status quo runs at 56 GB (interpolated),
+    not at the 20.83 GB grid point below it."""
+    curves = curve("img", "V100", [(4, 20.83, 1.0), (4, 62.5, 3.0)])
+    catalog = pd.DataFrame([shape("v8", "V100", 8, 32, 448, 8.0)])
+    demand = pd.DataFrame({"model": ["img"], "num_gpus": [1], "share": [1.0]})
+    quo = plan_with_baselines(build_problem(curves, catalog, demand, budget=8.0)).baseline("status quo")
+    per_gpu = 1.0 + (56 - 20.83) / (62.5 - 20.83) * 2.0
+    assert quo.value == pytest.approx(8 * per_gpu / 3.0, rel=1e-6)  # normalised by t_ref = 3 (4 cores, 62.5 GB)
+
+
+def test_a_cost_sweep_plans_each_budget_for_the_target(workspace, tmp_path):
+    out = tmp_path / "out"
+    result = run_plan(workspace, "--objective", "cost", "--target", "5", "--budget", "100", "--sweep", "50,100",
+                      "--out-dir", str(out))
+    assert result.exit_code == 0, result.output
+    assert len(pd.read_csv(out / "frontier.csv")) == 2

@@ -22,16 +22,18 @@ TOLERANCE = 0.05
 def test_mix_served_by_hand() -> None:
     # One V100 node: 2 GPUs, 8 cores, 64 GB (4 cores and 32 GB per GPU). Two 1-GPU classes, half the mix each.
     # A: 100 at 3 cores (= t_ref, 1 unit/GPU), 200 at 8 cores (2 units/GPU); B: 50 at 1 core (= t_ref, 1 unit/GPU).
-    # Proportional (c <= 4): A gets 3 cores, B 1 core; a + b <= 2, 3a + b <= 8, a = b = T/2  ->  T = 2.
+    # Proportional: every job gets the share, 4 cores: A's curve there is 100 + (4 - 3) / (8 - 3) x 100 = 120
+    # (1.2 units/GPU), B's is held flat at 50 (1 unit/GPU); a + b <= 2, 1.2 a = b = T/2  ->  T = 24/11.
     # Free: A may take 8 cores (one job's cores fit the node). With a8 GPUs of A at 8 cores, a3 at 3, b of B:
     #   GPUs a8 + a3 + b <= 2, cores 8 a8 + 3 a3 + b <= 8, 2 a8 + a3 >= T/2, b >= T/2.
+    #   (the 4-core share point, 1.2 units/GPU, is an option too, but worse per GPU than 8 cores)
     #   a8 is better per GPU and cores do not bind: a3 = 0, a8 = T/4, b = T/2, 3T/4 <= 2  ->  T = 8/3
     #   (cores 8 * 2/3 + 4/3 = 6.67 <= 8, RAM 8 GB/GPU: slack).
     shapes = pd.DataFrame({"name": ["n"], "gpu_type": ["V100"], "gpus": [2], "vcpus": [8], "mem_gb": [64.0]})
     curves = pd.DataFrame({"model": ["A", "A", "B"], "gpu_type": ["V100"] * 3, "cpus_per_gpu": [3.0, 8.0, 1.0],
                            "mem_gb_per_gpu": [8.0] * 3, "throughput": [100.0, 200.0, 50.0]})
     demand = pd.DataFrame({"model": ["A", "B"], "num_gpus": [1, 1], "share": [0.5, 0.5]})
-    assert mix_served({"n": 1}, shapes, curves, demand, proportional=True) == pytest.approx(2.0, rel=1e-6)
+    assert mix_served({"n": 1}, shapes, curves, demand, proportional=True) == pytest.approx(24 / 11, rel=1e-6)
     assert mix_served({"n": 1}, shapes, curves, demand, proportional=False) == pytest.approx(8 / 3, rel=1e-6)
     assert mix_served({"n": 3}, shapes, curves, demand, proportional=False) == pytest.approx(8.0, rel=1e-6)
     # A 4-GPU class cannot run on a 2-GPU node, so no share of the mix is served.

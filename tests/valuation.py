@@ -9,15 +9,16 @@ gains against it. Node counts are fixed, so the value is a linear program:
 
 t_ref_j is the class's model on a V100 with at most 3 cores and 62.5 GB per GPU (its best point there; without
 V100 points, its best point anywhere). Point k is an option of class j (n_j GPUs per job) on shape s when the
-curve is of the model on the shape's GPU type, G_s >= n_j, n_j c <= C_s and n_j m <= M_s. `proportional=True`
-is the status quo: one option per (class, shape), the fastest within the GPU-proportional share
-(c <= C/G, m <= M/G; ties to fewer cores, then less RAM), none if no point fits.
+curve is of the model on the shape's GPU type, G_s >= n_j, n_j c <= C_s and n_j m <= M_s; the share point
+(C/G, M/G) is an option too, its throughput read off the curve (bilinear between grid points, flat above the
+grid, none below its smallest point). `proportional=True` is the status quo: that share point only.
 """
 
 from __future__ import annotations
 
 import numpy as np
 import pandas as pd
+from scipy.interpolate import RegularGridInterpolator
 from scipy.optimize import linprog
 from scipy.sparse import coo_matrix
 
@@ -33,19 +34,37 @@ def reference_throughput(curves: pd.DataFrame, model: str) -> float:
     return float((ref if len(ref) else own)["throughput"].max())
 
 
+def at_share(own: pd.DataFrame, cores: float, mem: float) -> float | None:
+    """The curve at exactly (cores, mem) per GPU: bilinear between its grid points, flat above the grid, None
+    below its smallest point on either axis (scipy's interpolator on the clamped point)."""
+    grid = own.pivot_table(index="cpus_per_gpu", columns="mem_gb_per_gpu", values="throughput", aggfunc="mean")
+    xs, ys = grid.index.to_numpy(float), grid.columns.to_numpy(float)
+    if cores < xs[0] - EPS or mem < ys[0] - EPS:
+        return None
+    if len(xs) == 1 or len(ys) == 1:  # a degenerate axis: interpolate along the other one only
+        line = grid.to_numpy(float).ravel()
+        return float(np.interp(cores if len(ys) == 1 else mem, xs if len(ys) == 1 else ys, line))
+    point = (min(cores, xs[-1]), min(mem, ys[-1]))
+    return float(RegularGridInterpolator((xs, ys), grid.to_numpy(float))([point])[0])
+
+
 def options(curves: pd.DataFrame, model: str, n: int, shape: pd.Series, proportional: bool) -> pd.DataFrame:
-    """The curve points (cpus_per_gpu, mem_gb_per_gpu, throughput) class (model, n) may use on one node `shape`."""
+    """The points (cpus_per_gpu, mem_gb_per_gpu, throughput) class (model, n) may use on one node `shape`: the
+    curve's grid points that fit, and the node's GPU-proportional share valued on the curve; at the
+    proportional share (the status quo), that one point only."""
     if shape["gpus"] < n:
         return curves.iloc[:0]
     own = curves[(curves["model"] == model) & (curves["gpu_type"] == shape["gpu_type"])]
+    if own.empty:
+        return own
+    cores, mem = shape["vcpus"] / shape["gpus"], shape["mem_gb"] / shape["gpus"]
+    value = at_share(own, cores, mem)
+    share = pd.DataFrame([(cores, mem, value)] if value else [],
+                         columns=["cpus_per_gpu", "mem_gb_per_gpu", "throughput"])
     if proportional:
-        cores, mem = shape["vcpus"] / shape["gpus"], shape["mem_gb"] / shape["gpus"]
-    else:
-        cores, mem = shape["vcpus"] / n, shape["mem_gb"] / n
-    fit = own[(own["cpus_per_gpu"] <= cores + EPS) & (own["mem_gb_per_gpu"] <= mem + EPS)]
-    if proportional and len(fit):
-        fit = fit.sort_values(["throughput", "cpus_per_gpu", "mem_gb_per_gpu"], ascending=[False, True, True]).head(1)
-    return fit
+        return share
+    fit = own[(own["cpus_per_gpu"] * n <= shape["vcpus"] + EPS) & (own["mem_gb_per_gpu"] * n <= shape["mem_gb"] + EPS)]
+    return pd.concat([fit[share.columns], share], ignore_index=True)
 
 
 def mix_served(counts: dict[str, int], shapes: pd.DataFrame, curves: pd.DataFrame, demand: pd.DataFrame,

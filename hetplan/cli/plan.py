@@ -150,7 +150,7 @@ def _check(objective: Objective, workload: Path | None, workload_format: str, bu
     if budget is None and owned is None and not (objective == Objective.cost and workload is None):
         raise typer.BadParameter(f"the {objective.value} objective needs --budget (or an --owned fleet)",
                                  param_hint="--budget")
-    if budget is None and workload is not None and objective not in MILP_OBJECTIVE:
+    if budget is None and workload is not None and objective not in (Objective.throughput, Objective.throughput_sum):
         raise typer.BadParameter("planning for a workload needs --budget (0 with an --owned fleet)",
                                  param_hint="--budget")
 
@@ -174,7 +174,8 @@ def _plan_steady(problem, objective: Objective, target, fairness, solver: Solver
     planned: Planned = plan_with_baselines(problem, objective=kind, target=target, fairness=fairness,  # type: ignore[arg-type]
                                            solver=solver.value, time_limit=time_limit, gap=gap, inputs=inputs,  # type: ignore[arg-type]
                                            source=source)
-    frontier = frontier_table(sweep(problem, budgets, solver.value, time_limit, gap, kind, fairness)) if budgets \
+    frontier = frontier_table(sweep(problem, budgets, solver.value, time_limit, gap, kind, fairness, target)) \
+        if budgets \
         else None  # type: ignore[arg-type]
     unit = "mix served" if kind != "sum" else "normalised throughput"
     return Outcome(planned.result, planned.baselines, unit, frontier=frontier)
@@ -198,8 +199,13 @@ def _plan_workload(problem, jobs: pd.DataFrame, objective: Objective, max_avg_jc
                                  scheduler=scheduler.value, solver=solver.value, time_limit=time_limit,  # type: ignore[arg-type]
                                  inputs=inputs, progress=step)
 
-        plans = [run(with_budget(problem, b)) for b in budgets]
         planned = run(problem, inputs)
+        plans = []
+        for b in budgets:
+            try:
+                plans.append(run(with_budget(problem, b)))
+            except ContractError as exc:  # a budget of the sweep that plans nothing is a gap in the frontier
+                warn([f"--sweep {b:g}: {'; '.join(p.message for p in exc.problems)}"])
     warn(planned.workload.warnings)
     frontier = pd.concat([p.candidates.assign(budget=p.problem.budget) for p in [*plans, planned]], ignore_index=True)
     return Outcome(planned.result, planned.baselines(), "mix served", candidates=planned.candidates, frontier=frontier,

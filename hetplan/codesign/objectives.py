@@ -4,8 +4,8 @@
   soonest the whole workload is done (each the mean over arrival draws);
 - `cost`: the cheapest candidate whose average JCT is at most a target (`--max-avg-jct`).
 
-A candidate that cannot run every job of the workload (a job larger than all its nodes), or that was pruned
-before simulation (its queue would grow without bound), is never chosen.
+A candidate that cannot run every job of the workload (a job larger than all its nodes) is chosen only when no
+candidate can; one pruned before simulation (its queue would grow without bound) never is.
 The status quo stays unless a candidate beats it by more than `MARGIN` on the objective: a plan must earn a
 change of hardware with a gain larger than the noise between arrival draws.
 """
@@ -32,6 +32,9 @@ def choose(table: pd.DataFrame, objective: WorkloadObjective, max_avg_jct: float
     simulated = table[~table["pruned"]] if "pruned" in table else table
     runs_all = simulated[simulated["rejected"] == 0]
     pool = runs_all if len(runs_all) else simulated
+    if pool.empty:
+        raise ContractError([Problem("<workload>", "every candidate was pruned as overloaded: the budget cannot "
+                                     "keep up with the workload's arrivals")])
     if objective == "cost":
         if max_avg_jct is None:
             raise ValueError("the cost objective needs a JCT target (max_avg_jct)")

@@ -23,6 +23,7 @@ from hetplan.codesign.candidates import BUDGET_FRACTIONS, PROPORTIONAL, STATUS_Q
 from hetplan.codesign.objectives import MARGIN, METRIC, WorkloadObjective, choose
 from hetplan.codesign.replay import Replayed, replay, table
 from hetplan.codesign.workload import Workload, without_classes
+from hetplan.contracts.table import ContractError, Problem
 from hetplan.planner.baselines import GPU_ONLY, HETPLAN, Evaluation
 from hetplan.planner.planner import PlanResult, plan_id
 from hetplan.planner.problem import PlanningProblem
@@ -102,11 +103,14 @@ def plan_workload(problem: PlanningProblem, workload: Workload, *, objective: Wo
         progress(0, 1, "proposing candidates")
     candidates = propose(problem, fractions=fractions, floors_at_every_fraction=objective == "cost", solver=solver,
                          time_limit=time_limit)
+    if not candidates:
+        raise ContractError([Problem("<catalog>", f"nothing could be planned: budget {problem.budget:g} $/h buys no "
+                                     "useful node and there is no owned fleet")])
     config = SimConfig(scheduler, round_s)  # type: ignore[arg-type]
     replayed = _replay_unless_overloaded(problem, candidates, workload, config, prune_load, progress)
     best = table(replayed, problem).sort_values(METRIC[objective] if objective != "cost" else "avg_jct_h")
     refine = [fastest_first(r.candidate) for r in (replayed[i] for i in best.index[:REFINE])
-              if r.candidate.policy != PROPORTIONAL and not r.pruned]
+              if r.candidate.policy != PROPORTIONAL and not r.pruned and r.rejected == 0]
     replayed += replay(problem, refine, workload.draws, config, progress,
                        [fluid_load(workload, c) for c in refine])
     weighed = table(replayed, problem)

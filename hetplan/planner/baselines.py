@@ -22,7 +22,7 @@ import pandas as pd
 from hetplan.planner.model import MilpModel, build_model, proportional_mask
 from hetplan.planner.planner import PlanResult, read_solution
 from hetplan.planner.problem import OptionSet, PlanningProblem
-from hetplan.planner.solvers import InfeasibleError, SolverName, solve
+from hetplan.planner.solvers import InfeasibleError, SolveError, SolverName, solve
 
 STATUS_QUO = "status quo"
 SENSITIVITY_AWARE = "status quo + sensitivity-aware"
@@ -53,10 +53,12 @@ def proportional_columns(problem: PlanningProblem, model: MilpModel) -> np.ndarr
 
 def status_quo_counts(problem: PlanningProblem, model: MilpModel) -> dict[int, int] | None:
     """The status quo's added nodes: as many of one shape as the budget (and its cap) allows, the shape
-    chosen for the most of the mix served at the proportional share; None when no shape qualifies."""
-    if problem.budget is None:
-        return None
+    chosen for the most of the mix served at the proportional share. With no budget, or no shape it can buy
+    that runs every class, the owned fleet alone ({}); None when there is no owned fleet either."""
     shapes = problem.shapes
+    owned_only = {} if (shapes["owned"] > 0).any() else None
+    if problem.budget is None or not problem.budget > 0:
+        return owned_only
     keep = proportional_columns(problem, model)
     cols = model.columns[keep]
     n_classes = len(problem.classes)
@@ -74,22 +76,21 @@ def status_quo_counts(problem: PlanningProblem, model: MilpModel) -> dict[int, i
         per_node = shapes.loc[s, "gpus"] / float(np.sum(share / per_class.to_numpy(float)))  # mix served per node
         if count[s] * per_node > best_value * (1 + 1e-9):
             best, best_value = int(s), count[s] * per_node
-    return None if best is None or count[best] < 1 else {best: int(count[best])}
+    return owned_only if best is None or count[best] < 1 else {best: int(count[best])}
 
 
 def gpu_only_counts(problem: PlanningProblem, model: MilpModel, solver: SolverName = "auto",
-                    time_limit: float = 60.0) -> dict[int, int] | None:
+                    time_limit: float = 60.0, fairness: float = 0.0) -> dict[int, int] | None:
     """The node mix a planner that ignores CPU and RAM would buy (every GPU at its plateau on the least
-    cores and RAM of its curve), or None when it finds none."""
+    cores and RAM of its curve), without the nodes its own allocation leaves idle; None when it finds none."""
     blind = replace(problem, options={
         key: OptionSet(np.array([opts.cpus.min()]), np.array([opts.mem_gb.min()]), np.array([opts.throughput.max()]))
         for key, opts in problem.options.items()})
-    blind_model = build_model(blind, model.objective if model.objective != "cost" else "mix")
+    blind_model = build_model(blind, model.objective if model.objective != "cost" else "mix", fairness)
     try:
-        solution = solve(blind_model, solver, time_limit)
-    except InfeasibleError:
+        return read_solution(blind, blind_model, solve(blind_model, solver, time_limit), {}).counts_by_shape
+    except SolveError:
         return None
-    return {s: int(round(v)) for s, v in enumerate(solution.values[: model.n_shapes])}
 
 
 def value_of(problem: PlanningProblem, model: MilpModel, counts: dict[int, int], proportional: bool,
@@ -106,14 +107,14 @@ def value_of(problem: PlanningProblem, model: MilpModel, counts: dict[int, int],
 
 
 def evaluate_baselines(problem: PlanningProblem, hetplan: PlanResult, model: MilpModel, solver: SolverName = "auto",
-                       time_limit: float = 60.0) -> list[Evaluation]:
+                       time_limit: float = 60.0, fairness: float = 0.0) -> list[Evaluation]:
     """Value the three baselines and hetplan's plan with `model` (the one the plan was solved with)."""
     results = []
     status_quo = status_quo_counts(problem, model)
     if status_quo is not None:
         results.append(_evaluation(STATUS_QUO, problem, model, status_quo, True, solver, time_limit))
         results.append(_evaluation(SENSITIVITY_AWARE, problem, model, status_quo, False, solver, time_limit))
-    gpu_only = gpu_only_counts(problem, model, solver, time_limit)
+    gpu_only = gpu_only_counts(problem, model, solver, time_limit, fairness)
     if gpu_only is not None:
         results.append(_evaluation(GPU_ONLY, problem, model, gpu_only, True, solver, time_limit))
     results.append(Evaluation(HETPLAN, dict(hetplan.plan.node_counts), hetplan.plan.cost_per_hour,

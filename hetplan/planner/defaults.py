@@ -11,8 +11,9 @@ its `method` and `source` and listed in the plan as needing profiling:
   where Gavel has it (K80, P100; families matched by name: lm -> LM, ...), else the median over the
   profiled models of their plateau on that type over their plateau on a V100.
 - **A GPU type without curves** runs like a known type: the one a catalog or fleet declares (`gpu_like`,
-  `gpu_speed`), else for a known type its datasheet or Gavel ratio to a V100 (`hetplan.reference.speed`),
-  else (an opaque type) like the *slowest* GPU type the model has curves on: never a flattering guess.
+  `gpu_speed`), else for a known type its datasheet or Gavel ratio to a type the model has curves on (a V100
+  where there is one; `hetplan.reference.speed`), else (an opaque type, or a model with no such type) like the
+  *slowest* GPU type the model has curves on: never a flattering guess.
   The curve is the like-type's input pipeline with the compute rate scaled (`capped_pipeline`).
 """
 
@@ -77,18 +78,17 @@ def complete_curves(curves: pd.DataFrame, models: Sequence[str], gpu_types: Sequ
 
 def _gpu_type_rows(curves: pd.DataFrame, gpu: str, declared: GpuDeclaration | None) -> tuple[pd.DataFrame, str]:
     """Curves for one GPU type from the rule that applies to it, and a line saying which."""
+    slowest = _slowest_rule(curves)
     if declared is not None:
         rule = {m: (declared.like, declared.speed) for m in curves["model"].unique()}
         how = f"declared like {declared.like} x{declared.speed:g}"
     elif is_known_gpu(gpu):
-        known = speed_ratios(sorted(curves["model"].unique()))
-        table = known.set_index(["model", "gpu_type"])["speed_vs_v100"]
-        rule = {m: (REFERENCE[0], float(table[(m, gpu)])) for m in curves["model"].unique() if (m, gpu) in table.index}
-        how = f"its {REFERENCE[0]} speed ratio (hetplan.reference.speed)"
-        if not rule:
-            rule, how = _slowest_rule(curves), "opaque: like the slowest curved GPU type (no ratio known)"
+        rule = {**slowest, **_ratio_rule(curves, gpu)}
+        how = "its speed ratio to a curved type (hetplan.reference.speed)"
+        if len(rule) == len(slowest) and not _ratio_rule(curves, gpu):
+            how = "opaque: like the slowest curved GPU type (no ratio known)"
     else:
-        rule, how = _slowest_rule(curves), "opaque: like the slowest curved GPU type"
+        rule, how = slowest, "opaque: like the slowest curved GPU type"
     frames = []
     for model, (like, speed) in rule.items():
         base = curves[(curves["model"] == model) & (curves["gpu_type"] == like)]
@@ -102,6 +102,22 @@ def _gpu_type_rows(curves: pd.DataFrame, gpu: str, declared: GpuDeclaration | No
         rows["plateau"] = float(rows["throughput"].max())
         frames.append(rows)
     return (pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()), how
+
+
+def _ratio_rule(curves: pd.DataFrame, gpu: str) -> dict[str, tuple[str, float]]:
+    """Per model with a known speed ratio for `gpu`: the curved type to scale (V100 first, else another type
+    with a known ratio) and the ratio of the two types' speeds."""
+    models = sorted(curves["model"].unique())
+    table = speed_ratios(models).set_index(["model", "gpu_type"])["speed_vs_v100"]
+    curved = curves.groupby("model")["gpu_type"].unique()
+    rule = {}
+    for model in models:
+        if (model, gpu) not in table.index:
+            continue
+        bases = sorted((g for g in curved[model] if (model, g) in table.index), key=lambda g: (g != REFERENCE[0], g))
+        if bases:
+            rule[model] = (bases[0], float(table[(model, gpu)]) / float(table[(model, bases[0])]))
+    return rule
 
 
 def _slowest_rule(curves: pd.DataFrame) -> dict[str, tuple[str, float]]:

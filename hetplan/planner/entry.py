@@ -96,6 +96,6 @@ def plan_with_baselines(problem: PlanningProblem, *, objective: Objective = "mix
     except InfeasibleError as exc:
         raise ContractError([Problem(source, f"nothing could be planned: {exc}")]) from None
     require_allocation(problem, result, source)
-    evaluations = evaluate_baselines(problem, result, model, solver, time_limit) if baselines and objective != "cost" \
-        else []
+    evaluations = evaluate_baselines(problem, result, model, solver, time_limit, fairness) \
+        if baselines and objective != "cost" else []
     return Planned(problem, model, result, evaluations)

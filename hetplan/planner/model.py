@@ -181,7 +181,9 @@ def proportional_mask(columns: pd.DataFrame, shapes: pd.DataFrame) -> np.ndarray
 
 
 def x_columns(problem: PlanningProblem) -> pd.DataFrame:
-    """One x column per (class, shape, option) a job of the class can run with on one node of the shape."""
+    """One x column per (class, shape, option) a job of the class can run with on one node of the shape: the
+    curve's grid points, and the node's GPU-proportional share itself, valued on the curve's surface (so the
+    status quo is valued at the share it really gets, not at the grid point below it)."""
     shapes = problem.shapes
     by_type = {g: idx for g, idx in shapes.groupby("gpu_type").indices.items()}
     gpus, vcpus, mem = (shapes[c].to_numpy(float) for c in ("gpus", "vcpus", "mem_gb"))
@@ -203,6 +205,12 @@ def x_columns(problem: PlanningProblem) -> pd.DataFrame:
             continue
         parts.append((np.full(len(k), j), s_idx[where], np.full(len(k), gpu, dtype=object), opts.cpus[k],
                       opts.mem_gb[k], opts.throughput[k], opts.throughput[k] / t_ref[j]))
+        if opts.surface is not None:
+            share_c, share_m = vcpus[s_idx] / gpus[s_idx], mem[s_idx] / gpus[s_idx]
+            t = opts.surface.at(share_c, share_m)
+            ok = np.isfinite(t) & (t > 0)
+            parts.append((np.full(ok.sum(), j), s_idx[ok], np.full(ok.sum(), gpu, dtype=object), share_c[ok],
+                          share_m[ok], t[ok], t[ok] / t_ref[j]))
     names = ["j", "s", "gpu_type", "cpus", "mem_gb", "throughput", "value"]
     if not parts:
         return pd.DataFrame({n: pd.Series(dtype=float) for n in names}).astype({"j": int, "s": int, "gpu_type": object})

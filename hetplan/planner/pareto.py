@@ -25,20 +25,20 @@ class SweepPoint:
 
 
 def sweep(problem: PlanningProblem, budgets: list[float], solver: SolverName = "auto", time_limit: float = 60.0,
-          gap: float = 1e-3, objective: Objective = "mix", fairness: float = 0.0,
+          gap: float = 1e-3, objective: Objective = "mix", fairness: float = 0.0, target: float | None = None,
           baselines: bool = True) -> list[SweepPoint]:
     """Plan at each budget (ascending); a budget that plans nothing yields `result=None`."""
     points = []
     for budget in sorted(budgets):
         at = with_budget(problem, budget)
-        model = build_model(at, objective, fairness)
+        model = build_model(at, objective, fairness, target)
         try:
             result = plan_cluster(at, solver=solver, time_limit=time_limit, gap=gap, model=model)
         except SolveError:
             points.append(SweepPoint(budget, None, pd.DataFrame()))
             continue
-        evaluations = evaluations_table(evaluate_baselines(at, result, model, solver, time_limit)) if baselines \
-            else pd.DataFrame()
+        evaluations = evaluations_table(evaluate_baselines(at, result, model, solver, time_limit, fairness)) \
+            if baselines and objective != "cost" else pd.DataFrame()
         points.append(SweepPoint(budget, result, evaluations))
     return points
 

@@ -29,6 +29,7 @@ class PlanResult:
     nodes: pd.DataFrame  # shape, gpu_type, added, owned, gpus, vcpus, mem_gb, price_per_hour
     solution: Solution
     warnings: list[str] = field(default_factory=list)
+    counts_by_shape: dict[int, int] = field(default_factory=dict)  # added nodes by shape index (idle ones trimmed)
 
     @property
     def per_dollar(self) -> float:
@@ -106,7 +107,8 @@ def read_solution(problem: PlanningProblem, model: MilpModel, solution: Solution
         "shape": shapes.loc[allocation["s"], "name"].to_numpy(), "gpu_type": allocation["gpu_type"],
         "cpus_per_gpu": allocation["cpus"], "mem_gb_per_gpu": allocation["mem_gb"], "gpus": allocation["gpus"],
         "throughput": allocation["throughput"] * allocation["gpus"], "value": allocation["value"] * allocation["gpus"]})
-    return PlanResult(plan, hints, table, nodes, solution, list(problem.warnings))
+    return PlanResult(plan, hints, table, nodes, solution, list(problem.warnings),
+                      {s: n for s, n in counts.items() if n > 0})
 
 
 def require_allocation(problem: PlanningProblem, result: PlanResult, source: str) -> None:

@@ -26,18 +26,50 @@ from hetplan.planner.defaults import Completion, complete_curves
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["REFERENCE", "OptionSet", "PlanningProblem", "build_problem", "default_demand_gpus", "frontier",
+__all__ = ["REFERENCE", "OptionSet", "PlanningProblem", "Surface", "build_problem", "default_demand_gpus", "frontier",
            "prune_dominated_shapes", "with_budget"]
+
+
+@dataclass(frozen=True)
+class Surface:
+    """A curve on its (cores, RAM) grid, to value shares between grid points: bilinear inside, held flat
+    above the grid, undefined (NaN) below its smallest point on either axis."""
+
+    cpus: np.ndarray  # ascending
+    mem_gb: np.ndarray  # ascending
+    values: np.ndarray  # [mem, cpus]; NaN where the grid has no point
+
+    def at(self, cpus: np.ndarray, mem_gb: np.ndarray) -> np.ndarray:
+        cpus, mem_gb = np.asarray(cpus, dtype=float), np.asarray(mem_gb, dtype=float)
+        below = (cpus < self.cpus[0] - 1e-9) | (mem_gb < self.mem_gb[0] - 1e-9)
+        ci, fc = _cell(self.cpus, cpus)
+        mi, fm = _cell(self.mem_gb, mem_gb)
+        ci1, mi1 = np.minimum(ci + 1, len(self.cpus) - 1), np.minimum(mi + 1, len(self.mem_gb) - 1)
+        v = self.values
+        value = ((1 - fc) * (1 - fm) * v[mi, ci] + fc * (1 - fm) * v[mi, ci1] + (1 - fc) * fm * v[mi1, ci]
+                 + fc * fm * v[mi1, ci1])
+        return np.where(below, np.nan, value)
+
+
+def _cell(axis: np.ndarray, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Index of the grid cell holding each x (clamped to the axis) and the fraction across it."""
+    x = np.clip(x, axis[0], axis[-1])
+    i = np.clip(np.searchsorted(axis, x, side="right") - 1, 0, len(axis) - 1)
+    i1 = np.minimum(i + 1, len(axis) - 1)
+    span = axis[i1] - axis[i]
+    return i, np.where(span > 0, (x - axis[i]) / np.where(span > 0, span, 1.0), 0.0)
 
 
 @dataclass(frozen=True)
 class OptionSet:
     """The ways to run a job class on a GPU type: cores and RAM per GPU and the per-GPU throughput, one
-    entry per option, none dominated by another (no more cores, no more RAM, at least the throughput)."""
+    entry per option, none dominated by another (no more cores, no more RAM, at least the throughput); and
+    the curve's surface, which values the GPU-proportional share of each node between grid points."""
 
     cpus: np.ndarray
     mem_gb: np.ndarray
     throughput: np.ndarray
+    surface: Surface | None = None
 
     def __len__(self) -> int:
         return len(self.cpus)
@@ -87,7 +119,8 @@ class PlanningProblem:
 
 def prune_dominated_shapes(shapes: pd.DataFrame) -> pd.DataFrame:
     """Drop a bought shape when another of the same GPU type and count, unlimited, is no dearer and no smaller
-    (the first of identical ones is kept). Owned shapes and capped shapes always stay."""
+    (the first of identical ones is kept). Owned shapes always stay; a capped shape stays unless an unlimited
+    one dominates it."""
     rows = shapes.reset_index(drop=True)
     gpu, count = rows["gpu_type"].to_numpy(), rows["gpus"].to_numpy()
     price, vcpus, mem = (rows[c].to_numpy(float) for c in ("price_per_hour", "vcpus", "mem_gb"))
@@ -138,12 +171,12 @@ def build_problem(curves: pd.DataFrame, catalog: pd.DataFrame, demand: pd.DataFr
     options, t_ref, exact = _options(curves, classes, shapes)
     classes["t_ref"] = t_ref
     classes["curve"] = ["default" if m in completion.default_models else "profiled" for m in classes["model"]]
-    runnable = np.array([any(len(options.get((j, g), ())) for g in _types_that_fit(shapes, int(n)))
-                         for j, n in enumerate(classes["num_gpus"])], dtype=bool)
+    runnable = _runnable(PlanningProblem(shapes, classes, options, budget))
     unplannable = classes.loc[~runnable, ["model", "num_gpus", "share"]].reset_index(drop=True)
     if len(unplannable):
         warnings.append(f"{len(unplannable)} demand classes no shape can run (larger than every node, or no "
-                        f"option fits), {unplannable['share'].sum():.1%} of the demand, left out: "
+                        f"option fits a node's cores and RAM), {unplannable['share'].sum():.1%} of the demand, left "
+                        f"out: "
                         + ", ".join(f"{r.model} x{r.num_gpus}" for r in unplannable.itertuples()))
     if not runnable.any():
         raise ContractError([Problem("<demand>", "no demand class can run on any shape: nothing to plan")])
@@ -200,8 +233,12 @@ def _shapes(catalog: pd.DataFrame, fleet: pd.DataFrame | None) -> pd.DataFrame:
     return shapes[(shapes["owned"] > 0) | ~(shapes["available"] == 0)].reset_index(drop=True)
 
 
-def _types_that_fit(shapes: pd.DataFrame, num_gpus: int) -> list[str]:
-    return sorted(set(shapes.loc[shapes["gpus"] >= num_gpus, "gpu_type"]))
+def _runnable(problem: PlanningProblem) -> np.ndarray:
+    """Per class: whether one job of it fits some shape with some option (GPUs, cores and RAM; a class on the
+    unprofiled default only at its proportional share): the classes the model has columns for."""
+    from hetplan.planner.model import x_columns  # the model module builds on this one
+
+    return np.isin(np.arange(len(problem.classes)), x_columns(problem)["j"].to_numpy())
 
 
 def _options(curves: pd.DataFrame, classes: pd.DataFrame,
@@ -211,8 +248,12 @@ def _options(curves: pd.DataFrame, classes: pd.DataFrame,
     frontiers: dict[tuple[str, str], OptionSet] = {}
     wanted = curves[curves["model"].isin(set(classes["model"])) & curves["gpu_type"].isin(gpu_types)]
     for (model, gpu), rows in wanted.groupby(["model", "gpu_type"], sort=False):
-        frontiers[(str(model), str(gpu))] = frontier(rows["cpus_per_gpu"].to_numpy(), rows["mem_gb_per_gpu"].to_numpy(),
-                                                     rows["throughput"].to_numpy())
+        grid = rows.pivot_table(index="mem_gb_per_gpu", columns="cpus_per_gpu", values="throughput", aggfunc="mean")
+        grid = grid.sort_index().sort_index(axis=1)
+        surface = Surface(grid.columns.to_numpy(float), grid.index.to_numpy(float), grid.to_numpy(float))
+        frontiers[(str(model), str(gpu))] = replace(
+            frontier(rows["cpus_per_gpu"].to_numpy(), rows["mem_gb_per_gpu"].to_numpy(), rows["throughput"].to_numpy()),
+            surface=surface)
     ref = _reference_throughputs(curves)
     options = {}
     t_ref, exact = [], []
