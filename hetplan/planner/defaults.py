@@ -90,10 +90,12 @@ def _gpu_type_rows(curves: pd.DataFrame, gpu: str, declared: GpuDeclaration | No
     else:
         rule, how = slowest, "opaque: like the slowest curved GPU type"
     frames = []
+    groups = curves.groupby(["model", "gpu_type"], sort=False).indices
     for model, (like, speed) in rule.items():
-        base = curves[(curves["model"] == model) & (curves["gpu_type"] == like)]
-        if base.empty:
+        at = groups.get((model, like))
+        if at is None:
             continue
+        base = curves.iloc[at]
         rows = base.copy()
         rows["gpu_type"] = gpu
         rows["throughput"] = capped_pipeline(base[["cpus_per_gpu", "mem_gb_per_gpu", "throughput"]], speed).to_numpy()

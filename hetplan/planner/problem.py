@@ -247,13 +247,10 @@ def _options(curves: pd.DataFrame, classes: pd.DataFrame,
     gpu_types = set(shapes["gpu_type"])
     frontiers: dict[tuple[str, str], OptionSet] = {}
     wanted = curves[curves["model"].isin(set(classes["model"])) & curves["gpu_type"].isin(gpu_types)]
-    for (model, gpu), rows in wanted.groupby(["model", "gpu_type"], sort=False):
-        grid = rows.pivot_table(index="mem_gb_per_gpu", columns="cpus_per_gpu", values="throughput", aggfunc="mean")
-        grid = grid.sort_index().sort_index(axis=1)
-        surface = Surface(grid.columns.to_numpy(float), grid.index.to_numpy(float), grid.to_numpy(float))
-        frontiers[(str(model), str(gpu))] = replace(
-            frontier(rows["cpus_per_gpu"].to_numpy(), rows["mem_gb_per_gpu"].to_numpy(), rows["throughput"].to_numpy()),
-            surface=surface)
+    cpus_all, mem_all, tput_all = (wanted[c].to_numpy(float) for c in ("cpus_per_gpu", "mem_gb_per_gpu", "throughput"))
+    for (model, gpu), idx in wanted.groupby(["model", "gpu_type"], sort=False).indices.items():
+        cpus, mem, tput = cpus_all[idx], mem_all[idx], tput_all[idx]
+        frontiers[(str(model), str(gpu))] = replace(frontier(cpus, mem, tput), surface=_surface(cpus, mem, tput))
     ref = _reference_throughputs(curves)
     options = {}
     t_ref, exact = [], []
@@ -266,6 +263,17 @@ def _options(curves: pd.DataFrame, classes: pd.DataFrame,
             if found is not None and len(found):
                 options[(j, gpu)] = found
     return options, t_ref, np.array(exact, dtype=bool)
+
+
+def _surface(cpus: np.ndarray, mem_gb: np.ndarray, throughput: np.ndarray) -> Surface:
+    """The grid of a curve's points (the mean where a cell has several; NaN where it has none)."""
+    c_axis, ci = np.unique(cpus, return_inverse=True)
+    m_axis, mi = np.unique(mem_gb, return_inverse=True)
+    cell = mi * len(c_axis) + ci
+    total = np.bincount(cell, weights=throughput, minlength=len(c_axis) * len(m_axis))
+    count = np.bincount(cell, minlength=len(c_axis) * len(m_axis))
+    values = np.where(count > 0, total / np.maximum(count, 1), np.nan).reshape(len(m_axis), len(c_axis))
+    return Surface(c_axis, m_axis, values)
 
 
 def _reference_throughputs(curves: pd.DataFrame) -> dict[str, tuple[float, bool]]:
