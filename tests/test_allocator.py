@@ -151,14 +151,29 @@ def test_multi_gpu_jobs_stay_on_one_node_and_too_big_jobs_are_rejected_with_a_re
 def test_baselines_share_the_interface():
     nodes = [v100("v1"), T4]
     prop = allocated(Allocator(nodes, "proportional", hint_set()).allocate(Job("j", "res50", 1)))
-    assert (prop.node, prop.cpus, prop.share) == ("t4", 12.0, "proportional")  # best fit: fewest free GPUs
+    assert prop.share == "proportional" and prop.cpus == {"v1": 8.0, "t4": 12.0}[prop.node]
     first = allocated(Allocator(nodes, "first-fit", hint_set()).allocate(Job("j", "res50", 1)))
     assert (first.node, first.cpus, first.share) == ("v1", 8.0, "proportional")  # first node that fits
-    assert sorted(POLICIES) == ["first-fit", "hint", "proportional"]
+    assert sorted(POLICIES) == ["first-fit", "hint", "hint-static", "proportional"]
+    assert get_policy("hint").rounds is not None and get_policy("hint-static").rounds is None
     with pytest.raises(ValueError, match="unknown policy 'best'"):
         get_policy("best")
     with pytest.raises(ValueError, match="already registered"):
         register_policy("hint", lambda: None)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_the_agnostic_baseline_draws_among_fitting_nodes_whatever_the_join_order(seed):
+    nodes = [v100(f"v{i}") for i in range(4)] + [Node(f"t{i}", "T4", 4, 48, 192) for i in range(4)]
+
+    def placements(order):
+        alloc = Allocator(order, get_policy("proportional", seed=seed), hint_set())
+        return [allocated(alloc.allocate(Job(f"j{k}", "res50", 1))).node for k in range(20)]
+
+    forward = placements(nodes)
+    assert forward == placements(nodes[::-1])  # join order does not matter
+    assert len(set(forward)) > 2  # drawn, not packed onto one node
+    assert placements(nodes) == forward  # a fresh policy with the same seed draws the same
 
 
 def test_allocate_is_idempotent_per_job_id_and_release_twice_is_harmless():
@@ -277,7 +292,12 @@ def _check_decision(policy: str, cluster: Cluster, job: Job, decision) -> None:
         expected = next((n.name for n in cluster.nodes() if cluster.free(n.name).gpus >= g and
                          cluster.free(n.name).cpu_m >= prop(n.shape)[0] and
                          cluster.free(n.name).mem_mb >= prop(n.shape)[1]), None)
-    elif policy == "proportional" or not entries:
+    elif policy == "proportional":  # a draw among every node that fits
+        fits = {n.name for n in cluster.nodes() if cluster.free(n.name).gpus >= g
+                and cluster.free(n.name).cpu_m >= prop(n.shape)[0] and cluster.free(n.name).mem_mb >= prop(n.shape)[1]}
+        assert (allocated(decision).node in fits) if fits else isinstance(decision, Rejection), (decision, fits)
+        return
+    elif not entries:
         expected = _expected_best(cluster, g, prop)
     else:
         expected = None
@@ -639,7 +659,7 @@ def test_allocate_release_over_http(client):
     released = client.post("/v1/release", json={"job_id": "h1"}).json()
     assert released["released"] and released["allocation"] == a
     assert client.post("/v1/release", json={"job_id": "h1"}).json() == {"job_id": "h1", "released": False,
-                                                                        "allocation": None}
+                                                                        "allocation": None, "actions": []}
 
 
 @pytest.mark.parametrize(("path", "payload", "status", "reason"), [
@@ -811,5 +831,35 @@ def test_a_killed_server_restarts_with_the_same_state(tmp_path):
         srv.start()
         with httpx.Client(base_url=srv.url, timeout=10) as c:
             assert state(c) == before
+    finally:
+        srv.stop()
+
+
+def test_shrinks_and_regrowth_come_back_as_actions_over_http(tmp_path):
+    """TUNE over HTTP: a job that only fits if its peer shrinks gets the room, the peer's resize comes back with
+    the allocation; the release grows the peer again; the log serves both; a tick needs the admin token."""
+    store = tmp_path / "store"
+    HintStore(store).publish(make_plan("p1"), hints_frame("p1"))
+    nodes = tmp_path / "nodes.json"
+    nodes.write_text(json.dumps([{"name": "v", "gpu_type": "V100", "gpus": 2, "cpus": 12, "mem_gb": 120}]))
+    srv = Server(tmp_path, store, nodes, extra=("--tick", "0")).start()
+    try:
+        with httpx.Client(base_url=srv.url, timeout=10) as c:
+            first = c.post("/v1/allocate", json={"job_id": "r1", "model": "res50", "num_gpus": 1}).json()
+            assert (first["allocation"]["cpus"], first["actions"]) == (9.0, [])  # its hinted 9 cores
+            second = c.post("/v1/allocate", json={"job_id": "r2", "model": "res50", "num_gpus": 1}).json()
+            assert second["status"] == "allocated" and second["allocation"]["cpus"] == 6.0  # the floor: 12 / 2
+            [shrink] = second["actions"]
+            assert (shrink["kind"], shrink["job_id"], shrink["before"][0]["cpus"], shrink["after"][0]["cpus"]) == \
+                ("resize", "r1", 9.0, 6.0)
+            released = c.post("/v1/release", json={"job_id": "r2"}).json()
+            assert [(a["kind"], a["job_id"], a["after"][0]["cpus"]) for a in released["actions"]] == \
+                [("resize", "r1", 9.0)]
+            log = c.get("/v1/actions", params={"since": 0}).json()
+            assert [a["kind"] for a in log["actions"]] == ["resize", "start", "resize"] and log["latest"] == 3
+            assert [a["seq"] for a in c.get("/v1/actions", params={"since": 2}).json()["actions"]] == [3]
+            assert c.post("/v1/actions/tick").status_code == 401
+            assert c.post("/v1/actions/tick", headers=ADMIN).json() == {"latest": 3, "actions": []}
+            assert {a["job_id"]: a["cpus"] for a in c.get("/v1/allocations").json()} == {"r1": 9.0}
     finally:
         srv.stop()

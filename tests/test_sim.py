@@ -41,9 +41,13 @@ def trace(*jobs: tuple) -> pd.DataFrame:
     return pd.DataFrame(jobs, columns=["job_id", "model", "num_gpus", "arrival_s", "duration_s"])
 
 
-def run(truth, jobs, nodes, scheduler="fifo", policy="proportional", hints=None, round_s=30.0):
+def run(truth, jobs, nodes, scheduler="fifo", policy="proportional", hints=None, round_s=30.0, migration_s=0.0,
+        resize_s=0.0):
+    """Simulate with every invariant checked at each event; moves and re-sizes free unless asked (the hand
+    computations below charge nothing)."""
     workload = prepare_workload(jobs, truth.models, unknown_model="m")
-    result = simulate(workload.jobs, nodes, truth, policy, hints, SimConfig(scheduler, round_s, check_every=1))
+    config = SimConfig(scheduler, round_s, migration_s=migration_s, resize_s=resize_s, check_every=1)
+    result = simulate(workload.jobs, nodes, truth, policy, hints, config)
     return result, result.jobs.set_index("job_id")
 
 
@@ -264,6 +268,7 @@ class NeverPolicy:
     """A policy that places nothing: the simulator must stop with an error, not spin over empty rounds."""
 
     name = "never"
+    rounds = None
 
     def place(self, job, state, hints):
         return Rejection(job.job_id, Reason.NO_CAPACITY, "never", hints.version, self.name)

@@ -13,6 +13,7 @@ from __future__ import annotations
 from bisect import bisect_left, insort
 from collections import Counter
 from collections.abc import Callable, Collection, Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -59,7 +60,39 @@ class ClusterView(Protocol):
     def __len__(self) -> int: ...
     def best_fit(self, gpu_type: GpuTypes, gpus: int, need: Need) -> Fit | None: ...
     def largest_share(self, gpu_type: GpuTypes, gpus: int, want: Need, floor: Need) -> Fit | None: ...
+    def fitting(self, gpu_type: GpuTypes, gpus: int, need: Need) -> list[Fit]:
+        """Every node with `gpus` free GPUs and `need` free, in a fixed order (shape, free GPUs, free cores...);
+        for policies that choose among all fits (at random, say) rather than the best one."""
+        fits = []
+        for shape in self._shapes(gpu_type):
+            if shape.gpus < gpus:
+                continue
+            cpu, mem = need(shape)
+            buckets = self._index[shape]
+            for k in range(gpus, shape.gpus + 1):
+                bucket = buckets[k]
+                for free_cpu, free_mem, _, name in bucket[bisect_left(bucket, (cpu,)):]:
+                    if free_mem >= mem:
+                        fits.append(Fit(name, shape.gpu_type, cpu, mem))
+        return fits
+
+    def with_free_gpus(self, gpu_type: GpuTypes, gpus: int) -> list[str]:
+        """Nodes with at least `gpus` free GPUs, whatever their free cores and RAM (fewest free GPUs first)."""
+        out: list[tuple[int, int, str]] = []
+        for shape in self._shapes(gpu_type):
+            buckets = self._index[shape]
+            for k in range(gpus, shape.gpus + 1):
+                out.extend((k, entry[2], entry[3]) for entry in buckets[k])
+        return [name for _, _, name in sorted(out)]
+
+    def shape(self, name: str) -> Shape:
+        try:
+            return self._states[name].shape
+        except KeyError:
+            raise StateError(f"unknown node {name!r}") from None
+
     def first_fit(self, gpus: int, need: Need) -> Fit | None: ...
+    def fitting(self, gpu_type: GpuTypes, gpus: int, need: Need) -> list[Fit]: ...
 
 
 class _NodeState:
@@ -89,6 +122,7 @@ class Cluster:
         self._shapes_by_type: dict[str, list[Shape]] = {}
         self._node_gpus: Counter[int] = Counter()
         self._next_ordinal = 0
+        self._journal: list[tuple[bool, Allocation]] | None = None  # (applied?, allocation) while in a trial
         for node in nodes:
             self.add_node(node)
 
@@ -265,6 +299,37 @@ class Cluster:
                     j = bisect_left(bucket, (free_cpu,), 0, j) - 1  # the rest with these cores have less RAM
         return best_fit
 
+    def fitting(self, gpu_type: GpuTypes, gpus: int, need: Need) -> list[Fit]:
+        """Every node with `gpus` free GPUs and `need` free, in a fixed order (shape, free GPUs, free cores...);
+        for policies that choose among all fits (at random, say) rather than the best one."""
+        fits = []
+        for shape in self._shapes(gpu_type):
+            if shape.gpus < gpus:
+                continue
+            cpu, mem = need(shape)
+            buckets = self._index[shape]
+            for k in range(gpus, shape.gpus + 1):
+                bucket = buckets[k]
+                for free_cpu, free_mem, _, name in bucket[bisect_left(bucket, (cpu,)):]:
+                    if free_mem >= mem:
+                        fits.append(Fit(name, shape.gpu_type, cpu, mem))
+        return fits
+
+    def with_free_gpus(self, gpu_type: GpuTypes, gpus: int) -> list[str]:
+        """Nodes with at least `gpus` free GPUs, whatever their free cores and RAM (fewest free GPUs first)."""
+        out: list[tuple[int, int, str]] = []
+        for shape in self._shapes(gpu_type):
+            buckets = self._index[shape]
+            for k in range(gpus, shape.gpus + 1):
+                out.extend((k, entry[2], entry[3]) for entry in buckets[k])
+        return [name for _, _, name in sorted(out)]
+
+    def shape(self, name: str) -> Shape:
+        try:
+            return self._states[name].shape
+        except KeyError:
+            raise StateError(f"unknown node {name!r}") from None
+
     def first_fit(self, gpus: int, need: Need) -> Fit | None:
         """The first node (in joining order) with `gpus` free GPUs and `need` free."""
         for state in self._states.values():
@@ -277,8 +342,52 @@ class Cluster:
 
     # ------------------------------------------------------------------ changes
 
+    @contextmanager
+    def trial(self) -> Iterator[Cluster]:
+        """A scratch pad: allocations applied and released inside are all undone on exit, whatever happens.
+
+        Round policies plan many moves at once on it (shrink these, place that, grow those) and return the
+        result as a target; the mechanism then applies the difference for real. Node changes are refused
+        inside a trial, and trials do not nest.
+        """
+        if self._journal is not None:
+            raise StateError("a trial is already open on this cluster")
+        self._journal = []
+        try:
+            yield self
+        finally:
+            self.undo_to(0)
+            self._journal = None
+
+    def mark(self) -> int:
+        """A point in the open trial to undo back to (`undo_to`), e.g. for an all-or-nothing gang."""
+        if self._journal is None:
+            raise StateError("no trial is open")
+        return len(self._journal)
+
+    def undo_to(self, mark: int) -> None:
+        """Undo the open trial's changes made after `mark`, last first."""
+        journal = self._journal
+        if journal is None:
+            raise StateError("no trial is open")
+        self._journal = None  # undoing is not journaled
+        try:
+            while len(journal) > mark:
+                applied, a = journal.pop()
+                if applied:
+                    self.release(a.job_id)
+                else:
+                    self.apply(a)
+        finally:
+            self._journal = journal
+
+    def _no_trial(self, what: str) -> None:
+        if self._journal is not None:
+            raise StateError(f"cannot {what} inside a trial")
+
     def add_node(self, node: Node) -> None:
         """Add a new node (empty). `StateError` if the name is taken."""
+        self._no_trial("add a node")
         if node.name in self._states:
             raise StateError(f"node {node.name!r} already exists")
         state = _NodeState(node, self._next_ordinal)
@@ -306,6 +415,7 @@ class Cluster:
 
     def update_node(self, node: Node) -> None:
         """Replace a node's description (capacity, labels), keeping its allocations and its place in the order."""
+        self._no_trial("change a node")
         self.check_update(node)
         state = self._states[node.name]
         old = state.shape
@@ -337,6 +447,7 @@ class Cluster:
 
     def remove_node(self, name: str, force: bool = False) -> list[Allocation]:
         """Remove a node; with `force`, release (and return) its allocations, else refuse if it has any."""
+        self._no_trial("remove a node")
         self.check_remove(name, force)
         evicted = [self.release(job) for job in sorted(self._states[name].jobs)]
         state = self._states.pop(name)
@@ -373,6 +484,8 @@ class Cluster:
         state.jobs.add(a.job_id)
         self._allocations[a.job_id] = a
         self._insert(state)
+        if self._journal is not None:
+            self._journal.append((True, a))
 
     def release(self, job_id: str) -> Allocation | None:
         """Give back a job's resources; return its allocation, or None if the job holds none."""
@@ -386,6 +499,8 @@ class Cluster:
         state.free_mem += a.mem_mb
         state.jobs.discard(job_id)
         self._insert(state)
+        if self._journal is not None:
+            self._journal.append((False, a))
         return a
 
     # ------------------------------------------------------------------ index upkeep

@@ -11,8 +11,9 @@ from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from hetplan.allocator.cluster import Cluster, StateError
+from hetplan.allocator.cluster import Cluster, OvercommitError, StateError
 from hetplan.allocator.policies import Policy, get_policy
+from hetplan.allocator.rebalance import Action, diff
 from hetplan.allocator.sources import HintSource, StaticHints
 from hetplan.allocator.spec import Allocation, Decision, Job, Node, Reason, Rejection
 from hetplan.hints import HintSet
@@ -37,6 +38,8 @@ class Allocator:
         self.hint_source: HintSource = hints if not (hints is None or isinstance(hints, HintSet)) \
             else StaticHints(hints)
         self.lock = threading.RLock()
+        self._gangs: dict[str, tuple[str, ...]] = {}  # job id -> the ids of its parts, for jobs running as gangs
+        self._touched: set[str] = set()  # nodes whose allocations changed since the last rebalance
 
     @property
     def hints(self) -> HintSet:
@@ -48,6 +51,7 @@ class Allocator:
             decision = self.decide(job)
             if isinstance(decision, Allocation) and self.cluster.allocation(job.job_id) is None:
                 self.cluster.apply(decision)
+                self._touched.add(decision.node)
             return decision
 
     def decide(self, job: Job) -> Decision:
@@ -76,12 +80,98 @@ class Allocator:
             if a.gpus > free.gpus or a.cpu_m > free.cpu_m or a.mem_mb > free.mem_mb:
                 return False
             self.cluster.apply(a)
+            self._touched.add(a.node)
             return True
 
+    def touch(self, node: str) -> None:
+        """Mark a node changed outside this class's own methods, so that the next step re-sizes its jobs."""
+        self._touched.add(node)
+
     def release(self, job_id: str) -> Allocation | None:
-        """Free a job's resources; None when the job holds none (releasing twice is harmless)."""
+        """Free a job's resources; None when the job holds none (releasing twice is harmless). For a gang,
+        every part is released and the first returned (`release_parts` returns them all)."""
+        parts = self.release_parts(job_id)
+        return parts[0] if parts else None
+
+    def release_parts(self, job_id: str) -> tuple[Allocation, ...]:
+        """Free a job's resources on every node it holds (one for most jobs, several for a gang)."""
         with self.lock:
-            return self.cluster.release(job_id)
+            released = tuple(a for a in (self.cluster.release(p) for p in self._gangs.pop(job_id, (job_id,)))
+                             if a is not None)
+            self._touched.update(a.node for a in released)
+            return released
+
+    def running(self, job_ids: Iterable[str] | None = None) -> dict[str, tuple[Allocation, ...]]:
+        """Jobs holding resources (all, or those of `job_ids`) -> their allocations (one per node; a gang's
+        parts in order)."""
+        with self.lock:
+            if job_ids is not None:
+                out = {}
+                for job_id in job_ids:
+                    parts = tuple(a for a in map(self.cluster.allocation, self._gangs.get(job_id, (job_id,)))
+                                  if a is not None)
+                    if parts:
+                        out[job_id] = parts
+                return out
+            parts_of = {p: job for job, parts in self._gangs.items() for p in parts}
+            grouped: dict[str, list[Allocation]] = {}
+            for a in self.cluster.allocations():
+                grouped.setdefault(parts_of.get(a.job_id, a.job_id), []).append(a)
+            return {job: tuple(sorted(parts, key=lambda a: a.job_id)) if job in self._gangs else tuple(parts)
+                    for job, parts in grouped.items()}
+
+    def plan_rebalance(self, order: Sequence[Job], preempt: bool = True, move: bool = True,
+                       nodes: Iterable[str] | None = None) -> list[Action]:
+        """The actions of one co-adaptive step (`hetplan.allocator.rebalance`) for the jobs in `order` (priority
+        order, running and waiting), without applying them. Jobs running but not in `order` stay as they are.
+        `nodes`: the nodes to re-size (default: every node changed since the last applied step).
+        A policy without rounds (`hint-static`, the baselines) plans nothing."""
+        with self.lock:
+            rounds = self.policy.rounds
+            if rounds is None:
+                return []
+            current = self.running(job.job_id for job in order)
+            touched = self._touched if nodes is None else set(nodes)
+            target = rounds.target(order, self.cluster, self.hint_source.current(), current, touched, preempt, move)
+            return diff(current, target)
+
+    def rebalance(self, order: Sequence[Job], preempt: bool = True, move: bool = True,
+                  nodes: Iterable[str] | None = None) -> list[Action]:
+        """Plan one co-adaptive step and apply it; returns what changed."""
+        with self.lock:
+            actions = self.plan_rebalance(order, preempt, move, nodes)
+            self.apply_actions(actions, clear_touched=nodes is None)
+            return actions
+
+    def apply_actions(self, actions: Sequence[Action], clear_touched: bool = True) -> None:
+        """Release everything the actions take away, then apply what they give; all or nothing."""
+        released: list[Allocation] = []
+        applied: list[Allocation] = []
+        gangs = dict(self._gangs)
+        try:
+            for action in actions:
+                for a in action.before:
+                    if self.cluster.release(a.job_id) is None:
+                        raise OvercommitError(f"{action.job_id}: {a.job_id} is not allocated")
+                    released.append(a)
+                self._gangs.pop(action.job_id, None)
+            for action in actions:
+                for a in action.after:
+                    self.cluster.apply(a)
+                    applied.append(a)
+                if len(action.after) > 1 or (action.after and action.after[0].job_id != action.job_id):
+                    self._gangs[action.job_id] = tuple(a.job_id for a in action.after)
+        except StateError:
+            for a in reversed(applied):
+                self.cluster.release(a.job_id)
+            for a in released:
+                self.cluster.apply(a)
+            self._gangs = gangs
+            raise
+        if clear_touched:
+            self._touched.clear()
+        else:
+            self._touched.update(a.node for action in actions for a in action.before + action.after)
 
     def change_nodes(self, changes: NodeChanges) -> list[Allocation]:
         """Apply a batch of node changes atomically; return the allocations evicted by forced removals.

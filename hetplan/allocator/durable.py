@@ -19,6 +19,7 @@ from pathlib import Path
 from hetplan.allocator.cluster import Cluster, StateError
 from hetplan.allocator.core import Allocator, NodeChanges
 from hetplan.allocator.policies import Policy
+from hetplan.allocator.rebalance import Action
 from hetplan.allocator.sources import HintSource
 from hetplan.allocator.spec import Allocation, Decision, Job, Node
 from hetplan.hints import HintSet
@@ -117,20 +118,35 @@ class DurableAllocator:
         with self.core.lock:
             decision = self.core.decide(job)
             if isinstance(decision, Allocation) and self.core.cluster.allocation(job.job_id) is None:
-                a = decision
-                self._write([("INSERT INTO allocations (job_id, model, node, gpu_type, gpus, cpu_m, mem_mb, "
-                              "hint_version, policy, share, rank, created_at) VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
-                              (a.job_id, a.model, a.node, a.gpu_type, a.gpus, a.cpu_m, a.mem_mb, a.hint_version,
-                               a.policy, a.share, a.rank, time.time()))])
-                self.core.cluster.apply(a)
+                self._write([_insert(decision)])
+                self.core.cluster.apply(decision)
+                self.core.touch(decision.node)
             return decision
+
+    def running_jobs(self) -> list[Job]:
+        """The jobs holding resources, in the order they got them: the service's priority order for rebalancing."""
+        with self.core.lock:
+            return [Job(a.job_id, a.model, a.gpus) for a in self.core.cluster.allocations()]
+
+    def rebalance(self, order: list[Job], preempt: bool = False, move: bool = True,
+                  nodes: list[str] | None = None) -> list[Action]:
+        """`Allocator.rebalance`, each action committed before it is applied (all of them in one transaction)."""
+        with self.core.lock:
+            actions = self.core.plan_rebalance(order, preempt, move, nodes)
+            statements = [("DELETE FROM allocations WHERE job_id = ?", (a.job_id,))
+                          for action in actions for a in action.before]
+            statements += [_insert(a) for action in actions for a in action.after]
+            if statements:
+                self._write(statements)
+            self.core.apply_actions(actions, clear_touched=nodes is None)
+            return actions
 
     def release(self, job_id: str) -> Allocation | None:
         with self.core.lock:
             if self.core.cluster.allocation(job_id) is None:
                 return None
             self._write([("DELETE FROM allocations WHERE job_id = ?", (job_id,))])
-            return self.core.cluster.release(job_id)
+            return self.core.release(job_id)
 
     def change_nodes(self, changes: NodeChanges) -> list[Allocation]:
         with self.core.lock:
@@ -176,3 +192,10 @@ class DurableAllocator:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _insert(a: Allocation) -> tuple[str, tuple]:
+    return ("INSERT INTO allocations (job_id, model, node, gpu_type, gpus, cpu_m, mem_mb, hint_version, policy, "
+            "share, rank, created_at) VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
+            (a.job_id, a.model, a.node, a.gpu_type, a.gpus, a.cpu_m, a.mem_mb, a.hint_version, a.policy, a.share,
+             a.rank, time.time()))

@@ -1,22 +1,29 @@
 """Placement policies: pure functions of (job, cluster view, hints) -> decision, registered by name.
 
-- `hint`: the hint-driven policy. For the job's class, try its GPU types in rank order with the hinted cores
-  and RAM free (best fit); then, still in rank order, the largest share a node can give down to the
-  GPU-proportional one (Synergy-TUNE's degradation); then (unless `strict`) any other GPU type with the
+- `hint-static`: the hint-driven placement. For the job's class, try its GPU types in rank order with the
+  hinted cores and RAM free (best fit); then, still in rank order, the largest share a node can give down to
+  the GPU-proportional one (Synergy-TUNE's degradation); then (unless `strict`) any other GPU type with the
   GPU-proportional share. A class missing from the hint table gets the GPU-proportional share, best fit.
-- `proportional`: heterogeneity-agnostic baseline: GPU-proportional share, best fit over every GPU type.
+  A job keeps what it got until it ends.
+- `hint`: the same placement between rounds, plus co-adaptive rounds (`rounds`, see
+  `hetplan.allocator.rebalance`): jobs re-sized, moved across GPU types, gangs over several nodes.
+- `proportional`: the heterogeneity-agnostic baseline: the GPU-proportional share on a node drawn at random
+  (seeded) among those that fit, so the result does not depend on the order nodes joined.
 - `first-fit`: the first node (joining order) with the GPUs and the GPU-proportional share free.
 
-Policies never change the state; the mechanism (`Allocator`) applies the allocation they return.
+Policies never change the state; the mechanism (`Allocator`) applies the allocation (or, for rounds, the
+target) they return.
 """
 
 from __future__ import annotations
 
+import random
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from typing import Protocol
 
 from hetplan.allocator.cluster import ClusterView, Fit, Need
+from hetplan.allocator.rebalance import CoAdaptive
 from hetplan.allocator.spec import Allocation, Decision, Job, Reason, Rejection, Share, to_milli_up
 from hetplan.hints.index import HintEntry, HintSet
 
@@ -26,6 +33,8 @@ class Policy(Protocol):
     with a reason. It reads `state` and `hints` only."""
 
     name: str
+    rounds: CoAdaptive | None
+    """The round policy `Allocator.rebalance` runs; None: placement only, a job keeps its place until it ends."""
 
     def place(self, job: Job, state: ClusterView, hints: HintSet) -> Decision: ...
 
@@ -60,12 +69,14 @@ def _no_capacity(job: Job, hints: HintSet, policy: str, where: str) -> Rejection
 
 
 class HintPolicy:
-    """Hint-driven placement with Synergy-TUNE-style degradation (see the module docstring)."""
+    """Hint-driven placement with Synergy-TUNE-style degradation, and with `co_adaptive` the rounds of
+    `CoAdaptive` (see the module docstring)."""
 
-    name = "hint"
-
-    def __init__(self, strict: bool = False) -> None:
+    def __init__(self, strict: bool = False, co_adaptive: bool = True, migration_s: float = 30.0,
+                 horizon_s: float = 300.0) -> None:
         self.strict = strict  # strict: only the GPU types the class's hints list
+        self.name = "hint" if co_adaptive else "hint-static"
+        self.rounds = CoAdaptive(migration_s, horizon_s, self.name, strict) if co_adaptive else None
 
     def place(self, job: Job, state: ClusterView, hints: HintSet) -> Decision:
         rejected = _too_big(job, state, hints, self.name)
@@ -101,6 +112,7 @@ class _ProportionalShare(ABC):
     """Baselines that give the GPU-proportional share; subclasses say how a node is searched for."""
 
     name = ""
+    rounds = None
 
     def place(self, job: Job, state: ClusterView, hints: HintSet) -> Decision:
         rejected = _too_big(job, state, hints, self.name)
@@ -117,12 +129,17 @@ class _ProportionalShare(ABC):
 
 
 class ProportionalPolicy(_ProportionalShare):
-    """GPU-proportional share, best fit over all GPU types: the heterogeneity- and sensitivity-agnostic baseline."""
+    """GPU-proportional share on a fitting node drawn at random (seeded; among fits sorted by name, so the
+    draw does not depend on join order): the heterogeneity- and sensitivity-agnostic baseline."""
 
     name = "proportional"
 
+    def __init__(self, seed: int = 0) -> None:
+        self._rng = random.Random(seed)
+
     def _search(self, job: Job, state: ClusterView):
-        return state.best_fit(None, job.num_gpus, proportional_need(job.num_gpus))
+        fits = state.fitting(None, job.num_gpus, proportional_need(job.num_gpus))
+        return self._rng.choice(sorted(fits, key=lambda f: f.node)) if fits else None
 
 
 class FirstFitPolicy(_ProportionalShare):
@@ -135,7 +152,8 @@ class FirstFitPolicy(_ProportionalShare):
 
 
 POLICIES: dict[str, Callable[..., Policy]] = {
-    HintPolicy.name: HintPolicy,
+    "hint": HintPolicy,
+    "hint-static": lambda **options: HintPolicy(co_adaptive=False, **options),
     ProportionalPolicy.name: ProportionalPolicy,
     FirstFitPolicy.name: FirstFitPolicy,
 }
@@ -149,7 +167,8 @@ def register_policy(name: str, factory: Callable[..., Policy]) -> None:
 
 
 def get_policy(name: str, **options: object) -> Policy:
-    """A policy by name: `hint` (options: strict), `proportional`, `first-fit`."""
+    """A policy by name: `hint` (options: strict, migration_s, horizon_s), `hint-static` (strict),
+    `proportional` (seed), `first-fit`."""
     try:
         factory = POLICIES[name]
     except KeyError:

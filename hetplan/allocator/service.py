@@ -3,7 +3,13 @@
 Run it with `hetplan serve` (one process: the state lives in memory and in SQLite, so never run several
 workers on one database). Every request body is size-limited before it is parsed and validated with
 pydantic; a bad body gets a 4xx naming what is wrong and changes nothing. Admin endpoints (node changes,
-hint reload) need `Authorization: Bearer <token>`; without a configured token they are disabled (403).
+hint reload, tick) need `Authorization: Bearer <token>`; without a configured token they are disabled (403).
+
+With the co-adaptive `hint` policy the allocator also re-sizes and moves running jobs (`Allocator.rebalance`):
+on a release (the freed node's jobs grow), on an allocation that only fits if peers shrink (TUNE), and on a
+periodic tick (moves to faster GPU types). Every such change is an *action*, returned with the request that
+caused it and kept in a numbered log (`GET /v1/actions?since=N`) that a controller applies to the pods
+(docs/kubernetes.md).
 """
 
 from __future__ import annotations
@@ -15,8 +21,10 @@ import io
 import json
 import logging
 import os
+import asyncio
 import time
-from collections.abc import AsyncIterator, Callable
+from collections import deque
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any, Literal, TypeVar
@@ -35,8 +43,9 @@ from hetplan.allocator.core import NodeChanges
 from hetplan.allocator.durable import DurableAllocator
 from hetplan.allocator.metrics import Metrics
 from hetplan.allocator.policies import POLICIES, get_policy
+from hetplan.allocator.rebalance import Action
 from hetplan.allocator.sources import StoreHints
-from hetplan.allocator.spec import Allocation, Decision, Job, Node
+from hetplan.allocator.spec import Allocation, Decision, Job, Node, Reason
 from hetplan.hints import HintStore, default_store_root
 
 log = logging.getLogger(__name__)
@@ -61,12 +70,14 @@ class ServiceSettings(BaseModel):
     max_body_bytes: int = Field(64 * KiB, ge=1)
     max_extender_body_bytes: int = Field(32 * KiB * KiB, ge=1)  # Nodes mode carries whole v1.Node objects
     synchronous: Literal["FULL", "NORMAL", "EXTRA"] = "FULL"
+    tick_seconds: float = Field(60.0, ge=0)  # co-adaptive rebalancing every so often; 0: only on request
+    action_log: int = Field(10_000, ge=1)  # actions kept for GET /v1/actions
 
     @model_validator(mode="after")
     def _known_policy(self) -> ServiceSettings:
         if self.policy not in POLICIES:
             raise ValueError(f"unknown policy {self.policy!r}; one of {', '.join(sorted(POLICIES))}")
-        if self.strict and self.policy != "hint":
+        if self.strict and self.policy not in ("hint", "hint-static"):
             raise ValueError("strict applies to the hint policy only")
         return self
 
@@ -113,6 +124,23 @@ class AllocationOut(BaseModel):
     rank: int | None
 
 
+class ActionOut(BaseModel):
+    """A change to a running job the allocator decided: `resize` (same node, other cores/RAM), `migrate`
+    (other node: checkpoint, evict, re-create), `start` or `stop`. `before`/`after`: one allocation per node."""
+
+    seq: int = Field(description="position in the action log (GET /v1/actions?since=...)")
+    at: float = Field(description="when it was decided (Unix seconds)")
+    kind: Literal["start", "stop", "migrate", "resize"]
+    job_id: str
+    before: list[AllocationOut]
+    after: list[AllocationOut]
+
+
+class ActionsResponse(BaseModel):
+    latest: int = Field(description="the newest action's seq (0: none yet); pass it as `since` next time")
+    actions: list[ActionOut]
+
+
 class AllocateResponse(BaseModel):
     status: Literal["allocated", "rejected"]
     job_id: str
@@ -121,12 +149,14 @@ class AllocateResponse(BaseModel):
     replayed: bool = Field(False, description="true when the job id was already allocated (idempotent retry)")
     reason: str | None = None
     message: str | None = None
+    actions: list[ActionOut] = Field([], description="peers re-sized to make room for this job")
 
 
 class ReleaseResponse(BaseModel):
     job_id: str
     released: bool = Field(description="false when the job held no allocation (releasing twice is harmless)")
     allocation: AllocationOut | None = None
+    actions: list[ActionOut] = Field([], description="the freed node's jobs grown into what it left")
 
 
 class NodeIn(BaseModel):
@@ -198,6 +228,31 @@ class HintsResponse(BaseModel):
 
 def _out(a: Allocation) -> AllocationOut:
     return AllocationOut(**a.to_dict())
+
+
+class ActionLog:
+    """The last `size` actions, numbered from 1 in the order they were applied."""
+
+    def __init__(self, size: int) -> None:
+        self._entries: deque[ActionOut] = deque(maxlen=size)
+        self._seq = 0
+
+    def record(self, actions: Sequence[Action]) -> list[ActionOut]:
+        now = time.time()
+        out = []
+        for action in actions:
+            self._seq += 1
+            out.append(ActionOut(seq=self._seq, at=now, kind=action.kind, job_id=action.job_id,
+                                 before=[_out(a) for a in action.before], after=[_out(a) for a in action.after]))
+        self._entries.extend(out)
+        return out
+
+    @property
+    def latest(self) -> int:
+        return self._seq
+
+    def since(self, seq: int) -> ActionsResponse:
+        return ActionsResponse(latest=self._seq, actions=[a for a in self._entries if a.seq > seq])
 
 
 # ------------------------------------------------------------------ middleware
@@ -323,6 +378,7 @@ def create_app(settings: ServiceSettings | None = None, allocator: DurableAlloca
     settings = settings or ServiceSettings()
     metrics = Metrics()
     state: dict[str, DurableAllocator] = {}
+    actions_log = ActionLog(settings.action_log)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -342,10 +398,21 @@ def create_app(settings: ServiceSettings | None = None, allocator: DurableAlloca
         gc.freeze()  # the loaded state is long-lived: keep it out of every future collection (shorter GC pauses)
         log.info("allocator ready: %d nodes, %d allocations, policy %s, hints %s", len(opened.cluster),
                  len(opened.cluster.allocations()), opened.policy.name, opened.hints.version)
+        ticker = asyncio.create_task(_tick_forever()) if settings.tick_seconds > 0 and opened.policy.rounds else None
         try:
             yield
         finally:
+            if ticker is not None:
+                ticker.cancel()
             opened.close()
+
+    async def _tick_forever() -> None:
+        while True:
+            await asyncio.sleep(settings.tick_seconds)
+            try:
+                await run_in_threadpool(_tick)
+            except Exception:  # a failed tick must not stop the next one; the state is unchanged (all or nothing)
+                log.exception("rebalancing tick failed")
 
     app = FastAPI(title="hetplan allocator", version="1", lifespan=lifespan,
                   description="Hint-driven GPU job placement: allocation API, node admin, hints, Kubernetes "
@@ -374,32 +441,68 @@ def create_app(settings: ServiceSettings | None = None, allocator: DurableAlloca
             return fn(*args)
         return await run_in_threadpool(fn, *args)
 
-    def _allocate(job: Job) -> tuple[Decision, bool]:
+    def _allocate(job: Job) -> tuple[Decision, bool, list[ActionOut]]:
         a = alloc()
         with a.lock:
             replayed = a.cluster.allocation(job.job_id) is not None
-            return a.allocate(job), replayed
+            decision = a.allocate(job)
+            if isinstance(decision, Allocation) or decision.reason is not Reason.NO_CAPACITY or not a.policy.rounds:
+                return decision, replayed, []
+            # TUNE: shrink the jobs on nodes with the GPUs free toward their floors if that makes room
+            peers = [Job(p.job_id, p.model, p.gpus) for node in a.cluster.with_free_gpus(None, job.num_gpus)
+                     for p in map(a.cluster.allocation, a.cluster.jobs_on(node)) if p is not None]
+            actions = a.rebalance(peers + [job], preempt=False, move=False, nodes=[])
+            placed = next((x.after[0] for x in actions if x.job_id == job.job_id and len(x.after) == 1), None)
+            recorded = actions_log.record(actions)
+            return (placed or decision), replayed, [r for r in recorded if r.job_id != job.job_id]
+
+    def _release(job_id: str) -> tuple[Allocation | None, list[ActionOut]]:
+        a = alloc()
+        with a.lock:
+            released = a.release(job_id)
+            if released is None or not a.policy.rounds:
+                return released, []
+            peers = [Job(p.job_id, p.model, p.gpus) for p in map(a.cluster.allocation, a.cluster.jobs_on(released.node))
+                     if p is not None]
+            return released, actions_log.record(a.rebalance(peers, preempt=False, move=False, nodes=[released.node]))
+
+    def _tick() -> list[ActionOut]:
+        a = alloc()
+        with a.lock:
+            return actions_log.record(a.rebalance(a.running_jobs(), preempt=False, move=True))
 
     @app.post("/v1/allocate", response_model=AllocateResponse, tags=["allocation"])
     async def allocate(body: AllocateRequest) -> AllocateResponse:
         """Place a job (idempotent per job_id). A rejection is an answer, not an error: status 200."""
         job = Job(body.job_id, body.model, body.num_gpus)
         start = time.perf_counter()
-        decision, replayed = await durably(_allocate, job)
+        decision, replayed, actions = await durably(_allocate, job)
         metrics.observe_decision(decision, time.perf_counter() - start)
         if isinstance(decision, Allocation):
             return AllocateResponse(status="allocated", job_id=job.job_id, hint_version=decision.hint_version,
-                                    allocation=_out(decision), replayed=replayed)
+                                    allocation=_out(decision), replayed=replayed, actions=actions)
         return AllocateResponse(status="rejected", job_id=job.job_id, hint_version=decision.hint_version,
                                 reason=decision.reason.value, message=decision.message)
 
     @app.post("/v1/release", response_model=ReleaseResponse, tags=["allocation"])
     async def release(body: ReleaseRequest) -> ReleaseResponse:
         """Free a job's resources (idempotent)."""
-        released = await durably(alloc().release, body.job_id)
+        released, actions = await durably(_release, body.job_id)
         metrics.observe_release(released is not None)
         return ReleaseResponse(job_id=body.job_id, released=released is not None,
-                               allocation=_out(released) if released is not None else None)
+                               allocation=_out(released) if released is not None else None, actions=actions)
+
+    @app.get("/v1/actions", response_model=ActionsResponse, tags=["allocation"])
+    def get_actions(since: int = 0) -> ActionsResponse:
+        """Re-sizes and moves decided after action `since` (oldest first; the log keeps the last few thousand)."""
+        return actions_log.since(since)
+
+    @app.post("/v1/actions/tick", response_model=ActionsResponse, tags=["allocation", "admin"],
+              dependencies=[Depends(require_admin)])
+    async def tick() -> ActionsResponse:
+        """Rebalance now instead of at the next periodic tick (admin); returns the actions it decided."""
+        recorded = await durably(_tick)
+        return ActionsResponse(latest=actions_log.latest, actions=recorded)
 
     @app.get("/v1/allocations", response_model=list[AllocationOut], tags=["allocation"])
     def allocations() -> list[AllocationOut]:

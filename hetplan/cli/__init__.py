@@ -6,7 +6,7 @@ import logging
 
 import typer
 
-from hetplan.cli import catalog, data, evaluate, fit, hints, plan, profile, serve, trace, workspace
+from hetplan.cli import catalog, data, evaluate, fit, hints, plan, profile, serve, simulate, trace, workspace
 
 app = typer.Typer(
     name="hetplan",
@@ -15,7 +15,7 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     add_completion=False,
 )
-# In pipeline order: inputs, measure, fit, plan, publish, serve, evaluate; then the data tools.
+# In pipeline order: inputs, measure, fit, plan, publish, serve, evaluate, simulate; then the data tools.
 app.command("init")(workspace.init)
 app.add_typer(catalog.app, name="catalog")
 app.add_typer(trace.app, name="trace")
@@ -27,6 +27,7 @@ app.command("publish")(hints.publish)
 app.add_typer(hints.app, name="hints")
 app.command("serve")(serve.serve)
 app.command("evaluate")(evaluate.evaluate)
+app.command("simulate")(simulate.simulate)
 app.add_typer(data.app, name="data")
 
 

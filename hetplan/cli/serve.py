@@ -17,7 +17,8 @@ def serve(
     db: Path = typer.Option(Path(".hetplan/allocator.db"), "--db", help="SQLite state (created if missing)."),
     store: Path | None = typer.Option(None, "--store",
                                       help=f"Hint store (default: ${STORE_ENV}, else .hetplan/hints)."),
-    policy: str = typer.Option("hint", "--policy", help="hint | proportional | first-fit."),
+    policy: str = typer.Option("hint", "--policy", help="hint (co-adaptive: re-sizes and moves running jobs) | "
+                               "hint-static | proportional | first-fit."),
     strict: bool = typer.Option(False, "--strict", help="hint policy: use only the GPU types a class's hints list."),
     nodes: Path | None = typer.Option(None, "--nodes", help="Nodes to add or update at start (JSON, YAML or CSV)."),
     token: str | None = typer.Option(None, "--token", envvar="HETPLAN_ADMIN_TOKEN", show_envvar=True,
@@ -28,6 +29,8 @@ def serve(
                                           help="Body limit for /filter and /prioritize (bytes)."),
     synchronous: str = typer.Option("FULL", "--synchronous", help="SQLite synchronous: FULL (each commit survives "
                                     "power loss) or NORMAL (survives a process crash; faster)."),
+    tick: float = typer.Option(60.0, "--tick", min=0, help="Seconds between rebalancing ticks (hint policy; 0: only "
+                               "on POST /v1/actions/tick)."),
     log_level: str = typer.Option("warning", "--log-level", help="uvicorn log level."),
 ) -> None:
     """Serve allocations over HTTP (and as a Kubernetes scheduler extender) until interrupted."""
@@ -38,7 +41,8 @@ def serve(
     try:
         settings = ServiceSettings(db=db, store=store, policy=policy, strict=strict, token=token, nodes=nodes,
                                    hint_poll_seconds=poll, max_body_bytes=max_body,
-                                   max_extender_body_bytes=max_extender_body, synchronous=synchronous.upper())
+                                   max_extender_body_bytes=max_extender_body, synchronous=synchronous.upper(),
+                                   tick_seconds=tick)
     except ValidationError as exc:
         for err in exc.errors():
             errors.print(f"[red]error:[/] {err['msg']}", highlight=False, soft_wrap=True)

@@ -3,18 +3,25 @@
 One readable main loop over three kinds of event, earliest first: job completions, job arrivals and round
 boundaries. Between rounds the scheduler is work-conserving: on every arrival or completion it places
 waiting jobs in priority order wherever they fit, never preempting. At a round boundary (every `round_s`,
-as Gavel and Synergy do) a waiting job that outranks a running one triggers a reschedule: the jobs that should
-run are picked in priority order while their GPUs fit, running jobs not picked are preempted (they keep their
-progress), and waiting jobs are placed in priority order. Priorities:
+as Gavel and Synergy do):
 
-- `fifo`: arrival time;
-- `srtf`: remaining work in reference seconds (the trace duration is known, as in Gavel's SRTF);
-- `las`: attained service in GPU-seconds (Tiresias-style least attained service).
+- with a placement-only policy (`hint-static`, `proportional`, `first-fit`), a waiting job that outranks a
+  running one triggers a reschedule: the jobs that should run are picked in priority order while their GPUs
+  fit, running jobs not picked are preempted (they keep their progress), and waiting jobs are placed in
+  priority order, a preempted job first trying its old place;
+- with a co-adaptive policy (`hint`), the allocator's `rebalance` decides jointly which jobs run, on which
+  GPU type and node(s), with what cores and RAM (`hetplan.allocator.rebalance`), whenever jobs wait or
+  something changed since the last round; the simulator applies the actions it returns.
+
+Priorities: `fifo` arrival time; `srtf` remaining work in reference seconds (the trace duration is known, as
+in Gavel's SRTF); `las` attained service in GPU-seconds (Tiresias-style least attained service).
 
 Placement is `hetplan.allocator.Allocator` with a named policy and hint set: the simulator never decides
-where a job goes or what share it gets. A job's speed is read off the truth curves for the allocation it got.
-Stated simplifications: preempting, resuming and moving a job cost nothing (no checkpoint or restart time), and
-a reschedule picks the jobs to run by their GPUs alone, so a job waiting only for cores or RAM never preempts.
+where a job goes or what share it gets. A job's speed is read off the truth curves for the allocation it got;
+a gang (a job over several nodes) runs at its slowest part's per-GPU speed times `gang_scaling`.
+Costs (stated assumptions, `SimConfig`): a job that resumes after a preemption or moves to another node makes
+no progress for `migration_s` (checkpoint and restart); an in-place re-size pauses it for `resize_s`. It holds
+its resources meanwhile. The first start is free.
 """
 
 from __future__ import annotations
@@ -30,7 +37,8 @@ import numpy as np
 import pandas as pd
 
 from hetplan.allocator import Allocator
-from hetplan.allocator.policies import Policy
+from hetplan.allocator.policies import Policy, get_policy
+from hetplan.allocator.rebalance import Action
 from hetplan.allocator.spec import Allocation, Job, Node
 from hetplan.hints import HintSet
 from hetplan.sim.truth import TruthCurves
@@ -44,10 +52,27 @@ class SimulationError(RuntimeError):
     """An invariant broke during a simulation (a bug, never an input error)."""
 
 
+MIGRATION_S = 30.0
+"""Default checkpoint-and-restart cost: a stated assumption (a PyTorch job saving its state and reloading it on
+another node, order of tens of seconds for the models here); Gavel's and Synergy's published simulations charge
+nothing, so hetplan's figures pay a cost the anchors' do not."""
+RESIZE_S = 5.0
+"""Default in-place re-size cost: a stated assumption (cgroup limits change at once; data-loader workers are
+re-spawned at the next iterator)."""
+GANG_SCALING = 0.9
+"""Default per-GPU speed of a job spread over several nodes relative to one node: a stated assumption (a 10 %
+loss to cross-node gradient exchange)."""
+
+
 @dataclass(frozen=True)
 class SimConfig:
     scheduler: Scheduler = "las"
     round_s: float = 300.0
+    migration_s: float = MIGRATION_S
+    resize_s: float = RESIZE_S
+    gang_scaling: float = GANG_SCALING
+    seed: int = 0
+    """Seeds the random node draws of the `proportional` baseline."""
     check_every: int = 0
     """Check the cluster's invariants every N events (0: at the end only); tests use 1."""
 
@@ -56,14 +81,25 @@ class SimConfig:
             raise ValueError(f"unknown scheduler {self.scheduler!r}; one of {', '.join(SCHEDULERS)}")
         if not self.round_s > 0:
             raise ValueError(f"round_s must be positive, got {self.round_s}")
+        for name in ("migration_s", "resize_s"):
+            if not getattr(self, name) >= 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+        if not 0 < self.gang_scaling <= 1:
+            raise ValueError(f"gang_scaling must be in (0, 1], got {self.gang_scaling}")
+
+    def policy(self, name: str) -> Policy:
+        """The named allocator policy with this configuration's costs, round length and seed."""
+        options = {"hint": {"migration_s": self.migration_s, "horizon_s": self.round_s},
+                   "proportional": {"seed": self.seed}}.get(name, {})
+        return get_policy(name, **options)
 
 
 class _Job:
     """A job's simulation state. Work and remaining are in reference seconds."""
 
     __slots__ = ("idx", "request", "model", "truth_model", "gpus", "arrival", "work", "remaining", "attained", "last",
-                 "speed", "alloc", "start", "finish", "run_s", "preemptions", "migrations", "version", "gpu_type",
-                 "share")
+                 "speed", "parts", "paused_until", "start", "finish", "run_s", "preemptions", "migrations", "resizes",
+                 "version", "gpu_type", "gpu_types", "share")
 
     def __init__(self, idx: int, request: Job, truth_model: str, arrival: float, work: float) -> None:
         self.idx = idx
@@ -77,14 +113,17 @@ class _Job:
         self.attained = 0.0  # GPU-seconds
         self.last = arrival
         self.speed = 0.0
-        self.alloc: Allocation | None = None
+        self.parts: tuple[Allocation, ...] = ()  # one allocation per node it runs on; empty while not running
+        self.paused_until = -math.inf  # restarting (no progress) until then
         self.start = math.nan
         self.finish = math.nan
         self.run_s = 0.0
         self.preemptions = 0
         self.migrations = 0
+        self.resizes = 0
         self.version = 0
         self.gpu_type = ""
+        self.gpu_types: list[str] = []  # every GPU type it ran on, in order
         self.share = ""
 
 
@@ -101,7 +140,7 @@ class SimResult:
     """Per-job outcomes, the resource-use timeline, the cluster's capacity and event counts."""
 
     jobs: pd.DataFrame
-    timeline: pd.DataFrame  # time_s, gpus, cpus, mem_gb in use from that time on
+    timeline: pd.DataFrame  # time_s, gpus, cpus, mem_gb in use and jobs waiting from that time on
     capacity: dict[str, float]  # gpus, cpus, mem_gb
     counts: dict[str, int]
 
@@ -116,6 +155,7 @@ class Simulator:
         self.truth = truth
         self.config = config
         self.priority = PRIORITY[config.scheduler]
+        self.co_adaptive = allocator.policy.rounds is not None
         self.frame = jobs.reset_index(drop=True)
         self.jobs = [
             _Job(i, Job(str(job_id), str(model), int(gpus)), str(truth_model), float(arrival), float(duration))
@@ -123,42 +163,45 @@ class Simulator:
                 self.frame["job_id"], self.frame["model"], self.frame["sim_model"], self.frame["num_gpus"],
                 self.frame["arrival_s"], self.frame["duration_s"]))
         ]
+        self.by_id = {job.request.job_id: job for job in self.jobs}
         totals = allocator.cluster.totals()
         self.capacity = {"gpus": totals["gpus"], "cpus": totals["cpu_m"] / 1000, "mem_gb": totals["mem_mb"] / 1000}
         self.free_gpus = totals["free_gpus"]
+        self.largest = allocator.cluster.max_gpus()
         self.used = [0, 0, 0]  # GPUs, millicores, MB
         self.running: dict[int, _Job] = {}
         self.queue: list[tuple] = []  # sorted (priority..., idx); a waiting job's priority does not change
         self.finishes: list[tuple[float, int, int]] = []  # heap of (time, version, idx)
-        self.timeline: list[tuple[float, int, int, int]] = []
+        self.timeline: list[tuple[float, int, int, int, int]] = []
         self.last_round = -math.inf
+        self.changed = False  # something started or stopped since the last round (co-adaptive rounds only)
         self.now = 0.0
         self.counts = {"jobs": len(self.jobs), "completed": 0, "rejected_too_big": 0, "starts": 0,
-                       "kept": 0, "preemptions": 0, "migrations": 0, "rounds": 0, "reschedules": 0, "events": 0}
+                       "kept": 0, "preemptions": 0, "migrations": 0, "resizes": 0, "gangs": 0, "rounds": 0,
+                       "reschedules": 0, "events": 0}
         self.status = ["pending"] * len(self.jobs)
 
     # ------------------------------------------------------------------ the main loop
 
     def run(self) -> SimResult:
-        largest = self.allocator.cluster.max_gpus()
         arrivals = sorted((j for j in self.jobs), key=lambda j: (j.arrival, j.idx))
-        too_big = [j for j in arrivals if j.gpus > largest]
+        too_big = [j for j in arrivals if not self._could_run(j)]
         for job in too_big:
             self.status[job.idx] = "rejected_too_big"
         self.counts["rejected_too_big"] = len(too_big)
-        arrivals = [j for j in arrivals if j.gpus <= largest]
+        arrivals = [j for j in arrivals if self._could_run(j)]
         self.truth.require({j.truth_model for j in arrivals}, self.allocator.cluster.gpu_types())
         self._record(arrivals[0].arrival if arrivals else 0.0)
         nxt = 0
         while nxt < len(arrivals) or self.running or self.queue:
             t_arrival = arrivals[nxt].arrival if nxt < len(arrivals) else math.inf
             t_finish = self._next_finish()
-            t_round = self._next_round() if self.queue else math.inf
+            t_round = self._next_round() if self.queue or self.changed else math.inf
             now = self.now = min(t_arrival, t_finish, t_round)
             while self.finishes and self.finishes[0][0] <= now + EPS:
                 _, version, idx = heapq.heappop(self.finishes)
                 job = self.jobs[idx]
-                if version == job.version and job.alloc is not None:
+                if version == job.version and job.parts:
                     self._complete(job, now)
             while nxt < len(arrivals) and arrivals[nxt].arrival <= now:
                 self._enqueue(arrivals[nxt])
@@ -167,7 +210,7 @@ class Simulator:
                 self._round(now)
             else:
                 self._fill(now)
-            if self.queue and not self.running and nxt == len(arrivals):
+            if self.queue and not self.running and nxt == len(arrivals) and not self.changed:
                 raise SimulationError(f"{len(self.queue)} jobs wait on an idle cluster that cannot place them")
             self._record(now)
             self.counts["events"] += 1
@@ -175,6 +218,17 @@ class Simulator:
                 self._check()
         self._check(final=True)
         return SimResult(self._job_frame(), self._timeline_frame(), self.capacity, dict(self.counts))
+
+    def _could_run(self, job: _Job) -> bool:
+        """A job fits one node; with co-adaptive rounds, a larger one runs as a gang if some GPU type has the GPUs."""
+        if job.gpus <= self.largest:
+            return True
+        if not self.co_adaptive:
+            return False
+        per_type: dict[str, int] = {}
+        for node in self.allocator.cluster.nodes():
+            per_type[node.gpu_type] = per_type.get(node.gpu_type, 0) + node.gpus
+        return job.gpus <= max(per_type.values(), default=0)
 
     def _next_finish(self) -> float:
         while self.finishes:
@@ -196,11 +250,12 @@ class Simulator:
         self.status[job.idx] = "waiting"
         bisect.insort(self.queue, (*self.priority(job, 0.0), job.idx))
 
-    def _fill(self, now: float, previous: dict[int, Allocation | None] | None = None) -> None:
+    def _fill(self, now: float, previous: dict[int, tuple[Allocation, ...]] | None = None) -> None:
         """Place waiting jobs in priority order where they fit, without preempting; the rest wait on.
 
         A job in `previous` (preempted by this reschedule) first gets its old allocation back if its node
         still has room, so that it keeps running where it ran unless a higher-priority job took its place.
+        Gangs (jobs larger than any node) wait for a co-adaptive round.
         """
         if not self.queue or self.free_gpus == 0:
             return
@@ -209,11 +264,11 @@ class Simulator:
         waiting: list[tuple] = []
         for entry in self.queue:
             job = self.jobs[entry[-1]]
-            if self.free_gpus == 0 or job.gpus > self.free_gpus:
+            if self.free_gpus == 0 or job.gpus > self.free_gpus or job.gpus > self.largest:
                 waiting.append(entry)
                 continue
             old = previous.get(job.idx)
-            if old is not None and self.allocator.restore(old):
+            if old is not None and self.allocator.restore(old[0]):
                 self._start(job, old, now)
                 self.counts["kept"] += 1
                 continue
@@ -222,14 +277,15 @@ class Simulator:
                 continue
             decision = self.allocator.allocate(job.request)
             if isinstance(decision, Allocation):
-                self._start(job, decision, now)
+                self._start(job, (decision,), now)
             else:
                 failed.add((job.model, job.gpus))
                 waiting.append(entry)
         self.queue = waiting
 
     def _round(self, now: float) -> None:
-        """A round boundary: reschedule when a waiting job outranks a running one, else fill.
+        """A round boundary: a co-adaptive step, or (placement-only policies) a reschedule when a waiting job
+        outranks a running one, else a fill.
 
         A reschedule picks the jobs that should run, in priority order while their GPUs fit in the cluster's
         (counting GPUs, not packing), preempts the running jobs not picked, then fills: waiting jobs in
@@ -237,10 +293,15 @@ class Simulator:
         """
         self.last_round = now
         self.counts["rounds"] += 1
-        if not self.queue:
-            return
         # running jobs' priorities as of now, without bringing their state up to date (only stopped jobs need it)
         ranked = sorted((*self.priority(job, now - job.last), job.idx) for job in self.running.values())
+        if self.co_adaptive:
+            self.changed = False
+            order = [self.jobs[entry[-1]].request for entry in heapq.merge(ranked, self.queue)]
+            self._take(self.allocator.rebalance(order, preempt=True), now)
+            return
+        if not self.queue:
+            return
         if not ranked or self.queue[0] > ranked[-1]:
             self._fill(now)
             return
@@ -252,7 +313,7 @@ class Simulator:
                 room -= job.gpus
                 if room == 0:
                     break
-        before = {entry[-1]: self.jobs[entry[-1]].alloc for entry in ranked if entry[-1] not in chosen}
+        before = {entry[-1]: self.jobs[entry[-1]].parts for entry in ranked if entry[-1] not in chosen}
         if not before:
             self._fill(now)
             return
@@ -263,56 +324,105 @@ class Simulator:
         preempted = 0
         for idx, old in before.items():
             job = self.jobs[idx]
-            if job.alloc is None:
+            if not job.parts:
                 job.preemptions += 1
                 preempted += 1
-            elif job.alloc.node != old.node:
+            elif job.parts[0].node != old[0].node:
                 job.migrations += 1
                 self.counts["migrations"] += 1
         self.counts["preemptions"] += preempted
         self.counts["reschedules"] += preempted > 0  # a round whose stopped jobs all got their place back is none
 
+    def _take(self, actions: list[Action], now: float) -> None:
+        """Bring the jobs in line with a co-adaptive step's actions (already applied to the cluster)."""
+        stopped = []
+        for action in actions:
+            job = self.by_id[action.job_id]
+            if action.kind == "start":
+                self._start(job, action.after, now)
+            elif action.kind == "stop":
+                self._halt(job, now)
+                job.preemptions += 1
+                self.counts["preemptions"] += 1
+                stopped.append(job)
+            else:
+                self._halt(job, now)
+                moved = action.kind == "migrate"
+                self._start(job, action.after, now, pause=self.config.migration_s if moved else self.config.resize_s)
+                if moved:
+                    job.migrations += 1
+                else:
+                    job.resizes += 1
+                self.counts["migrations" if moved else "resizes"] += 1
+        started = {a.job_id for a in actions if a.kind == "start"}
+        self.queue = sorted([e for e in self.queue if self.jobs[e[-1]].request.job_id not in started]
+                            + [(*self.priority(job, 0.0), job.idx) for job in stopped])
+        self.counts["reschedules"] += bool(stopped)
+        for job in stopped:
+            self.status[job.idx] = "waiting"
+
     # ------------------------------------------------------------------ job state changes
 
     def _advance(self, job: _Job, now: float) -> None:
-        if job.alloc is not None:
+        if job.parts:
             dt = now - job.last
-            job.remaining -= job.speed * dt
+            job.remaining -= job.speed * max(0.0, now - max(job.last, job.paused_until))
             job.attained += job.gpus * dt
             job.run_s += dt
         job.last = now
 
-    def _start(self, job: _Job, a: Allocation, now: float) -> None:
-        speed = self.truth.speed(job.truth_model, a.gpu_type, a.gpus, a.cpu_m, a.mem_mb)
+    def _speed(self, job: _Job, parts: tuple[Allocation, ...]) -> float:
+        speeds = [self.truth.speed(job.truth_model, a.gpu_type, a.gpus, a.cpu_m, a.mem_mb) for a in parts]
+        speed = min(speeds) * (self.config.gang_scaling if len(parts) > 1 else 1.0)
         if not speed > 0:
+            a = parts[speeds.index(min(speeds))]
             raise SimulationError(f"{job.request.job_id}: the truth gives {job.truth_model} on {a.gpu_type} no "
                                   f"throughput with {a.cpus:g} cores and {a.mem_gb:g} GB (nothing measured at or below "
                                   f"that share): the job would never finish")
-        job.alloc, job.speed, job.last = a, speed, now
-        job.gpu_type, job.share = a.gpu_type, a.share
+        return speed
+
+    def _start(self, job: _Job, parts: tuple[Allocation, ...], now: float, pause: float | None = None) -> None:
+        """Run `job` on `parts` from now; a job that ran before restarts from its checkpoint (`migration_s`)
+        unless `pause` says otherwise."""
+        job.speed = self._speed(job, parts)
+        if pause is None:
+            pause = 0.0 if math.isnan(job.start) else self.config.migration_s
+        job.parts, job.last = parts, now
+        job.paused_until = now + pause
+        job.gpu_type, job.share = parts[0].gpu_type, parts[0].share
+        if not job.gpu_types or job.gpu_types[-1] != job.gpu_type:
+            job.gpu_types.append(job.gpu_type)
         if math.isnan(job.start):
             job.start = now
+            self.counts["gangs"] += len(parts) > 1
         job.version += 1
-        heapq.heappush(self.finishes, (now + max(job.remaining, 0.0) / speed, job.version, job.idx))
+        heapq.heappush(self.finishes, (now + pause + max(job.remaining, 0.0) / job.speed, job.version, job.idx))
         self.running[job.idx] = job
         self.status[job.idx] = "running"
-        self._use(a, +1)
+        for a in parts:
+            self._use(a, +1)
         self.counts["starts"] += 1
+        self.changed = True
 
-    def _stop(self, job: _Job, now: float) -> None:
-        """Take a running job off the cluster (preempted or finished)."""
+    def _halt(self, job: _Job, now: float) -> None:
+        """Take a running job off the simulation's books (its resources are already back in the cluster)."""
         self._advance(job, now)
-        a = job.alloc
-        if a is None:
+        if not job.parts:
             raise SimulationError(f"{job.request.job_id} stopped while not running")
-        released = self.allocator.release(job.request.job_id)
-        if released != a:
-            raise SimulationError(f"{job.request.job_id}: the allocator released {released}, expected {a}")
-        job.alloc, job.speed = None, 0.0
+        for a in job.parts:
+            self._use(a, -1)
+        job.parts, job.speed = (), 0.0
         job.version += 1
         del self.running[job.idx]
         self.status[job.idx] = "waiting"
-        self._use(a, -1)
+        self.changed = True
+
+    def _stop(self, job: _Job, now: float) -> None:
+        """Take a running job off the cluster (preempted or finished)."""
+        released = self.allocator.release_parts(job.request.job_id)
+        if sorted(released, key=lambda a: a.job_id) != sorted(job.parts, key=lambda a: a.job_id):
+            raise SimulationError(f"{job.request.job_id}: the allocator released {released}, expected {job.parts}")
+        self._halt(job, now)
 
     def _complete(self, job: _Job, now: float) -> None:
         if not math.isnan(job.finish):
@@ -334,7 +444,7 @@ class Simulator:
     # ------------------------------------------------------------------ invariants and results
 
     def _record(self, now: float) -> None:
-        point = (now, self.used[0], self.used[1], self.used[2])
+        point = (now, self.used[0], self.used[1], self.used[2], len(self.queue))
         if self.timeline and self.timeline[-1][0] == now:
             self.timeline[-1] = point
         else:
@@ -350,8 +460,9 @@ class Simulator:
             problems.append(f"simulator counts {self.used} in use, the cluster {in_use}")
         if any(u > c for u, c in zip(in_use, (totals["gpus"], totals["cpu_m"], totals["mem_mb"]))):
             problems.append(f"more in use than exists: {in_use} of {totals}")
-        if len(cluster.allocations()) != len(self.running):
-            problems.append(f"{len(cluster.allocations())} allocations for {len(self.running)} running jobs")
+        parts = sum(len(job.parts) for job in self.running.values())
+        if len(cluster.allocations()) != parts:
+            problems.append(f"{len(cluster.allocations())} allocations for {parts} running job parts")
         if final:
             unfinished = [j.request.job_id for j, s in zip(self.jobs, self.status) if s not in
                           ("completed", "rejected_too_big")]
@@ -360,6 +471,11 @@ class Simulator:
             done = self.counts["completed"] + self.counts["rejected_too_big"]
             if done != len(self.jobs):
                 problems.append(f"{done} jobs accounted for out of {len(self.jobs)}")
+            held = sum(j.attained for j in self.jobs)
+            t = np.array(self.timeline, dtype=float).reshape(-1, 5)
+            used = float(np.sum(t[:-1, 1] * np.diff(t[:, 0]))) if len(t) > 1 else 0.0
+            if abs(held - used) > 1e-6 * max(held, 1.0):
+                problems.append(f"GPU-seconds not conserved: jobs held {held:.6g}, the cluster lent {used:.6g}")
         if problems:
             raise SimulationError("; ".join(problems))
 
@@ -377,16 +493,20 @@ class Simulator:
             "mean_speed": np.divide(f["duration_s"].to_numpy(float), run_s, out=np.full(len(f), np.nan),
                                     where=run_s > 0),
             "preemptions": [j.preemptions for j in self.jobs], "migrations": [j.migrations for j in self.jobs],
-            "gpu_type": [j.gpu_type for j in self.jobs], "share": [j.share for j in self.jobs],
+            "resizes": [j.resizes for j in self.jobs], "gpu_type": [j.gpu_type for j in self.jobs],
+            "gpu_types": ["+".join(j.gpu_types) for j in self.jobs], "share": [j.share for j in self.jobs],
         })
 
     def _timeline_frame(self) -> pd.DataFrame:
-        t = np.array(self.timeline, dtype=float).reshape(-1, 4)
-        return pd.DataFrame({"time_s": t[:, 0], "gpus": t[:, 1], "cpus": t[:, 2] / 1000, "mem_gb": t[:, 3] / 1000})
+        t = np.array(self.timeline, dtype=float).reshape(-1, 5)
+        return pd.DataFrame({"time_s": t[:, 0], "gpus": t[:, 1], "cpus": t[:, 2] / 1000, "mem_gb": t[:, 3] / 1000,
+                             "waiting": t[:, 4].astype(int)})
 
 
 def simulate(jobs: pd.DataFrame, nodes: Iterable[Node], truth: TruthCurves, policy: Policy | str = "hint",
              hints: HintSet | None = None, config: SimConfig | None = None) -> SimResult:
     """Simulate a prepared workload on `nodes`, placed by the allocator core with `policy` and `hints`."""
-    allocator = Allocator(list(nodes), policy, hints or HintSet.empty())
-    return Simulator(jobs, allocator, truth, config or SimConfig()).run()
+    config = config or SimConfig()
+    allocator = Allocator(list(nodes), config.policy(policy) if isinstance(policy, str) else policy,
+                          hints or HintSet.empty())
+    return Simulator(jobs, allocator, truth, config).run()

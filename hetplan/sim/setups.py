@@ -13,10 +13,13 @@ from dataclasses import dataclass
 import pandas as pd
 
 from hetplan.allocator.spec import Node
+from hetplan.contracts.table import ContractError, Problem
 from hetplan.hints import HintSet
 from hetplan.hints.index import HintEntry, class_key
+from hetplan.sim.truth import TruthCurves
 
 KNEE_HINTS_VERSION = "knees"
+ORACLE_HINTS_VERSION = "oracle"
 
 
 @dataclass(frozen=True)
@@ -75,3 +78,40 @@ def knee_hints(curves: pd.DataFrame, classes: pd.DataFrame, gpu_types: list[str]
             HintEntry(str(r.gpu_type), rank, float(r.knee_cpus), float(r.knee_mem_gb), float(r.plateau) * int(num_gpus))
             for rank, r in enumerate(rows.itertuples(), start=1))
     return HintSet(KNEE_HINTS_VERSION, table)
+
+
+def truth_hints(truth: TruthCurves, classes: pd.DataFrame, gpu_types: list[str], knee: float = 0.97) -> HintSet:
+    """ORACLE hints read off the truth itself, an upper bound no real allocator has: per class (`model`,
+    `num_gpus`, run as truth model `sim_model`) and GPU type the truth has, the smallest share per GPU on the
+    truth's grid reaching `knee` of its best throughput (fewest cores, then least RAM); types ranked by that
+    throughput relative to the reference allocation."""
+    table: dict[tuple[str, int], tuple[HintEntry, ...]] = {}
+    for model, sim_model, num_gpus in classes[["model", "sim_model", "num_gpus"]].itertuples(index=False):
+        entries = []
+        for gpu_type in gpu_types:
+            grid = truth.grids.get((str(sim_model), gpu_type))
+            if grid is None:
+                continue
+            best = float(grid.values.max())
+            i, j = min(((a, b) for a, b in zip(*(grid.values >= knee * best).nonzero())),
+                       key=lambda ab: (grid.cpus[ab[0]], grid.mem_gb[ab[1]]))
+            entries.append((gpu_type, grid.cpus[i], grid.mem_gb[j], best / truth.reference(str(sim_model))))
+        entries.sort(key=lambda e: -e[3])
+        table[class_key(str(model), int(num_gpus))] = tuple(
+            HintEntry(t, rank, c, m, speed * int(num_gpus)) for rank, (t, c, m, speed) in enumerate(entries, start=1))
+    return HintSet(ORACLE_HINTS_VERSION, table)
+
+
+def read_hints(path) -> HintSet:
+    """A hint table file (parquet, or CSV) as the allocator indexes it."""
+    from pathlib import Path
+
+    source = Path(path)
+    try:
+        frame = pd.read_parquet(source) if source.suffix == ".parquet" else pd.read_csv(source)
+    except (OSError, ValueError) as exc:
+        raise ContractError([Problem(str(source), f"cannot read the hint table: {exc}")]) from None
+    try:
+        return HintSet.from_frame(frame)
+    except ContractError as exc:
+        raise ContractError([Problem(str(source), str(p)) for p in exc.problems]) from None

@@ -1,0 +1,464 @@
+"""Co-adaptive rounds: decide jointly which jobs run, on which GPU type and node(s), with what cores and RAM.
+
+Gavel's comparative advantage, Synergy-TUNE's re-sizing and multi-node gangs as one policy step. The split
+stays: `CoAdaptive.target` (the policy) plans on `Cluster.trial()`, a scratch pad undone on exit, and returns
+a `Target`; `diff` says what changes (start, stop, migrate, resize); `Allocator.rebalance` applies it.
+
+One step, given every job that wants to run (running and waiting) in priority order:
+
+1. **Admission** (only with `preempt`): jobs in priority order while their GPUs fit the cluster's; running
+   jobs left out are preempted. Without `preempt`, running jobs stay and waiting ones fill free GPUs.
+   Running jobs change GPU type (steps 2 and 3) only with `move`.
+2. **GPU types by comparative advantage**: a job's normalised speed on a type is its class's hinted expected
+   throughput there over its best type's (1 everywhere for a class without hints; 0 for a type its hints do
+   not list, usable only as a last resort). For a running job every other type is discounted by the
+   migration cost over the horizon (`1 - migration_s / horizon_s`). Jobs with the most to lose from their
+   second choice pick first (greedy regret), each its best type with GPUs left.
+3. **Placement**: jobs keeping their type keep their node(s). The others, in priority order, take their
+   hinted share (best fit), else the largest share down to their floor; else the peers on a node with the
+   GPUs free shrink to their floors to make room (Synergy-TUNE); else another type. A job larger than any
+   node of its type runs as a gang over several nodes of that type, all or nothing.
+4. **Backfill**: jobs left out, in priority order, take what is still free (a preempted job its old place
+   first).
+5. **Re-sizing**: on every node touched since the last step, jobs grow in priority order into free cores and
+   RAM up to their hinted share.
+
+A job's **floor** is min(hinted share, GPU-proportional share): nobody gets less than the proportional share
+unless its own hinted share is smaller (then it has its plateau anyway).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Literal
+
+from hetplan.allocator.cluster import Cluster
+from hetplan.allocator.spec import Allocation, Job, Share, to_milli_up
+from hetplan.hints.index import HintSet
+
+Target = dict[str, tuple[Allocation, ...]]
+"""Job id -> its allocations after the step: one per node (several for a gang); jobs absent do not run."""
+
+ActionKind = Literal["start", "stop", "migrate", "resize"]
+GANG_SEP = "#"
+"""A gang's parts are held in the cluster as `<job id>#<k>`."""
+
+
+@dataclass(frozen=True, slots=True)
+class Action:
+    """One change the step makes to a job: what it held before and what it holds after (one tuple per node)."""
+
+    kind: ActionKind
+    job_id: str
+    before: tuple[Allocation, ...]
+    after: tuple[Allocation, ...]
+
+    def to_dict(self) -> dict:
+        return {"kind": self.kind, "job_id": self.job_id, "before": [a.to_dict() for a in self.before],
+                "after": [a.to_dict() for a in self.after]}
+
+
+def diff(current: Mapping[str, tuple[Allocation, ...]], target: Target) -> list[Action]:
+    """The actions that take `current` to `target`: stop, then migrate, resize and start (job id order)."""
+    actions: list[Action] = []
+    for job_id in sorted(current.keys() - target.keys()):
+        actions.append(Action("stop", job_id, current[job_id], ()))
+    for job_id in sorted(target):
+        after, before = target[job_id], current.get(job_id, ())
+        if not before:
+            actions.append(Action("start", job_id, (), after))
+        elif [a.node for a in before] != [a.node for a in after]:
+            actions.append(Action("migrate", job_id, before, after))
+        elif [(a.cpu_m, a.mem_mb) for a in before] != [(a.cpu_m, a.mem_mb) for a in after]:
+            actions.append(Action("resize", job_id, before, after))
+    return actions
+
+
+@dataclass
+class CoAdaptive:
+    """The round policy of the `hint` policy (see the module docstring). `migration_s` is what a move costs
+    (checkpoint and restart); a move must pay it back within `horizon_s` (the round length)."""
+
+    migration_s: float = 30.0
+    horizon_s: float = 300.0
+    name: str = "hint"
+    strict: bool = False  # only the GPU types a class's hints list (classes without hints: any)
+    _speeds: dict[tuple[str, int, str | None], dict[str, float]] = field(default_factory=dict, repr=False)
+
+    def target(self, order: Sequence[Job], cluster: Cluster, hints: HintSet,
+               current: Mapping[str, tuple[Allocation, ...]], touched: Iterable[str] = (),
+               preempt: bool = True, move: bool = True) -> Target:
+        """Where every job of `order` (priority order) should run after this step; `current` says where the
+        running ones are, `touched` which nodes changed since the last step (they get re-sized). `preempt`:
+        running jobs may be stopped for higher-priority ones; `move`: they may change GPU type."""
+        with cluster.trial():
+            return _Step(self, order, cluster, hints, current, set(touched), preempt, move).run()
+
+    def speeds(self, job: Job, hints: HintSet, gpu_types: Sequence[str]) -> dict[str, float]:
+        """The job's normalised speed per GPU type (see the module docstring), cached per class and hint version."""
+        key = (job.model, job.num_gpus, hints.version)
+        speeds = self._speeds.get(key)
+        if speeds is None:
+            entries = hints.lookup(job.model, job.num_gpus)
+            thr = {e.gpu_type: max(e.expected_throughput, 0.0) for e in entries}
+            best = max(thr.values(), default=0.0)
+            if not entries:
+                speeds = {t: 1.0 for t in gpu_types}
+            elif best > 0:
+                speeds = {t: thr.get(t, 0.0) / best for t in gpu_types}
+            else:  # hints without throughputs: their rank order
+                ranks = {e.gpu_type: e.rank for e in entries}
+                speeds = {t: 1.0 / ranks[t] if t in ranks else 0.0 for t in gpu_types}
+            if len(self._speeds) > 100_000:
+                self._speeds.clear()
+            self._speeds[key] = speeds
+        return speeds
+
+
+class _Step:
+    """One planning step on a trial cluster (undone by the caller)."""
+
+    def __init__(self, policy: CoAdaptive, order: Sequence[Job], cluster: Cluster, hints: HintSet,
+                 current: Mapping[str, tuple[Allocation, ...]], touched: set[str], preempt: bool, move: bool) -> None:
+        self.policy, self.order, self.cluster, self.hints = policy, order, cluster, hints
+        self.current, self.touched, self.preempt, self.move = current, touched, preempt, move
+        self.rank = {job.job_id: i for i, job in enumerate(order)}
+        # jobs running but not asked about stay exactly as they are (pinned)
+        self.placed: Target = {j: parts for j, parts in current.items() if j not in self.rank}
+        self.types = cluster.gpu_types()
+        self.type_gpus = {t: 0 for t in self.types}
+        self.type_largest = {t: 0 for t in self.types}
+        for node in cluster.nodes():
+            self.type_gpus[node.gpu_type] += node.gpus
+            self.type_largest[node.gpu_type] = max(self.type_largest[node.gpu_type], node.gpus)
+
+    # ------------------------------------------------------------------ the step
+
+    def run(self) -> Target:
+        admitted, left_out = self._admit()
+        for job in left_out:
+            self._release(job.job_id)
+        assigned = self._assign_types(admitted)
+        movers: list[Job] = []
+        for job in admitted:
+            before = self.current.get(job.job_id, ())
+            if before and before[0].gpu_type == assigned.get(job.job_id):
+                self.placed[job.job_id] = before
+            else:
+                self._release(job.job_id)
+                movers.append(job)
+        for job in movers:  # priority order
+            self._place(job, assigned.get(job.job_id))
+        for job in admitted + left_out:  # backfill, a preempted or unplaced job its old place first
+            if job.job_id not in self.placed:
+                self._restore(job) or self._place(job, None)
+        for node in sorted(self.touched):
+            if node in self.cluster:
+                self._grow(node)
+        return {job: parts for job, parts in self.placed.items()}
+
+    def _admit(self) -> tuple[list[Job], list[Job]]:
+        if not self.preempt:
+            running = [j for j in self.order if j.job_id in self.current]
+            waiting = [j for j in self.order if j.job_id not in self.current]
+            return running, waiting
+        room = sum(self.type_gpus.values())
+        admitted, left_out = [], []
+        for job in self.order:
+            if job.num_gpus <= room and self._could_ever_run(job):
+                admitted.append(job)
+                room -= job.num_gpus
+            else:
+                left_out.append(job)
+        return admitted, left_out
+
+    def _could_ever_run(self, job: Job) -> bool:
+        return any(g >= job.num_gpus for g in self.type_gpus.values())
+
+    def _assign_types(self, admitted: list[Job]) -> dict[str, str]:
+        """Comparative advantage: each admitted job's GPU type (absent: none had GPUs left).
+
+        Running jobs start on their type; newcomers pick by greedy regret in what is left; then (with
+        `preempt`) running jobs move up into free GPUs and pairs swap types, each only when the speed gained
+        beats the migration cost, so the assignment never oscillates from one step to the next.
+        """
+        room = dict(self.type_gpus)
+        assigned: dict[str, str] = {}
+        newcomers = []
+        for job in admitted:
+            parts = self.current.get(job.job_id, ())
+            if parts:
+                assigned[job.job_id] = parts[0].gpu_type
+                room[parts[0].gpu_type] -= job.num_gpus
+            else:
+                newcomers.append(job)
+        scored = []
+        for job in newcomers:
+            speeds = self.policy.speeds(job, self.hints, self.types)
+            ranked = sorted(speeds.values(), reverse=True) + [0.0, 0.0]
+            scored.append((ranked[1] - ranked[0], self.rank[job.job_id], job, speeds))
+        scored.sort(key=lambda s: s[:2])
+        for _, _, job, speeds in scored:
+            for t in sorted(speeds, key=lambda t: (-speeds[t], t)):
+                if room[t] >= job.num_gpus:
+                    assigned[job.job_id] = t
+                    room[t] -= job.num_gpus
+                    break
+        if self.move:
+            self._improve([j for j in admitted if j.job_id in assigned], assigned, room)
+        return assigned
+
+    def _value(self, job: Job, gpu_type: str) -> float:
+        """A job's normalised speed on a type, less the migration cost over the horizon if it runs elsewhere now."""
+        speed = self.policy.speeds(job, self.hints, self.types)[gpu_type]
+        parts = self.current.get(job.job_id, ())
+        if parts and parts[0].gpu_type != gpu_type:
+            horizon = self.policy.horizon_s
+            return speed * (1.0 - min(self.policy.migration_s / horizon, 1.0)) if horizon > 0 else 0.0
+        return speed
+
+    def _improve(self, jobs: list[Job], assigned: dict[str, str], room: dict[str, int]) -> None:
+        """Moves into free GPUs, then pairwise swaps of equal-sized jobs, while each gains more than it costs."""
+        eps = 1e-9
+        moves = []
+        for job in jobs:
+            now = assigned[job.job_id]
+            for t in self.types:
+                gain = self._value(job, t) - self._value(job, now)
+                if t != now and gain > eps:
+                    moves.append((-gain, self.rank[job.job_id], job, t))
+        for _, _, job, t in sorted(moves, key=lambda m: m[:2]):
+            now = assigned[job.job_id]
+            if room[t] >= job.num_gpus and self._value(job, t) - self._value(job, now) > eps:
+                assigned[job.job_id] = t
+                room[t] -= job.num_gpus
+                room[now] += job.num_gpus
+        by_type: dict[tuple[str, int], list[Job]] = {}
+        for job in jobs:
+            by_type.setdefault((assigned[job.job_id], job.num_gpus), []).append(job)
+        for x in self.types:
+            for y in self.types:
+                if x >= y:
+                    continue
+                for g in sorted({g for (t, g) in by_type if t == x} & {g for (t, g) in by_type if t == y}):
+                    on_x = sorted(by_type[(x, g)], key=lambda j: self._value(j, x) - self._value(j, y))
+                    on_y = sorted(by_type[(y, g)], key=lambda j: self._value(j, y) - self._value(j, x))
+                    for i, j in zip(on_x, on_y):
+                        gain = (self._value(i, y) + self._value(j, x)) - (self._value(i, x) + self._value(j, y))
+                        if gain <= eps:
+                            break
+                        assigned[i.job_id], assigned[j.job_id] = y, x
+
+    # ------------------------------------------------------------------ placing one job
+
+    def _place(self, job: Job, gpu_type: str | None) -> bool:
+        """Place `job` on `gpu_type` (then, failing that, on the other types by speed); False if nowhere."""
+        speeds = self.policy.speeds(job, self.hints, self.types)
+        preference = sorted(self.types, key=lambda t: (-speeds[t], t))
+        if gpu_type is not None:
+            preference.remove(gpu_type)
+            preference.insert(0, gpu_type)
+        for t in preference:
+            if self.type_gpus[t] < job.num_gpus or (self.policy.strict and speeds[t] <= 0):
+                continue
+            if job.num_gpus > self.type_largest[t]:
+                if self._place_gang(job, t):
+                    return True
+            elif self._place_single(job, t):
+                return True
+        return False
+
+    def _place_single(self, job: Job, gpu_type: str) -> bool:
+        g = job.num_gpus
+        want = self._want(job, gpu_type)
+        fit = self.cluster.best_fit(gpu_type, g, want)
+        share: Share = "hinted" if self._hinted(job, gpu_type) else "proportional"
+        if fit is None:
+            fit = self.cluster.largest_share(gpu_type, g, want, self._floor(job, gpu_type))
+            share = "reduced" if share == "hinted" else share
+        if fit is None:
+            node = self._tune(job, gpu_type)
+            if node is None:
+                return False
+            return self._put(job, ((node, g),), gpu_type)
+        self._commit(job, (self._allocation(job, job.job_id, fit.node, gpu_type, g, fit.cpu_m, fit.mem_mb, share),))
+        return True
+
+    def _tune(self, job: Job, gpu_type: str) -> str | None:
+        """A node of `gpu_type` with the GPUs free whose peers, shrunk to their floors, leave `job` its floor."""
+        for name in self.cluster.with_free_gpus(gpu_type, job.num_gpus):
+            shape = self.cluster.shape(name)
+            floor = self._floor(job, gpu_type)(shape)
+            free = self.cluster.free(name)
+            spare = [free.cpu_m, free.mem_mb]
+            peers = self._movable_on(name)
+            for a in peers:
+                f = self._floor_of(a)
+                spare[0] += a.cpu_m - min(f[0], a.cpu_m)
+                spare[1] += a.mem_mb - min(f[1], a.mem_mb)
+            if spare[0] >= floor[0] and spare[1] >= floor[1]:
+                for a in peers:
+                    self._shrink(a)
+                return name
+        return None
+
+    def _place_gang(self, job: Job, gpu_type: str) -> bool:
+        """All or nothing: nodes of `gpu_type` with the most free GPUs first, each part at least its floor."""
+        mark = self.cluster.mark()
+        left = job.num_gpus
+        pieces: list[tuple[str, int]] = []
+        for name in sorted(self.cluster.with_free_gpus(gpu_type, 1),
+                           key=lambda n: (-self.cluster.free(n).gpus, n)):
+            take = min(self.cluster.free(name).gpus, left)
+            pieces.append((name, take))
+            left -= take
+            if left == 0:
+                break
+        if left > 0 or not self._put(job, tuple(pieces), gpu_type):
+            self.cluster.undo_to(mark)
+            return False
+        return True
+
+    def _put(self, job: Job, pieces: tuple[tuple[str, int], ...], gpu_type: str) -> bool:
+        """Give `job` the given GPUs on each node with the largest share its free cores and RAM allow, at least
+        its floor (peers shrunk if they must); False (nothing kept) when some node cannot give the floor."""
+        mark = self.cluster.mark()
+        parts = []
+        hinted = self._hinted(job, gpu_type)
+        gang = len(pieces) > 1 or job.num_gpus > self.type_largest[gpu_type]
+        for k, (name, gpus) in enumerate(pieces):
+            shape = self.cluster.shape(name)
+            want = self._scaled(self._want(job, gpu_type)(shape), gpus, job.num_gpus)
+            floor = self._scaled(self._floor(job, gpu_type)(shape), gpus, job.num_gpus)
+            free = self.cluster.free(name)
+            if free.cpu_m < floor[0] or free.mem_mb < floor[1]:
+                for a in self._movable_on(name):
+                    self._shrink(a)
+                free = self.cluster.free(name)
+            if free.gpus < gpus or free.cpu_m < floor[0] or free.mem_mb < floor[1]:
+                self.cluster.undo_to(mark)
+                return False
+            cpu, mem = min(want[0], free.cpu_m), min(want[1], free.mem_mb)
+            share: Share = ("hinted" if (cpu, mem) == want else "reduced") if hinted else "proportional"
+            part_id = f"{job.job_id}{GANG_SEP}{k}" if gang else job.job_id
+            a = self._allocation(job, part_id, name, gpu_type, gpus, cpu, mem, share)
+            self.cluster.apply(a)
+            self.touched.add(name)
+            parts.append(a)
+        self.placed[job.job_id] = tuple(parts)
+        return True
+
+    def _restore(self, job: Job) -> bool:
+        before = self.current.get(job.job_id, ())
+        if not before:
+            return False
+        mark = self.cluster.mark()
+        for a in before:
+            free = self.cluster.free(a.node) if a.node in self.cluster else None
+            if free is None or a.gpus > free.gpus or a.cpu_m > free.cpu_m or a.mem_mb > free.mem_mb:
+                self.cluster.undo_to(mark)
+                return False
+            self.cluster.apply(a)
+        self.placed[job.job_id] = before
+        return True
+
+    # ------------------------------------------------------------------ shares
+
+    def _hinted(self, job: Job, gpu_type: str) -> bool:
+        return any(e.gpu_type == gpu_type for e in self.hints.lookup(job.model, job.num_gpus))
+
+    def _want(self, job: Job, gpu_type: str):
+        for e in self.hints.lookup(job.model, job.num_gpus):
+            if e.gpu_type == gpu_type:
+                cpu, mem = to_milli_up(e.cpus_per_gpu * job.num_gpus), to_milli_up(e.mem_gb_per_gpu * job.num_gpus)
+                return lambda shape: (cpu, mem)
+        g = job.num_gpus
+        return lambda shape: shape.proportional(g)
+
+    def _floor(self, job: Job, gpu_type: str):
+        want, g = self._want(job, gpu_type), job.num_gpus
+        return lambda shape: tuple(min(w, p) for w, p in zip(want(shape), shape.proportional(g)))
+
+    def _floor_of(self, a: Allocation) -> tuple[int, int]:
+        job = self._job_of(a)
+        shape = self.cluster.shape(a.node)
+        return self._scaled(self._floor(job, a.gpu_type)(shape), a.gpus, job.num_gpus)
+
+    def _want_of(self, a: Allocation) -> tuple[int, int]:
+        job = self._job_of(a)
+        shape = self.cluster.shape(a.node)
+        return self._scaled(self._want(job, a.gpu_type)(shape), a.gpus, job.num_gpus)
+
+    def _movable_on(self, node: str) -> list[Allocation]:
+        """The allocations on `node` of jobs this step may re-size (those it was asked about)."""
+        allocs = (self.cluster.allocation(j) for j in self.cluster.jobs_on(node))
+        return [a for a in allocs if a is not None and self._base_id(a) in self.rank]
+
+    def _base_id(self, a: Allocation) -> str:
+        return a.job_id if a.job_id in self.rank else a.job_id.rsplit(GANG_SEP, 1)[0]
+
+    def _job_of(self, a: Allocation) -> Job:
+        """The job an allocation (or a gang part) belongs to, as a class (model, GPUs of the whole job)."""
+        job_id = self._base_id(a)
+        total = sum(p.gpus for p in self.placed.get(job_id, self.current.get(job_id, (a,))))
+        return Job(job_id, a.model, max(total, a.gpus))
+
+    @staticmethod
+    def _scaled(share: tuple[int, int], gpus: int, of: int) -> tuple[int, int]:
+        """A whole job's share cut to `gpus` of its `of` GPUs (a gang part's share)."""
+        if gpus == of:
+            return share
+        return -(-share[0] * gpus // of), -(-share[1] * gpus // of)
+
+    def _shrink(self, a: Allocation) -> None:
+        floor = self._floor_of(a)
+        if a.cpu_m > floor[0] or a.mem_mb > floor[1]:
+            self._resize(a, min(a.cpu_m, floor[0]), min(a.mem_mb, floor[1]))
+
+    def _grow(self, node: str) -> None:
+        """Jobs on `node` grow in priority order into its free cores and RAM, up to their hinted share."""
+        allocs = self._movable_on(node)
+        allocs.sort(key=lambda a: self.rank.get(self._job_of(a).job_id, len(self.rank)))
+        for a in allocs:
+            want = self._want_of(a)
+            free = self.cluster.free(node)
+            cpu = max(a.cpu_m, min(want[0], a.cpu_m + free.cpu_m))
+            mem = max(a.mem_mb, min(want[1], a.mem_mb + free.mem_mb))
+            if (cpu, mem) != (a.cpu_m, a.mem_mb):
+                self._resize(a, cpu, mem)
+
+    def _resize(self, a: Allocation, cpu_m: int, mem_mb: int) -> None:
+        self.cluster.release(a.job_id)
+        job = self._job_of(a)
+        want = self._want_of(a)
+        share: Share = a.share if a.share == "proportional" else ("hinted" if (cpu_m, mem_mb) == want else "reduced")
+        new = Allocation(a.job_id, a.model, a.node, a.gpu_type, a.gpus, cpu_m, mem_mb, self.hints.version,
+                         self.policy.name, share, a.rank)
+        self.cluster.apply(new)
+        self.touched.add(a.node)
+        parts = self.placed.get(job.job_id)
+        if parts is not None:
+            self.placed[job.job_id] = tuple(new if p.job_id == a.job_id else p for p in parts)
+
+    # ------------------------------------------------------------------ bookkeeping
+
+    def _allocation(self, job: Job, part_id: str, node: str, gpu_type: str, gpus: int, cpu_m: int, mem_mb: int,
+                    share: Share) -> Allocation:
+        rank = next((e.rank for e in self.hints.lookup(job.model, job.num_gpus) if e.gpu_type == gpu_type), None)
+        return Allocation(part_id, job.model, node, gpu_type, gpus, cpu_m, mem_mb, self.hints.version,
+                          self.policy.name, share, rank)
+
+    def _commit(self, job: Job, parts: tuple[Allocation, ...]) -> None:
+        for a in parts:
+            self.cluster.apply(a)
+            self.touched.add(a.node)
+        self.placed[job.job_id] = parts
+
+    def _release(self, job_id: str) -> None:
+        for a in self.current.get(job_id, ()):
+            if self.cluster.allocation(a.job_id) is not None:
+                self.cluster.release(a.job_id)
+                self.touched.add(a.node)
+        self.placed.pop(job_id, None)
+

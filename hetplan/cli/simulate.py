@@ -1,0 +1,159 @@
+"""`hetplan simulate`: replay a trace on a given fleet with one allocator policy and scheduler, no planning."""
+
+from __future__ import annotations
+
+import json
+from enum import Enum
+from pathlib import Path
+
+import typer
+
+from hetplan.cli.common import EXIT_INVALID, console, contract_errors, errors, read_trace, warn
+from hetplan.contracts import ContractError, Problem
+
+TRACE_CONTRACT = "trace"
+
+
+class PolicyName(str, Enum):
+    hint = "hint"
+    hint_static = "hint-static"
+    proportional = "proportional"
+    first_fit = "first-fit"
+
+
+class SchedulerName(str, Enum):
+    las = "las"
+    fifo = "fifo"
+    srtf = "srtf"
+
+
+def simulate(
+    trace: Path = typer.Option(..., "--trace", help="Trace to replay: hetplan's trace contract or a public format."),
+    fmt: str = typer.Option(TRACE_CONTRACT, "--format", help="trace | a public format (see `hetplan trace`)."),
+    nodes: Path = typer.Option(..., "--nodes", help="Fleet: CSV name,gpu_type,gpus,vcpus,mem_gb[,count] (GiB), "
+                               "YAML or JSON."),
+    truth: Path = typer.Option(..., "--truth", help="Profiles the simulator treats as truth."),
+    hints: Path | None = typer.Option(None, "--hints", help="A hint table (parquet or CSV) the allocator uses."),
+    curves: Path | None = typer.Option(None, "--curves", help="Fitted curves: the allocator uses their knees."),
+    policy: PolicyName = typer.Option(PolicyName.hint, "--policy", help="Allocator policy."),
+    scheduler: SchedulerName = typer.Option(SchedulerName.las, "--scheduler", help="Who runs first."),
+    load: float | None = typer.Option(None, "--load", min=0.001, help="Redraw arrivals as a Poisson process of "
+                                      "this many jobs/h (default: the trace's own times)."),
+    round_s: float = typer.Option(300.0, "--round-s", min=1.0, help="Scheduling round (s)."),
+    migration_s: float = typer.Option(30.0, "--migration-s", min=0.0, help="Checkpoint-and-restart cost of a "
+                                      "move or a resume (s; a stated assumption)."),
+    resize_s: float = typer.Option(5.0, "--resize-s", min=0.0, help="Cost of an in-place re-size (s)."),
+    seed: int = typer.Option(0, "--seed", help="Seed for arrivals, model draws and the agnostic node draws."),
+    out_dir: Path = typer.Option(Path(".hetplan/simulation"), "--out-dir", help="Where tables and plots go."),
+    no_mlflow: bool = typer.Option(False, "--no-mlflow", help="Do not log the run to MLflow."),
+    tracking_uri: str | None = typer.Option(None, "--tracking-uri"),
+) -> None:
+    """Replay TRACE on the fleet in NODES with one policy and scheduler; write summary.csv, jobs.csv and plots.
+
+    Without --hints or --curves the allocator's hints are read off the truth itself: an ORACLE bound no real
+    allocator has, labelled so in the summary.
+    """
+    from hetplan.allocator.nodes_io import NodeFileError, load_nodes
+    from hetplan.contracts import CURVES, PROFILES
+    from hetplan.sim.engine import SimConfig, SimulationError, simulate as run_simulation
+    from hetplan.sim.metrics import summarize
+    from hetplan.sim.setups import knee_hints, read_hints, truth_hints
+    from hetplan.sim.truth import TruthCurves
+    from hetplan.sim.workload import prepare_workload
+
+    with contract_errors():
+        if hints is not None and curves is not None:
+            raise ContractError([Problem("--hints", "give --hints or --curves, not both")])
+        if out_dir.exists() and not out_dir.is_dir():
+            raise ContractError([Problem(str(out_dir), "--out-dir exists and is not a directory")])
+        try:
+            fleet = load_nodes(nodes)
+        except NodeFileError as exc:
+            raise ContractError([Problem(str(nodes), str(exc).removeprefix(f"{nodes}: "))]) from None
+        jobs, import_report, import_warnings = read_trace(trace, fmt)
+        truth_curves = TruthCurves.from_profiles(PROFILES.load(truth))
+        workload = prepare_workload(jobs, truth_curves.models, seed=seed, load=load)
+        classes = workload.jobs[["model", "sim_model", "num_gpus"]].drop_duplicates(["model", "num_gpus"])
+        gpu_types = sorted({n.gpu_type for n in fleet})
+        if hints is not None:
+            hint_set, source = read_hints(hints), f"hint table {hints}"
+        elif curves is not None:
+            hint_set, source = knee_hints(CURVES.load(curves), classes, gpu_types), f"knees of {curves}"
+        else:
+            hint_set = truth_hints(truth_curves, classes, gpu_types)
+            source = "ORACLE: read off the truth"
+        config = SimConfig(scheduler.value, round_s, migration_s=migration_s, resize_s=resize_s,  # type: ignore[arg-type]
+                           seed=seed)
+        with console.status(f"simulating {len(workload.jobs):,} jobs on {len(fleet):,} nodes"):
+            try:
+                result = run_simulation(workload.jobs, fleet, truth_curves, policy.value, hint_set, config)
+            except SimulationError as exc:
+                raise ContractError([Problem(str(truth), str(exc))]) from None
+    row = {"policy": policy.value, "scheduler": scheduler.value, "hints": source, "nodes": len(fleet),
+           "gpus": int(result.capacity["gpus"]), **summarize(result, 0.0)}
+    row.pop("work_per_dollar")
+    files = _write(result, row, workload.warnings + import_warnings, out_dir)
+    console.print(" ".join(f"{k}={_fmt(v)}" for k, v in row.items()), highlight=False, soft_wrap=True)
+    warn(import_warnings + workload.warnings)
+    console.print(f"wrote {', '.join(str(f) for f in files)}", highlight=False, soft_wrap=True)
+    if not no_mlflow:
+        try:
+            run = _log(row, files, tracking_uri)
+        except Exception as exc:  # the files are written; say that MLflow did not take them, and fail
+            errors.print(f"[red]error:[/] MLflow logging failed ({type(exc).__name__}: {exc}); the files above "
+                         "are complete", highlight=False, soft_wrap=True)
+            raise typer.Exit(EXIT_INVALID) from None
+        console.print(f"MLflow: simulation run {run}", highlight=False)
+
+
+def _fmt(value) -> str:
+    return f"{value:.4g}" if isinstance(value, float) else str(value)
+
+
+def _write(result, row: dict, warnings: list[str], out_dir: Path) -> list[Path]:
+    """summary.csv, jobs.csv (one row per job), report.json and the JCT and utilisation plots, each atomically."""
+    import matplotlib.pyplot as plt
+    import pandas as pd
+
+    from hetplan.contracts.table import atomic_write_bytes
+    from hetplan.sim.plots import plot_jct_cdf, plot_utilisation
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    jobs = result.jobs.assign(setup=row["policy"])
+    per_job = jobs[["job_id", "model", "num_gpus", "status", "arrival_s", "jct_s", "queue_s", "wait_s", "gpu_types",
+                    "preemptions", "migrations", "resizes", "share"]]
+    files = [out_dir / "summary.csv", out_dir / "jobs.csv", out_dir / "report.json"]
+    atomic_write_bytes(files[0], pd.DataFrame([row]).to_csv(index=False, lineterminator="\n").encode())
+    atomic_write_bytes(files[1], per_job.to_csv(index=False, lineterminator="\n").encode())
+    atomic_write_bytes(files[2], json.dumps({"summary": row, "counts": result.counts, "warnings": warnings},
+                                            indent=2, default=str).encode())
+    label = f"{row['policy']}, {row['scheduler'].upper()}"
+    capacity = {row["policy"]: result.capacity}
+    for name, fig in (("jct_cdf.png", plot_jct_cdf(jobs, f"JCT, {label}")),
+                      ("utilisation.png", plot_utilisation(result.timeline.assign(setup=row["policy"]), capacity,
+                                                           f"Utilisation, {label}"))):
+        path = out_dir / name
+        fig.savefig(path.with_suffix(".tmp.png"))
+        plt.close(fig)
+        path.with_suffix(".tmp.png").replace(path)
+        files.append(path)
+    return files
+
+
+def _log(row: dict, files: list[Path], uri: str | None) -> str:
+    import math
+
+    import mlflow
+
+    from hetplan.tracking import experiment_id, tracking_uri
+
+    uri = tracking_uri(uri)
+    mlflow.set_tracking_uri(uri)
+    mlflow.set_experiment(experiment_id=experiment_id(uri, "hetplan-simulation"))
+    with mlflow.start_run(run_name=f"simulate-{row['policy']}-{row['scheduler']}") as run:
+        mlflow.log_params({k: v for k, v in row.items() if isinstance(v, str)})
+        mlflow.log_metrics({k: float(v) for k, v in row.items()
+                            if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(float(v))})
+        for path in files:
+            mlflow.log_artifact(str(path))
+        return run.info.run_id

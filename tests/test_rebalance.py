@@ -1,0 +1,213 @@
+"""Co-adaptive rounds (`hetplan.allocator.rebalance`) through the allocator's mechanism: comparative advantage,
+moves that pay for themselves and no more, TUNE shrinking, growth, gangs, and the invariants under random steps."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from hetplan.allocator import Allocator
+from hetplan.allocator.cluster import Cluster, StateError
+from hetplan.allocator.policies import get_policy
+from hetplan.allocator.rebalance import Action, diff
+from hetplan.allocator.spec import Allocation, Job, Node
+from hetplan.hints import HintSet
+from hetplan.hints.index import HintEntry, class_key
+
+
+def hints(table: dict[str, dict[str, tuple[float, float, float]]], gpus: int = 1) -> HintSet:
+    """model -> {GPU type: (cores per GPU, GB per GPU, expected throughput)}, ranked by throughput."""
+    classes = {}
+    for model, per_type in table.items():
+        ranked = sorted(per_type.items(), key=lambda kv: -kv[1][2])
+        classes[class_key(model, gpus)] = tuple(HintEntry(t, r, c, m, thr) for r, (t, (c, m, thr)) in
+                                                enumerate(ranked, start=1))
+    return HintSet("h1", classes)
+
+
+# "flat" barely cares which GPU it gets; "picky" runs 5x faster on a V100 than on a K80
+SPEEDS = hints({"flat": {"V100": (1, 4, 1.0), "K80": (1, 4, 0.8)},
+                "picky": {"V100": (1, 4, 1.0), "K80": (1, 4, 0.2)}})
+ONE_EACH = [Node("v", "V100", 1, 4, 16), Node("k", "K80", 1, 4, 16)]
+
+
+def allocator(nodes, hint_set, migration_s=30.0, horizon_s=300.0) -> Allocator:
+    return Allocator(nodes, get_policy("hint", migration_s=migration_s, horizon_s=horizon_s), hint_set)
+
+
+def where(alloc: Allocator) -> dict[str, tuple[str, ...]]:
+    return {job: tuple(a.node for a in parts) for job, parts in alloc.running().items()}
+
+
+def kinds(actions: list[Action]) -> dict[str, str]:
+    return {a.job_id: a.kind for a in actions}
+
+
+# ---------------------------------------------------------------------- GPU types by comparative advantage
+
+def test_the_fast_gpu_goes_to_the_job_that_gains_most_not_to_the_first_in_line():
+    alloc = allocator(ONE_EACH, SPEEDS)
+    actions = alloc.rebalance([Job("a", "flat", 1), Job("b", "picky", 1)])  # a has the higher priority
+    assert kinds(actions) == {"a": "start", "b": "start"}
+    assert where(alloc) == {"a": ("k",), "b": ("v",)}
+    assert alloc.rebalance([Job("a", "flat", 1), Job("b", "picky", 1)]) == []  # nothing left to improve
+
+
+@pytest.mark.parametrize("migration_s, swapped", [
+    (30.0, True),    # (1.0 + 0.8) x (1 - 30/300) = 1.62 > 1.0 + 0.2: worth two moves
+    (150.0, False),  # 1.8 x (1 - 150/300) = 0.9 < 1.2: the moves cost more than they gain
+])
+def test_running_jobs_swap_types_only_when_the_gain_pays_for_the_moves(migration_s, swapped):
+    alloc = allocator(ONE_EACH, SPEEDS, migration_s=migration_s)
+    alloc.cluster.apply(Allocation("a", "flat", "v", "V100", 1, 1000, 4000, "h1", "hint", "hinted", 1))
+    alloc.cluster.apply(Allocation("b", "picky", "k", "K80", 1, 1000, 4000, "h1", "hint", "hinted", 2))
+    actions = alloc.rebalance([Job("a", "flat", 1), Job("b", "picky", 1)])
+    if swapped:
+        assert kinds(actions) == {"a": "migrate", "b": "migrate"}
+        assert where(alloc) == {"a": ("k",), "b": ("v",)}
+        assert alloc.rebalance([Job("a", "flat", 1), Job("b", "picky", 1)]) == []  # and it does not swap back
+    else:
+        assert actions == []
+
+
+def test_a_job_moves_up_into_a_faster_gpu_that_frees():
+    alloc = allocator(ONE_EACH, SPEEDS)
+    alloc.rebalance([Job("x", "flat", 1), Job("b", "picky", 1)])
+    assert where(alloc)["b"] == ("v",)
+    alloc.release("b")
+    alloc.rebalance([Job("x", "flat", 1)])
+    assert where(alloc) == {"x": ("v",)}  # 1.0 x (1 - 30/300) = 0.9 on the V100 beats 0.8 where it is
+
+
+# ---------------------------------------------------------------------- preemption and admission
+
+def test_a_higher_priority_waiting_job_preempts_the_lowest_running_one():
+    alloc = allocator([Node("v", "V100", 2, 8, 32)], SPEEDS)
+    alloc.rebalance([Job("old1", "flat", 1), Job("old2", "flat", 1)])
+    actions = alloc.rebalance([Job("new", "flat", 1), Job("old1", "flat", 1), Job("old2", "flat", 1)])
+    assert kinds(actions) == {"new": "start", "old2": "stop"}
+    assert not alloc.rebalance([Job("new", "flat", 1), Job("old1", "flat", 1), Job("old2", "flat", 1)],
+                               preempt=False)  # without preemption nothing changes on a full cluster
+
+
+# ---------------------------------------------------------------------- shares: TUNE and growth
+
+KNEES = hints({"cpu-hungry": {"V100": (8, 60, 2.0)}, "light": {"V100": (1, 20, 1.0)}})
+NODE = [Node("n", "V100", 4, 16, 240)]  # proportional share: 4 cores, 60 GB per GPU
+
+
+def test_peers_grow_into_idle_cores_and_shrink_back_to_their_floor_to_admit_a_job():
+    alloc = allocator(NODE, KNEES)
+    alloc.rebalance([Job("h1", "cpu-hungry", 1), Job("h2", "cpu-hungry", 1)])
+    shares = {j: (p[0].cpus, p[0].share) for j, p in alloc.running().items()}
+    assert shares == {"h1": (8.0, "hinted"), "h2": (8.0, "hinted")}  # 16 cores, both at their knee
+    order = [Job("h1", "cpu-hungry", 1), Job("h2", "cpu-hungry", 1), Job("h3", "cpu-hungry", 1),
+             Job("l1", "light", 1)]
+    actions = alloc.rebalance(order)
+    assert kinds(actions) == {"h1": "resize", "h2": "resize", "h3": "start", "l1": "start"}
+    running = alloc.running()
+    assert sorted(p[0].cpus for j, p in running.items() if j.startswith("h")) == [4.0, 4.0, 7.0]
+    assert running["l1"][0].cpus == 1.0  # its knee is below the proportional share: it keeps its knee
+    assert alloc.cluster.free("n").cpu_m == 0 and not alloc.cluster.check()
+    alloc.release("h3")
+    actions = alloc.rebalance(order[:2] + order[3:])
+    assert kinds(actions) == {"h1": "resize", "h2": "resize"}  # the freed cores go back to the knees
+    assert sorted(p[0].cpus for p in alloc.running().values()) == [1.0, 7.0, 8.0]
+
+
+# ---------------------------------------------------------------------- gangs
+
+GANG_NODES = [Node(f"v{i}", "V100", 4, 16, 240) for i in range(3)] + [Node("k0", "K80", 4, 16, 240)]
+
+
+def test_a_job_larger_than_any_node_runs_as_a_gang_of_one_gpu_type_all_or_nothing():
+    alloc = allocator(GANG_NODES, HintSet.empty())
+    actions = alloc.rebalance([Job("big", "m", 10)])
+    assert kinds(actions) == {"big": "start"}
+    parts = alloc.running()["big"]
+    assert {p.gpu_type for p in parts} == {"V100"} and sum(p.gpus for p in parts) == 10
+    assert all(p.cpu_m == p.gpus * 4000 for p in parts)  # each part its proportional share
+    assert alloc.release_parts("big") == parts and not alloc.cluster.allocations()
+    alloc.cluster.apply(Allocation("small", "m", "v0", "V100", 3, 0, 0, None, "x", "proportional"))
+    assert alloc.rebalance([Job("big", "m", 10)], preempt=False) == []  # 9 V100s free: nothing held
+    assert [a.job_id for a in alloc.cluster.allocations()] == ["small"]
+    assert alloc.rebalance([Job("huge", "m", 13)]) == []  # more than any one GPU type has
+
+
+# ---------------------------------------------------------------------- the mechanism
+
+def test_a_trial_leaves_the_cluster_exactly_as_it_found_it():
+    cluster = Cluster(GANG_NODES)
+    cluster.apply(Allocation("a", "m", "v0", "V100", 2, 1000, 1000, None, "x", "proportional"))
+    before = cluster.snapshot()
+    with cluster.trial():
+        cluster.release("a")
+        cluster.apply(Allocation("b", "m", "v1", "V100", 4, 16000, 240000, None, "x", "proportional"))
+        mark = cluster.mark()
+        cluster.apply(Allocation("c", "m", "k0", "K80", 1, 0, 0, None, "x", "proportional"))
+        cluster.undo_to(mark)
+        assert cluster.allocation("c") is None and cluster.allocation("b") is not None
+        with pytest.raises(StateError, match="inside a trial"):
+            cluster.add_node(Node("new", "T4", 1, 1, 1))
+    assert cluster.snapshot() == before and not cluster.check()
+
+
+def test_actions_apply_all_or_nothing():
+    alloc = allocator(ONE_EACH, SPEEDS)
+    alloc.rebalance([Job("a", "flat", 1)])
+    before = alloc.cluster.snapshot()
+    a = alloc.running()["a"][0]
+    bad = Allocation("b", "flat", "v", "V100", 1, 99_000, 0, "h1", "hint", "hinted")  # more cores than exist
+    with pytest.raises(StateError):
+        alloc.apply_actions([Action("stop", "a", (a,), ()), Action("start", "b", (), (bad,))])
+    assert alloc.cluster.snapshot() == before
+
+
+def test_diff_names_each_change_once():
+    v = Allocation("j", "m", "v", "V100", 1, 1000, 1000, None, "hint", "hinted")
+    bigger = Allocation("j", "m", "v", "V100", 1, 2000, 1000, None, "hint", "hinted")
+    moved = Allocation("j", "m", "k", "K80", 1, 1000, 1000, None, "hint", "hinted")
+    cases = [({}, {"j": (v,)}, "start"), ({"j": (v,)}, {}, "stop"), ({"j": (v,)}, {"j": (moved,)}, "migrate"),
+             ({"j": (v,)}, {"j": (bigger,)}, "resize")]
+    for current, target, kind in cases:
+        assert [a.kind for a in diff(current, target)] == [kind]
+    assert diff({"j": (v,)}, {"j": (v,)}) == []
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_random_steps_never_overcommit_never_go_below_a_floor_and_settle(seed):
+    rng = random.Random(seed)
+    nodes = [Node(f"v{i}", "V100", rng.choice([2, 4, 8]), rng.choice([8, 16, 24]), rng.choice([64, 240, 500]))
+             for i in range(4)] + [Node(f"k{i}", "K80", 4, 16, 128) for i in range(3)]
+    table = hints({m: {"V100": (rng.choice([1, 2, 6, 12]), rng.choice([8, 30, 120]), rng.uniform(1, 3)),
+                       "K80": (rng.choice([1, 2, 6]), rng.choice([8, 30]), rng.uniform(0.2, 1))}
+                   for m in ("a", "b", "c")})
+    alloc = allocator(nodes, table)
+    jobs: list[Job] = []
+    for step in range(40):
+        if rng.random() < 0.6:
+            jobs.append(Job(f"j{step}", rng.choice("abc"), rng.choice([1, 1, 2, 4, 12])))
+        running = alloc.running()
+        if running and rng.random() < 0.3:
+            done = rng.choice(sorted(running))
+            alloc.release(done)
+            jobs = [j for j in jobs if j.job_id != done]
+        rng.shuffle(jobs)
+        alloc.rebalance(jobs, preempt=rng.random() < 0.7)
+        assert not alloc.cluster.check()
+        for job_id, parts in alloc.running().items():
+            job = next(j for j in jobs if j.job_id == job_id)
+            assert sum(p.gpus for p in parts) == job.num_gpus and len({p.gpu_type for p in parts}) == 1
+            for p in parts:
+                shape = alloc.cluster.shape(p.node)
+                floor = [min(x, y) for x, y in zip(shape.proportional(p.gpus), _hinted(table, job, p))]
+                assert p.cpu_m >= floor[0] - 1 and p.mem_mb >= floor[1] - 1, (job_id, p)
+    assert alloc.rebalance(jobs) == [] or alloc.rebalance(jobs) == []  # settles within one more step
+
+
+def _hinted(table: HintSet, job: Job, part: Allocation) -> tuple[int, int]:
+    for e in table.lookup(job.model, job.num_gpus):
+        if e.gpu_type == part.gpu_type:
+            return round(e.cpus_per_gpu * part.gpus * 1000), round(e.mem_gb_per_gpu * part.gpus * 1000)
+    return (10**12, 10**12)  # no hint: the floor is the proportional share
