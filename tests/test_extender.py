@@ -48,7 +48,7 @@ def args_with(pod_gpus: object = "2", node_patch: dict | None = None) -> dict:
 
 
 PATHOLOGICAL = ["1e200000", "1e999999", "1e1000000", "1e-999999", "9" * 30 + "E", "1" * 65, "1e25"]
-NOT_QUANTITIES = ["NaN", "Infinity", "-inf", "1_000", "0x10", "1e", "1.5.2", "12Q", "Ki", "1 Gi", "", " 5"]
+NOT_QUANTITIES = ["NaN", "Infinity", "-inf", "1_000", "0x10", "1e", "1.5.2", "12Q", "Ki", "1 Gi", "", " 5", "5\n"]
 
 
 @pytest.mark.parametrize("text", PATHOLOGICAL + NOT_QUANTITIES)

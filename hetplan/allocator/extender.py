@@ -53,7 +53,7 @@ MAX_SCORE = 10  # extenderv1.MaxExtenderPriority
 # Kubernetes' quantity grammar (resource.Quantity; the pattern Kubernetes' own CRD schemas use, with a whole
 # exponent as its parser requires). Checked, with the length and exponent bounds, before any conversion, so that
 # "1e200000" costs a regex match, not a 200,000-digit number.
-_QUANTITY = re.compile(r"^[+-]?(?:\d+\.?\d*|\.\d+)(?:(?:[eE]([+-]?\d+))|Ki|Mi|Gi|Ti|Pi|Ei|n|u|m|k|M|G|T|P|E)?$")
+_QUANTITY = re.compile(r"^[+-]?(?:\d+\.?\d*|\.\d+)(?:(?:[eE]([+-]?\d+))|Ki|Mi|Gi|Ti|Pi|Ei|n|u|m|k|M|G|T|P|E)?\Z")
 MAX_QUANTITY_CHARS = 64
 MAX_EXPONENT = 24  # |e| in "1e24"; the largest suffix, E, is 1e18
 MAX_QUANTITY = Decimal(2) ** 63  # Kubernetes keeps quantities in int64 (scaled); anything larger is no real node
