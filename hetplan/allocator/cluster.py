@@ -60,37 +60,6 @@ class ClusterView(Protocol):
     def __len__(self) -> int: ...
     def best_fit(self, gpu_type: GpuTypes, gpus: int, need: Need) -> Fit | None: ...
     def largest_share(self, gpu_type: GpuTypes, gpus: int, want: Need, floor: Need) -> Fit | None: ...
-    def fitting(self, gpu_type: GpuTypes, gpus: int, need: Need) -> list[Fit]:
-        """Every node with `gpus` free GPUs and `need` free, in a fixed order (shape, free GPUs, free cores...);
-        for policies that choose among all fits (at random, say) rather than the best one."""
-        fits = []
-        for shape in self._shapes(gpu_type):
-            if shape.gpus < gpus:
-                continue
-            cpu, mem = need(shape)
-            buckets = self._index[shape]
-            for k in range(gpus, shape.gpus + 1):
-                bucket = buckets[k]
-                for free_cpu, free_mem, _, name in bucket[bisect_left(bucket, (cpu,)):]:
-                    if free_mem >= mem:
-                        fits.append(Fit(name, shape.gpu_type, cpu, mem))
-        return fits
-
-    def with_free_gpus(self, gpu_type: GpuTypes, gpus: int) -> list[str]:
-        """Nodes with at least `gpus` free GPUs, whatever their free cores and RAM (fewest free GPUs first)."""
-        out: list[tuple[int, int, str]] = []
-        for shape in self._shapes(gpu_type):
-            buckets = self._index[shape]
-            for k in range(gpus, shape.gpus + 1):
-                out.extend((k, entry[2], entry[3]) for entry in buckets[k])
-        return [name for _, _, name in sorted(out)]
-
-    def shape(self, name: str) -> Shape:
-        try:
-            return self._states[name].shape
-        except KeyError:
-            raise StateError(f"unknown node {name!r}") from None
-
     def first_fit(self, gpus: int, need: Need) -> Fit | None: ...
     def fitting(self, gpu_type: GpuTypes, gpus: int, need: Need) -> list[Fit]: ...
 

@@ -12,8 +12,13 @@ Conventions (see docs/kubernetes.md):
   `hetplan.io/model`; GPUs from the containers' `nvidia.com/gpu` requests (limits when no request), summed
   over containers, the larger of that and any single init container.
 - GPU type of a node: label `nvidia.com/gpu.product` (set by NVIDIA GPU feature discovery), mapped to
-  hetplan's canonical names by `normalize_gpu`, with `nvidia.com/gpu.memory` (MiB) telling the 40/80 GB
-  A100 and the 16/32 GB V100 apart; GPUs, cores and RAM from the node's `status.allocatable`.
+  hetplan's canonical names by `canonical_gpu`, with `nvidia.com/gpu.memory` (MiB) telling the 40/80 GB
+  A100 and the 16/32 GB V100 apart; a product hetplan does not know is an opaque GPU type (no hints name it:
+  such nodes pass and score 0). GPUs, cores and RAM from the node's `status.allocatable`.
+- Neutral where hetplan cannot judge: pods without a model or without hints, nodes of GPU types no hint names,
+  nodes with GPUs but no product label all pass the filter and score 0 (the scheduler's own scores decide).
+- Quantities are bounded before conversion (length, exponent, magnitude; `parse_quantity`): a pod whose
+  request is no bounded quantity is refused (HTTP 400); a node whose allocatable is none is unresolvable.
 - With `Nodes` the extender knows capacities only (the scheduler's own fit plugins check what is in use);
   with `NodeNames` it answers from the allocator's node state (`/v1/nodes`, allocations made through
   `/v1/allocate`), so it also checks free GPUs and the free cores/RAM for the class's minimum share.
@@ -23,9 +28,10 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from decimal import Decimal, InvalidOperation
+from decimal import Decimal
+from functools import lru_cache
 from typing import Any
 
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -33,7 +39,7 @@ from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationError
 from hetplan.allocator.cluster import Free
 from hetplan.allocator.policies import hinted_need
 from hetplan.allocator.spec import Shape
-from hetplan.gpus import UnknownGpuError, normalize_gpu
+from hetplan.gpus import UnknownGpuError, canonical_gpu
 from hetplan.hints.index import HintEntry, HintSet
 
 GPU_RESOURCE = "nvidia.com/gpu"
@@ -44,38 +50,65 @@ MAX_SCORE = 10  # extenderv1.MaxExtenderPriority
 
 # ------------------------------------------------------------------ quantities
 
-_QUANTITY = re.compile(r"^([+-]?(?:\d+\.?\d*|\.\d+))(?:([eE][+-]?\d+)|(Ki|Mi|Gi|Ti|Pi|Ei|n|u|m|k|M|G|T|P|E))?$")
-_SUFFIX = {
-    "n": Decimal("1e-9"), "u": Decimal("1e-6"), "m": Decimal("1e-3"), "k": Decimal(10) ** 3,
-    "M": Decimal(10) ** 6, "G": Decimal(10) ** 9, "T": Decimal(10) ** 12, "P": Decimal(10) ** 15,
-    "E": Decimal(10) ** 18, "Ki": Decimal(2) ** 10, "Mi": Decimal(2) ** 20, "Gi": Decimal(2) ** 30,
-    "Ti": Decimal(2) ** 40, "Pi": Decimal(2) ** 50, "Ei": Decimal(2) ** 60,
-}
+# Kubernetes' quantity grammar (resource.Quantity; the pattern Kubernetes' own CRD schemas use, with a whole
+# exponent as its parser requires). Checked, with the length and exponent bounds, before any conversion, so that
+# "1e200000" costs a regex match, not a 200,000-digit number.
+_QUANTITY = re.compile(r"^[+-]?(?:\d+\.?\d*|\.\d+)(?:(?:[eE]([+-]?\d+))|Ki|Mi|Gi|Ti|Pi|Ei|n|u|m|k|M|G|T|P|E)?\Z")
+MAX_QUANTITY_CHARS = 64
+MAX_EXPONENT = 24  # |e| in "1e24"; the largest suffix, E, is 1e18
+MAX_QUANTITY = Decimal(2) ** 63  # Kubernetes keeps quantities in int64 (scaled); anything larger is no real node
 
 
 def parse_quantity(value: str | int | float) -> Decimal:
-    """A Kubernetes `resource.Quantity` ("500m", "64", "263843236Ki", "1.5Gi", "1e3") as a Decimal."""
+    """A Kubernetes `resource.Quantity` ("500m", "64", "263843236Ki", "1.5Gi", "1e3") as a Decimal.
+
+    Bounded before conversion: at most 64 characters, a decimal exponent within +-24, a magnitude below 2^63;
+    then converted by `kubernetes.utils.parse_quantity`. Raises `ValueError` ("not a quantity" / "out of range").
+    """
     if isinstance(value, bool):
         raise ValueError(f"not a quantity: {value!r}")
     if isinstance(value, (int, float)):
-        if not math.isfinite(value):
+        if isinstance(value, float) and not math.isfinite(value):
             raise ValueError(f"not a quantity: {value!r}")
+        if abs(value) >= MAX_QUANTITY:
+            raise ValueError(f"quantity out of range (|q| < 2^63): {_short(value)}")
         return Decimal(str(value))
-    match = _QUANTITY.match(str(value).strip())
+    text = str(value)
+    if len(text) > MAX_QUANTITY_CHARS:
+        raise ValueError(f"not a quantity: {_short(text)} (longer than {MAX_QUANTITY_CHARS} characters)")
+    match = _QUANTITY.match(text)
     if match is None:
-        raise ValueError(f"not a quantity: {value!r}")
-    number, exponent, suffix = match.groups()
+        raise ValueError(f"not a quantity: {text!r}")
+    if match.group(1) is not None and abs(int(match.group(1))) > MAX_EXPONENT:
+        raise ValueError(f"quantity out of range (exponent beyond +-{MAX_EXPONENT}): {text!r}")
     try:
-        amount = Decimal(number)
-        if exponent:
-            return amount * Decimal(10) ** int(exponent[1:])
-    except (InvalidOperation, ValueError) as exc:
-        raise ValueError(f"not a quantity: {value!r}") from exc
-    return amount * _SUFFIX[suffix] if suffix else amount
+        amount = _kubernetes_parse_quantity()(text)
+    except (ValueError, ArithmeticError) as exc:
+        raise ValueError(f"not a quantity: {text!r}") from exc
+    if not amount.is_finite() or abs(amount) >= MAX_QUANTITY:
+        raise ValueError(f"quantity out of range (|q| < 2^63): {text!r}")
+    return amount
+
+
+@lru_cache(maxsize=1)
+def _kubernetes_parse_quantity() -> Callable[[str], Decimal]:
+    """`kubernetes.utils.parse_quantity`, imported on first use: importing it loads the whole kubernetes client
+    (about 0.3 s), which `hetplan serve` should not pay before it is ready."""
+    from kubernetes.utils.quantity import parse_quantity as k8s_parse_quantity
+
+    return k8s_parse_quantity
+
+
+def _short(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else f"{text[:20]}...({len(text)} characters)"
 
 
 def _whole(value: str | int | float, what: str) -> int:
-    amount = parse_quantity(value)
+    try:
+        amount = parse_quantity(value)
+    except ValueError as exc:
+        raise ValueError(f"{what}: {exc}") from None
     if amount < 0 or amount != amount.to_integral_value():
         raise ValueError(f"{what} must be a whole number >= 0, got {value!r}")
     return int(amount)
@@ -203,16 +236,24 @@ def pod_class(pod: Pod) -> PodClass:
 
 @dataclass(frozen=True)
 class Candidate:
-    """A node the scheduler asks about: its shape (None: not usable, see `problem`) and, when known, what is free."""
+    """A node the scheduler asks about: its shape and, when known, what is free. Without a shape the node is
+    either `neutral` (hetplan cannot judge it: it passes and scores 0) or unusable (`problem` says why)."""
 
     name: str
     shape: Shape | None
     free: Free | None = None
     problem: str | None = None
+    neutral: bool = False
 
 
 def node_candidate(raw: dict[str, Any]) -> Candidate:
-    """A Candidate from a v1.Node object (capacity only; usage unknown)."""
+    """A Candidate from a v1.Node object (capacity only; usage unknown).
+
+    A GPU product hetplan does not know is kept as an opaque GPU type (`canonical_gpu`): the node is judged like
+    any node of a type the class has no hint for (passes, scores 0). A node with allocatable GPUs but no product
+    label (or one that is no GPU name at all) cannot be judged: it is `neutral`. Memory is converted to the
+    allocator's unit (`hetplan.allocator.spec`: mem_mb, 1 GB = 10^9 bytes).
+    """
     name = str(((raw.get("metadata") or {}) if isinstance(raw, dict) else {}).get("name", ""))
     try:
         node = K8sNode.model_validate(raw)
@@ -220,15 +261,6 @@ def node_candidate(raw: dict[str, Any]) -> Candidate:
         return Candidate(name or "<unnamed>", None, None, f"not a v1.Node: {exc.errors()[0]['msg']}")
     name = node.metadata.name
     labels = node.metadata.labels
-    product = labels.get(GPU_PRODUCT_LABEL)
-    if not product:
-        return Candidate(name, None, None, f"no {GPU_PRODUCT_LABEL} label (not a GPU node)")
-    try:
-        memory = labels.get(GPU_MEMORY_LABEL)
-        memory_gb = float(memory) / 1024 if memory and memory.isdigit() else None
-        gpu_type = normalize_gpu(product, memory_gb)
-    except UnknownGpuError:
-        return Candidate(name, None, None, f"{GPU_PRODUCT_LABEL}={product!r} is not a GPU type hetplan knows")
     resources = node.status.allocatable or node.status.capacity
     try:
         gpus = _whole(resources.get(GPU_RESOURCE, 0), GPU_RESOURCE)
@@ -236,8 +268,20 @@ def node_candidate(raw: dict[str, Any]) -> Candidate:
         mem_mb = int(parse_quantity(resources.get("memory", 0)) / 1_000_000)
     except ValueError as exc:
         return Candidate(name, None, None, f"bad allocatable: {exc}")
+    product = labels.get(GPU_PRODUCT_LABEL)
     if gpus < 1:
-        return Candidate(name, None, None, f"no allocatable {GPU_RESOURCE}")
+        why = f"no allocatable {GPU_RESOURCE}" if product else f"no {GPU_PRODUCT_LABEL} label (not a GPU node)"
+        return Candidate(name, None, None, why)
+    if not product:
+        return Candidate(name, None, None, f"no {GPU_PRODUCT_LABEL} label: GPU type unknown, not judged",
+                         neutral=True)
+    try:
+        memory = labels.get(GPU_MEMORY_LABEL)
+        memory_gb = float(memory) / 1024 if memory and memory.isdigit() and len(memory) < 10 else None
+        gpu_type = canonical_gpu(product, memory_gb)
+    except UnknownGpuError:
+        return Candidate(name, None, None, f"{GPU_PRODUCT_LABEL}={product[:100]!r} is no GPU type name, not judged",
+                         neutral=True)
     if cpu_m < 1 or mem_mb < 1:
         return Candidate(name, None, None, "no allocatable cpu or memory")
     return Candidate(name, Shape(gpu_type, gpus, cpu_m, mem_mb))
@@ -274,7 +318,10 @@ def filter_nodes(pod: PodClass, candidates: Iterable[Candidate], hints: HintSet,
             continue
         shape = c.shape
         if shape is None:
-            unresolvable[c.name] = c.problem or "not usable"
+            if c.neutral:
+                passed.append(c.name)  # hetplan cannot judge it: the scheduler's own plugins decide
+            else:
+                unresolvable[c.name] = c.problem or "not usable"
             continue
         if shape.gpus < g:
             unresolvable[c.name] = f"has {shape.gpus} {shape.gpu_type} GPUs; the pod needs {g} on one node"

@@ -14,10 +14,8 @@ caused it and kept in a numbered log (`GET /v1/actions?since=N`) that a controll
 
 from __future__ import annotations
 
-import csv
 import gc
 import hmac
-import io
 import json
 import logging
 import os
@@ -29,11 +27,10 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
-import yaml
 from fastapi import Depends, FastAPI, HTTPException
 from fastapi.responses import JSONResponse, PlainTextResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, StrictInt, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, StrictInt, model_validator
 from starlette.concurrency import run_in_threadpool
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -42,6 +39,7 @@ from hetplan.allocator.cluster import StateError
 from hetplan.allocator.core import NodeChanges
 from hetplan.allocator.durable import DurableAllocator
 from hetplan.allocator.metrics import Metrics
+from hetplan.allocator.nodes_io import load_nodes
 from hetplan.allocator.policies import POLICIES, get_policy
 from hetplan.allocator.rebalance import Action
 from hetplan.allocator.sources import StoreHints
@@ -352,27 +350,6 @@ class RequestMetrics:
 # ------------------------------------------------------------------ the application
 
 
-def load_nodes(path: str | os.PathLike[str]) -> list[Node]:
-    """Nodes from a JSON or YAML list (or `{"nodes": [...]}`) or a CSV with name,gpu_type,gpus,cpus,mem_gb."""
-    source = Path(path)
-    text = source.read_text()
-    if source.suffix.lower() == ".csv":
-        rows: list[Any] = list(csv.DictReader(io.StringIO(text)))
-        for row in rows:
-            for key in ("gpus",):
-                row[key] = int(row[key])
-            for key in ("cpus", "mem_gb"):
-                row[key] = float(row[key])
-            row.pop("labels", None)
-    else:
-        data = yaml.safe_load(text) if source.suffix.lower() in (".yaml", ".yml") else json.loads(text)
-        rows = data.get("nodes", []) if isinstance(data, dict) else data
-    try:
-        return [NodeIn.model_validate(row).to_node() for row in rows]
-    except ValidationError as exc:
-        raise ValueError(f"{source}: {exc}") from exc
-
-
 def create_app(settings: ServiceSettings | None = None, allocator: DurableAllocator | None = None) -> FastAPI:
     """The FastAPI application. Given no allocator, it opens one from `settings` at start-up and closes it after."""
     settings = settings or ServiceSettings()
@@ -596,7 +573,8 @@ def create_app(settings: ServiceSettings | None = None, allocator: DurableAlloca
                 if name in a.cluster:
                     out.append(k8s.Candidate(name, a.cluster.node(name).shape, a.cluster.free(name)))
                 else:
-                    out.append(k8s.Candidate(name, None, None, "node not registered with hetplan (POST /v1/nodes)"))
+                    out.append(k8s.Candidate(name, None, None, "node not registered with hetplan (POST /v1/nodes)",
+                                             neutral=True))
         return out
 
     def _pod(args: k8s.ExtenderArgs) -> k8s.PodClass:

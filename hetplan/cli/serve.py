@@ -1,14 +1,27 @@
-"""`hetplan serve`: run the online allocator (HTTP API + Kubernetes scheduler extender) with uvicorn."""
+"""`hetplan serve`: run the online allocator (HTTP API + Kubernetes scheduler extender) with uvicorn.
+
+Kept light on purpose: this module imports only typer and the node-file reader; the service (FastAPI, uvicorn,
+the allocator, the hint store) is imported when the command runs, so `hetplan serve --help` and a restart do not
+pay for the rest of hetplan.
+"""
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import typer
-from pydantic import ValidationError
 
-from hetplan.cli.common import errors
-from hetplan.hints import STORE_ENV
+from hetplan.allocator.nodes_io import NodeFileError, load_nodes, nodes_from_plan
+from hetplan.allocator.spec import Node
+
+log = logging.getLogger(__name__)
+STORE_ENV_NAME = "HETPLAN_HINT_STORE"  # hetplan.hints.STORE_ENV, spelled here so --help need not import the store
+
+
+def _fail(message: str) -> typer.Exit:
+    typer.echo(f"error: {message}", err=True)
+    return typer.Exit(1)
 
 
 def serve(
@@ -16,11 +29,15 @@ def serve(
     port: int = typer.Option(8080, "--port", min=0, max=65535, help="Port to bind."),
     db: Path = typer.Option(Path(".hetplan/allocator.db"), "--db", help="SQLite state (created if missing)."),
     store: Path | None = typer.Option(None, "--store",
-                                      help=f"Hint store (default: ${STORE_ENV}, else .hetplan/hints)."),
+                                      help=f"Hint store (default: ${STORE_ENV_NAME}, else .hetplan/hints)."),
     policy: str = typer.Option("hint", "--policy", help="hint (co-adaptive: re-sizes and moves running jobs) | "
                                "hint-static | proportional | first-fit."),
     strict: bool = typer.Option(False, "--strict", help="hint policy: use only the GPU types a class's hints list."),
-    nodes: Path | None = typer.Option(None, "--nodes", help="Nodes to add or update at start (JSON, YAML or CSV)."),
+    nodes: list[Path] = typer.Option([], "--nodes", help="Node file to add or update at start (CSV "
+                                     "name,gpu_type,gpus,vcpus,mem_gb[,count] with mem_gb in GiB, or YAML/JSON); "
+                                     "repeatable."),
+    from_plan: Path | None = typer.Option(None, "--from-plan", help="Also add the nodes a plan chose (plan.json): "
+                                          "<shape>-<i> per node, with the shape's capacity."),
     token: str | None = typer.Option(None, "--token", envvar="HETPLAN_ADMIN_TOKEN", show_envvar=True,
                                      help="Bearer token for the admin endpoints (none: admin disabled)."),
     poll: float = typer.Option(1.0, "--hint-poll", min=0, help="Seconds between checks of the store's LATEST."),
@@ -34,18 +51,53 @@ def serve(
     log_level: str = typer.Option("warning", "--log-level", help="uvicorn log level."),
 ) -> None:
     """Serve allocations over HTTP (and as a Kubernetes scheduler extender) until interrupted."""
+    seed: list[Node] = []
+    try:
+        for path in nodes:
+            seed.extend(load_nodes(path))
+        if from_plan is not None:
+            seed.extend(nodes_from_plan(from_plan))
+    except NodeFileError as exc:
+        raise _fail(str(exc)) from None
+    names: dict[str, int] = {}
+    for node in seed:
+        names[node.name] = names.get(node.name, 0) + 1
+    twice = sorted(name for name, n in names.items() if n > 1)
+    if twice:
+        raise _fail(f"node {twice[0]!r} is in more than one of --nodes/--from-plan ({len(twice)} such names)")
+
     import uvicorn
+    from pydantic import ValidationError
 
     from hetplan.allocator.service import ServiceSettings, create_app
 
     try:
-        settings = ServiceSettings(db=db, store=store, policy=policy, strict=strict, token=token, nodes=nodes,
+        settings = ServiceSettings(db=db, store=store, policy=policy, strict=strict, token=token,
                                    hint_poll_seconds=poll, max_body_bytes=max_body,
                                    max_extender_body_bytes=max_extender_body, synchronous=synchronous.upper(),
                                    tick_seconds=tick)
     except ValidationError as exc:
-        for err in exc.errors():
-            errors.print(f"[red]error:[/] {err['msg']}", highlight=False, soft_wrap=True)
-        raise typer.Exit(1) from None
+        raise _fail("; ".join(err["msg"] for err in exc.errors())) from None
+    if seed:
+        _seed_nodes(settings.db, seed, settings.synchronous)
     uvicorn.run(create_app(settings), host=host, port=port, log_level=log_level, access_log=False,
                 workers=1, timeout_graceful_shutdown=5)
+
+
+def _seed_nodes(db: Path, seed: list[Node], synchronous: str) -> None:
+    """Upsert the start-up nodes into the allocator's database, all or nothing, before the service opens it."""
+    import sqlite3
+
+    from hetplan.allocator import DurableAllocator, NodeChanges, StateError
+
+    try:
+        allocator = DurableAllocator(db, "proportional", None, synchronous=synchronous)
+    except (StateError, OSError, sqlite3.Error) as exc:
+        raise _fail(f"{db}: {exc}") from None
+    try:
+        allocator.change_nodes(NodeChanges(upsert=seed))
+    except StateError as exc:
+        raise _fail(f"{db}: the start-up nodes were not applied: {exc}") from None
+    finally:
+        allocator.close()
+    log.info("upserted %d nodes into %s", len(seed), db)

@@ -1,0 +1,152 @@
+"""The Kubernetes extender, hardened and neutral: quantities bounded before conversion (and equal to the
+kubernetes client's parser inside the bounds), nodes of GPU types hetplan does not know and pods it has no hint
+for pass with score 0, and pathological requests answered fast with a 4xx by the real service."""
+
+import copy
+import json
+from decimal import Decimal
+from io import StringIO
+from pathlib import Path
+
+import httpx
+import pandas as pd
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from kubernetes.utils.quantity import parse_quantity as k8s_parse_quantity
+
+from hetplan.allocator.extender import (
+    ExtenderArgs, PodClass, filter_nodes, node_candidate, parse_quantity, pod_class, score_nodes,
+)
+from hetplan.hints import HintSet, HintStore
+from servers import Server
+
+FIXTURES = Path(__file__).parent / "fixtures" / "extender"
+HINTS = """model,num_gpus,gpu_type,rank,cpus_per_gpu,mem_gb_per_gpu,expected_throughput,normalized_throughput,throughput_per_dollar,plan_id
+res50,2,A100-80GB,1,12,100,1500,1.0,90,p1
+res50,2,V100,2,9,60,760,0.5,120,p1
+res50,2,T4,3,6,30,260,0.17,170,p1
+"""
+
+
+def hints() -> HintSet:
+    return HintSet.from_frame(pd.read_csv(StringIO(HINTS), dtype=str))
+
+
+def args_with(pod_gpus: object = "2", node_patch: dict | None = None) -> dict:
+    """The res50 filter fixture with the trainer's GPU request replaced and one node's fields patched."""
+    args = json.loads((FIXTURES / "filter_args_res50_nodes.json").read_text())
+    trainer = args["Pod"]["spec"]["containers"][0]["resources"]
+    trainer["requests"]["nvidia.com/gpu"] = trainer["limits"]["nvidia.com/gpu"] = pod_gpus
+    if node_patch:
+        node = args["Nodes"]["items"][0]
+        node["metadata"]["labels"].update(node_patch.get("labels", {}))
+        for key in node_patch.get("drop_labels", ()):
+            node["metadata"]["labels"].pop(key)
+        node["status"]["allocatable"].update(node_patch.get("allocatable", {}))
+    return args
+
+
+PATHOLOGICAL = ["1e200000", "1e999999", "1e1000000", "1e-999999", "9" * 30 + "E", "1" * 65, "1e25"]
+NOT_QUANTITIES = ["NaN", "Infinity", "-inf", "1_000", "0x10", "1e", "1.5.2", "12Q", "Ki", "1 Gi", "", " 5", "5\n"]
+
+
+@pytest.mark.parametrize("text", PATHOLOGICAL + NOT_QUANTITIES)
+def test_pathological_and_malformed_quantities_are_refused_before_conversion(text):
+    with pytest.raises(ValueError, match="not a quantity|out of range"):
+        parse_quantity(text)
+
+
+@pytest.mark.parametrize("number", [float("nan"), float("inf"), 1e309, 10**30, -(2**63), True])
+def test_json_numbers_out_of_range_are_refused(number):
+    with pytest.raises(ValueError, match="not a quantity|out of range"):
+        parse_quantity(number)
+
+
+@given(st.from_regex(r"\A[+-]?(\d{1,12}(\.\d{0,6})?|\.\d{1,6})(e[+-]?\d{1,2}|Ki|Mi|Gi|Ti|m|k|M|G|T)?\Z"))
+def test_inside_the_bounds_the_value_is_the_kubernetes_clients(text):
+    try:
+        ours = parse_quantity(text)
+    except ValueError as exc:  # refused only for a bound, never for a quantity the client reads in range
+        assert "out of range" in str(exc)
+        assert abs(k8s_parse_quantity(text)) >= Decimal(2) ** 63 or "exponent" in str(exc)
+        return
+    assert ours == k8s_parse_quantity(text)
+
+
+def test_nodes_of_unknown_gpu_products_pass_and_score_zero():
+    """An A40 (not in hetplan's list) is an opaque type no hint names: it passes and scores 0; hinted types keep
+    their ranks. A node with GPUs and no product label cannot be judged: it passes too."""
+    items = args_with()["Nodes"]["items"]
+    a40 = copy.deepcopy(items[0])
+    a40["metadata"]["name"], a40["metadata"]["labels"]["nvidia.com/gpu.product"] = "a40", "NVIDIA-A40"
+    unlabelled = copy.deepcopy(items[0])
+    unlabelled["metadata"]["name"] = "no-gfd"
+    unlabelled["metadata"]["labels"].pop("nvidia.com/gpu.product")
+    candidates = [node_candidate(raw) for raw in [*items, a40, unlabelled]]
+    assert candidates[-2].shape.gpu_type == "A40" and candidates[-1].neutral
+    pod = PodClass("p", "ns", "res50", 2)
+    outcome = filter_nodes(pod, candidates, hints())
+    assert {"a40", "no-gfd"} <= set(outcome.passed)
+    scores = dict(score_nodes(pod, candidates, hints()))
+    assert scores["a40"] == scores["no-gfd"] == 0 and scores["ip-10-0-1-11.ec2.internal"] == 10
+    assert "ip-10-0-4-44.ec2.internal" in outcome.unresolvable  # no GPUs at all: judged, not neutral
+
+
+@pytest.mark.parametrize("model", [None, "never-hinted"])
+def test_pods_without_hints_see_every_big_enough_gpu_node_equal(model):
+    candidates = [node_candidate(raw) for raw in args_with()["Nodes"]["items"]]
+    pod = PodClass("p", "ns", model, 2)
+    outcome = filter_nodes(pod, candidates, hints())
+    big_enough = [c.name for c in candidates if c.shape is not None and c.shape.gpus >= 2]
+    assert outcome.passed == big_enough
+    assert {score for _, score in score_nodes(pod, candidates, hints())} == {0}
+
+
+def test_a_pathological_node_quantity_makes_that_node_unresolvable_only():
+    args = ExtenderArgs.model_validate(args_with(node_patch={"allocatable": {"memory": "1e999999"}}))
+    candidates = [node_candidate(raw) for raw in args.nodes.items]
+    assert "out of range" in candidates[0].problem
+    outcome = filter_nodes(pod_class(args.pod), candidates, hints())
+    assert "bad allocatable" in outcome.unresolvable["ip-10-0-1-11.ec2.internal"]
+    assert "ip-10-0-2-22.ec2.internal" in outcome.passed
+
+
+# --- the real service ----------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def client(tmp_path_factory):
+    from test_allocator import make_plan  # the plan the allocator tests publish
+
+    root = tmp_path_factory.mktemp("extender")
+    HintStore(root / "store").publish(make_plan("p1"), pd.read_csv(StringIO(HINTS), dtype=str))
+    server = Server(root, root / "store").start()
+    try:
+        with httpx.Client(base_url=server.url, timeout=30) as c:
+            yield c
+    finally:
+        server.stop()
+
+
+@pytest.mark.parametrize("quantity", ["1e200000", "1e999999", "1e1000000", "1" * 100])
+def test_pathological_pod_quantities_get_a_400_and_the_service_keeps_answering(client, quantity):
+    response = client.post("/filter", json=args_with(quantity))
+    assert response.status_code == 400 and "nvidia.com/gpu" in response.json()["detail"]
+    assert client.get("/healthz").status_code == 200
+
+
+@pytest.mark.parametrize("literal", ["NaN", "Infinity", "1e309"])
+def test_non_finite_json_numbers_get_a_400_not_a_500(client, literal):
+    body = json.dumps(args_with("__Q__")).replace('"__Q__"', literal)
+    response = client.post("/filter", content=body, headers={"content-type": "application/json"})
+    assert response.status_code == 400, response.text
+
+
+def test_the_service_passes_unknown_gpu_nodes_with_score_zero(client):
+    args = args_with(node_patch={"labels": {"nvidia.com/gpu.product": "NVIDIA-B200"}})
+    result = client.post("/filter", json=args).json()
+    kept = [n["metadata"]["name"] for n in result["Nodes"]["items"]]
+    assert "ip-10-0-1-11.ec2.internal" in kept
+    scores = {h["Host"]: h["Score"] for h in client.post("/prioritize", json=args).json()}
+    assert scores["ip-10-0-1-11.ec2.internal"] == 0 and scores["ip-10-0-2-22.ec2.internal"] > 0
