@@ -45,7 +45,7 @@ def run(truth, jobs, nodes, scheduler="fifo", policy="proportional", hints=None,
         resize_s=0.0):
     """Simulate with every invariant checked at each event; moves and re-sizes free unless asked (the hand
     computations below charge nothing)."""
-    workload = prepare_workload(jobs, truth.models, unknown_model="m")
+    workload = prepare_workload(jobs, truth.models, unknown_model="m" if "m" in truth.models else "mix")
     config = SimConfig(scheduler, round_s, migration_s=migration_s, resize_s=resize_s, check_every=1)
     result = simulate(workload.jobs, nodes, truth, policy, hints, config)
     return result, result.jobs.set_index("job_id")
@@ -307,3 +307,106 @@ def test_nodes_from_counts_builds_named_nodes():
     nodes = nodes_from_counts(catalog, {name: 3})
     assert [n.name for n in nodes] == [f"{name}-{i}" for i in range(3)]
     assert {n.labels["hetplan/shape"] for n in nodes} == {name}
+
+
+# ---------------------------------------------------------------------- co-adaptive rounds: costs, moves, gangs
+
+def _grid_truth(speeds: dict[tuple[str, str], float]) -> TruthCurves:
+    """A truth with one grid point per (model, GPU type): the speed relative to the model's V100 speed."""
+    from hetplan.sim.truth import TruthGrid
+
+    return TruthCurves({key: TruthGrid((1.0,), (1.0,), np.array([[value]]), "published:test")
+                        for key, value in speeds.items()})
+
+
+TWO_TYPES = _grid_truth({("flat", "V100"): 1.0, ("flat", "K80"): 0.8, ("picky", "V100"): 1.0, ("picky", "K80"): 0.2})
+TWO_TYPE_HINTS = HintSet("h", {(m, 1): (HintEntry("V100", 1, 1.0, 1.0, 1.0), HintEntry("K80", 2, 1.0, 1.0, k80))
+                               for m, k80 in (("flat", 0.8), ("picky", 0.2))})
+ONE_EACH = [Node("v", "V100", 1, 4, 16), Node("k", "K80", 1, 4, 16)]
+
+
+@pytest.mark.parametrize("policy, migration_s, expected", [
+    # both arrive at 0, 100 reference-seconds each; the first round (t=0) gives the V100 to picky (5x faster
+    # there), flat takes the K80 at 0.8
+    # ... with moves free, flat moves up at the round after picky ends (t=120): 96 done, 4 left -> 124
+    ("hint", 0.0, {"picky": 100.0, "flat": 124.0}),
+    # ... a 5 s move still pays (1.0 x (1 - 5/30) > 0.8): it restarts for 5 s -> 129
+    ("hint", 5.0, {"picky": 100.0, "flat": 129.0}),
+    # ... a 10 s move does not (1.0 x (1 - 10/30) < 0.8): flat stays on the K80 -> 125
+    ("hint", 10.0, {"picky": 100.0, "flat": 125.0}),
+    # placement only: flat (first in line) takes the V100, picky the K80 for life: 100 / 0.2 = 500
+    ("hint-static", 5.0, {"flat": 100.0, "picky": 500.0}),
+])
+def test_hand_computed_co_adaptive_rounds_charge_moves(policy, migration_s, expected):
+    jobs = trace(("flat", "flat", 1, 0, 100.0), ("picky", "picky", 1, 0, 100.0))
+    result, out = run(TWO_TYPES, jobs, ONE_EACH, "fifo", policy, TWO_TYPE_HINTS, round_s=30.0,
+                      migration_s=migration_s)
+    for job, finish in expected.items():
+        assert out.loc[job, "finish_s"] == pytest.approx(finish), job
+    moved = expected["flat"] in (124.0, 129.0)
+    assert out.loc["flat", "migrations"] == int(moved) and result.counts["migrations"] == int(moved)
+    assert out.loc["flat", "gpu_types"] == ("K80+V100" if moved else out.loc["flat", "gpu_type"])
+
+
+def test_a_job_larger_than_any_node_runs_as_a_gang_at_the_stated_scaling():
+    truth = _grid_truth({("m", "V100"): 1.0})
+    nodes = [Node(f"v{i}", "V100", 4, 16, 64) for i in range(3)]
+    jobs = trace(("big", "m", 8, 0, 90.0), ("small", "m", 4, 0, 50.0), ("huge", "m", 16, 0, 10.0))
+    for policy, big_finish in (("hint", 100.0), ("hint-static", None)):
+        result, out = run(truth, jobs, nodes, "fifo", policy, HintSet.empty(), round_s=30.0)
+        assert out.loc["huge", "status"] == "rejected_too_big"  # more GPUs than the cluster has
+        if big_finish is None:
+            assert out.loc["big", "status"] == "rejected_too_big"  # placement-only: one node or nothing
+            continue
+        assert out.loc["big", "finish_s"] == pytest.approx(big_finish)  # 90 / 0.9 (two nodes: GANG_SCALING)
+        assert result.counts["gangs"] == 1 and out.loc["small", "finish_s"] == pytest.approx(50.0)
+
+
+def test_co_adaptive_random_traces_keep_every_invariant_with_costs():
+    """Random jobs, gangs included, moved and re-sized with costs: nothing overcommitted at any event, every job
+    finishes once, GPU-seconds held equal GPU-seconds lent (all checked inside the simulator at every event)."""
+    truth = TruthCurves.from_profiles(build_reference().derived)
+    nodes = HETERO + [Node("v-2", "V100", 8, 24, 500)]
+    rng = np.random.default_rng(7)
+    n = 150
+    jobs = pd.DataFrame({"job_id": [f"j{i}" for i in range(n)], "model": rng.choice(sorted(truth.models), n),
+                         "num_gpus": rng.choice([1, 2, 4, 8, 16], n), "arrival_s": np.sort(rng.uniform(0, 4 * 3600, n)),
+                         "duration_s": rng.exponential(3600, n)})
+    hints = HintSet("h", {(m, g): (HintEntry("V100", 1, 9.0, 62.5, 2.0), HintEntry("T4", 2, 6.0, 40.0, 1.0))
+                          for m in truth.models for g in (1, 2, 4, 8)})
+    workload = prepare_workload(jobs, truth.models)
+    result = simulate(workload.jobs, nodes, truth, "hint", hints,
+                      SimConfig("las", 300.0, migration_s=30.0, resize_s=5.0, check_every=1))
+    out = result.jobs
+    assert (out["status"] == "completed").all()  # 16-GPU jobs run as V100 gangs (20 V100s)
+    assert result.counts["gangs"] > 0 and result.counts["resizes"] + result.counts["migrations"] > 0
+    assert (out["finish_s"] >= out["start_s"]).all() and (out["start_s"] >= out["arrival_s"] - 1e-9).all()
+
+
+def test_cli_simulate_writes_tables_and_plots_and_refuses_bad_nodes(tmp_path):
+    from typer.testing import CliRunner
+
+    from hetplan.cli import app
+
+    profiles = build_reference().derived
+    profiles = profiles[profiles["gpu_type"].isin(["V100", "T4"]) & profiles["model"].isin(["res18", "transformer"])]
+    profiles.to_csv(tmp_path / "profiles.csv", index=False)
+    rng = np.random.default_rng(1)
+    trace(*[(f"j{i}", str(rng.choice(["res18", "transformer"])), int(rng.choice([1, 2])), float(i * 600), 3600.0)
+            for i in range(30)]).to_csv(tmp_path / "trace.csv", index=False)
+    (tmp_path / "nodes.csv").write_text("name,gpu_type,gpus,vcpus,mem_gb\nv0,V100,4,24,240\nt0,T4,4,48,192\n")
+    args = ["simulate", "--trace", str(tmp_path / "trace.csv"), "--nodes", str(tmp_path / "nodes.csv"),
+            "--truth", str(tmp_path / "profiles.csv"), "--out-dir", str(tmp_path / "out"), "--no-mlflow"]
+    result = CliRunner().invoke(app, args, env={"COLUMNS": "200"})
+    assert result.exit_code == 0, result.output
+    summary = pd.read_csv(tmp_path / "out" / "summary.csv")
+    assert summary.loc[0, "hints"] == "ORACLE: read off the truth" and summary.loc[0, "completed"] == 30
+    jobs = pd.read_csv(tmp_path / "out" / "jobs.csv")
+    assert {"job_id", "jct_s", "queue_s", "gpu_types", "migrations", "resizes"} <= set(jobs.columns)
+    assert len(jobs) == 30 and (jobs["jct_s"] >= 3600 * 0.3).all()
+    assert (tmp_path / "out" / "jct_cdf.png").stat().st_size > 0
+    (tmp_path / "bad.csv").write_text("name,gpu_type,gpus,vcpus,mem_gb\nv0,V100,two,24,240\n")
+    bad = CliRunner().invoke(app, [*args[:3], "--nodes", str(tmp_path / "bad.csv"), *args[5:7], "--out-dir",
+                                   str(tmp_path / "out2"), "--no-mlflow"])
+    assert bad.exit_code == 1 and "bad.csv" in bad.output and "gpus" in bad.output
+    assert not (tmp_path / "out2").exists()

@@ -90,6 +90,7 @@ class Cluster:
         self._index: dict[Shape, list[list[tuple[int, int, int, str]]]] = {}
         self._shapes_by_type: dict[str, list[Shape]] = {}
         self._node_gpus: Counter[int] = Counter()
+        self._free_by_type: Counter[str] = Counter()
         self._next_ordinal = 0
         self._journal: list[tuple[bool, Allocation]] | None = None  # (applied?, allocation) while in a trial
         for node in nodes:
@@ -135,6 +136,10 @@ class Cluster:
     def gpu_types(self) -> list[str]:
         return sorted(self._shapes_by_type)
 
+    def free_gpus_by_type(self) -> dict[str, int]:
+        """Free GPUs per GPU type (every type with nodes, zeros included)."""
+        return {t: self._free_by_type[t] for t in self._shapes_by_type}
+
     def totals(self) -> dict[str, int]:
         """Capacity and free capacity summed over all nodes (GPUs, millicores, MB)."""
         out = {"gpus": 0, "cpu_m": 0, "mem_mb": 0, "free_gpus": 0, "free_cpu_m": 0, "free_mem_mb": 0}
@@ -179,6 +184,11 @@ class Cluster:
             i = bisect_left(bucket, s.key())
             if i >= len(bucket) or bucket[i] != s.key():
                 problems.append(f"{name} missing from the index")
+        by_type = Counter()
+        for s in self._states.values():
+            by_type[s.shape.gpu_type] += s.free_gpus
+        if +by_type != +self._free_by_type:
+            problems.append(f"free GPUs per type out of step: {dict(self._free_by_type)}, counted {dict(by_type)}")
         indexed = sum(len(b) for buckets in self._index.values() for b in buckets)
         if indexed != len(self._states):
             problems.append(f"index holds {indexed} entries for {len(self._states)} nodes")
@@ -475,6 +485,7 @@ class Cluster:
     # ------------------------------------------------------------------ index upkeep
 
     def _insert(self, state: _NodeState) -> None:
+        self._free_by_type[state.shape.gpu_type] += state.free_gpus
         buckets = self._index.get(state.shape)
         if buckets is None:
             buckets = self._index[state.shape] = [[] for _ in range(state.shape.gpus + 1)]
@@ -490,6 +501,7 @@ class Cluster:
         if i >= len(bucket) or bucket[i] != key:
             raise AssertionError(f"index lost node {state.node.name}")  # a bug, never an input error
         del bucket[i]
+        self._free_by_type[state.shape.gpu_type] -= state.free_gpus
         if leaving and not any(buckets):
             del self._index[state.shape]
             shapes = self._shapes_by_type[state.shape.gpu_type]

@@ -159,11 +159,20 @@ class _Step:
         return {job: parts for job, parts in self.placed.items()}
 
     def _admit(self) -> tuple[list[Job], list[Job]]:
-        if not self.preempt:
-            running = [j for j in self.order if j.job_id in self.current]
-            waiting = [j for j in self.order if j.job_id not in self.current]
-            return running, waiting
-        room = sum(self.type_gpus.values())
+        if not self.preempt:  # running jobs stay; waiting ones in priority order while free GPUs last
+            room = sum(self.cluster.free_gpus_by_type().values())
+            admitted, left_out = [], []
+            for job in self.order:
+                if job.job_id in self.current:
+                    admitted.append(job)
+                elif job.num_gpus <= room and self._could_ever_run(job):
+                    admitted.append(job)
+                    room -= job.num_gpus
+                else:
+                    left_out.append(job)
+            return admitted, left_out
+        room = sum(self.type_gpus.values()) - sum(  # jobs not asked about keep their GPUs
+            a.gpus for parts in self.placed.values() for a in parts)
         admitted, left_out = [], []
         for job in self.order:
             if job.num_gpus <= room and self._could_ever_run(job):
@@ -183,14 +192,13 @@ class _Step:
         `preempt`) running jobs move up into free GPUs and pairs swap types, each only when the speed gained
         beats the migration cost, so the assignment never oscillates from one step to the next.
         """
-        room = dict(self.type_gpus)
+        room = self.cluster.free_gpus_by_type()  # after the left-out jobs were released
         assigned: dict[str, str] = {}
         newcomers = []
         for job in admitted:
             parts = self.current.get(job.job_id, ())
             if parts:
                 assigned[job.job_id] = parts[0].gpu_type
-                room[parts[0].gpu_type] -= job.num_gpus
             else:
                 newcomers.append(job)
         scored = []

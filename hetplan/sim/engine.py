@@ -255,9 +255,14 @@ class Simulator:
 
         A job in `previous` (preempted by this reschedule) first gets its old allocation back if its node
         still has room, so that it keeps running where it ran unless a higher-priority job took its place.
-        Gangs (jobs larger than any node) wait for a co-adaptive round.
+        With a co-adaptive policy the allocator's `rebalance` places them (no preemption, no moves, peers
+        shrunk to their floors where that makes room).
         """
         if not self.queue or self.free_gpus == 0:
+            return
+        if self.co_adaptive:  # waiting jobs by comparative advantage; running jobs untouched until the round
+            order = [self.jobs[entry[-1]].request for entry in self.queue]
+            self._take(self.allocator.rebalance(order, preempt=False, move=False, nodes=()), now)
             return
         previous = previous or {}
         failed: set[tuple[str, int]] = set()  # classes that did not fit: nothing is freed during a pass
