@@ -136,6 +136,15 @@ class Cluster:
     def gpu_types(self) -> list[str]:
         return sorted(self._shapes_by_type)
 
+    def gpus_by_type(self) -> tuple[dict[str, int], dict[str, int]]:
+        """Per GPU type: all its GPUs, and the most GPUs one node of it has."""
+        total: dict[str, int] = {}
+        largest: dict[str, int] = {}
+        for gpu_type, shapes in self._shapes_by_type.items():
+            total[gpu_type] = sum(shape.gpus * sum(len(b) for b in self._index[shape]) for shape in shapes)
+            largest[gpu_type] = max(shape.gpus for shape in shapes)
+        return total, largest
+
     def free_gpus_by_type(self) -> dict[str, int]:
         """Free GPUs per GPU type (every type with nodes, zeros included)."""
         return {t: self._free_by_type[t] for t in self._shapes_by_type}

@@ -83,6 +83,11 @@ class Allocator:
             self._touched.add(a.node)
             return True
 
+    def touched(self) -> set[str]:
+        """The nodes changed since the last applied step that re-sized them."""
+        with self.lock:
+            return set(self._touched)
+
     def touch(self, node: str) -> None:
         """Mark a node changed outside this class's own methods, so that the next step re-sizes its jobs."""
         self._touched.add(node)

@@ -66,6 +66,8 @@ def diff(current: Mapping[str, tuple[Allocation, ...]], target: Target) -> list[
         actions.append(Action("stop", job_id, current[job_id], ()))
     for job_id in sorted(target):
         after, before = target[job_id], current.get(job_id, ())
+        if after is before:
+            continue
         if not before:
             actions.append(Action("start", job_id, (), after))
         elif [a.node for a in before] != [a.node for a in after]:
@@ -124,14 +126,12 @@ class _Step:
         self.policy, self.order, self.cluster, self.hints = policy, order, cluster, hints
         self.current, self.touched, self.preempt, self.move = current, touched, preempt, move
         self.rank = {job.job_id: i for i, job in enumerate(order)}
+        self.by_id = {job.job_id: job for job in order}
         # jobs running but not asked about stay exactly as they are (pinned)
         self.placed: Target = {j: parts for j, parts in current.items() if j not in self.rank}
         self.types = cluster.gpu_types()
-        self.type_gpus = {t: 0 for t in self.types}
-        self.type_largest = {t: 0 for t in self.types}
-        for node in cluster.nodes():
-            self.type_gpus[node.gpu_type] += node.gpus
-            self.type_largest[node.gpu_type] = max(self.type_largest[node.gpu_type], node.gpus)
+        self.type_gpus, self.type_largest = cluster.gpus_by_type()
+        self.largest_type = max(self.type_gpus.values(), default=0)
 
     # ------------------------------------------------------------------ the step
 
@@ -183,7 +183,7 @@ class _Step:
         return admitted, left_out
 
     def _could_ever_run(self, job: Job) -> bool:
-        return any(g >= job.num_gpus for g in self.type_gpus.values())
+        return job.num_gpus <= self.largest_type
 
     def _assign_types(self, admitted: list[Job]) -> dict[str, str]:
         """Comparative advantage: each admitted job's GPU type (absent: none had GPUs left).
@@ -201,6 +201,9 @@ class _Step:
                 assigned[job.job_id] = parts[0].gpu_type
             else:
                 newcomers.append(job)
+        if len(self.types) == 1:
+            assigned.update((job.job_id, self.types[0]) for job in newcomers)
+            return assigned
         scored = []
         for job in newcomers:
             speeds = self.policy.speeds(job, self.hints, self.types)
@@ -213,7 +216,7 @@ class _Step:
                     assigned[job.job_id] = t
                     room[t] -= job.num_gpus
                     break
-        if self.move:
+        if self.move and len(self.types) > 1:
             self._improve([j for j in admitted if j.job_id in assigned], assigned, room)
         return assigned
 
@@ -407,10 +410,8 @@ class _Step:
         return a.job_id if a.job_id in self.rank else a.job_id.rsplit(GANG_SEP, 1)[0]
 
     def _job_of(self, a: Allocation) -> Job:
-        """The job an allocation (or a gang part) belongs to, as a class (model, GPUs of the whole job)."""
-        job_id = self._base_id(a)
-        total = sum(p.gpus for p in self.placed.get(job_id, self.current.get(job_id, (a,))))
-        return Job(job_id, a.model, max(total, a.gpus))
+        """The job (of `order`: only those are re-sized) an allocation or a gang part belongs to."""
+        return self.by_id[self._base_id(a)]
 
     @staticmethod
     def _scaled(share: tuple[int, int], gpus: int, of: int) -> tuple[int, int]:

@@ -38,7 +38,7 @@ import pandas as pd
 
 from hetplan.allocator import Allocator
 from hetplan.allocator.policies import Policy, get_policy
-from hetplan.allocator.rebalance import Action
+from hetplan.allocator.rebalance import GANG_SEP, Action
 from hetplan.allocator.spec import Allocation, Job, Node
 from hetplan.hints import HintSet
 from hetplan.sim.truth import TruthCurves
@@ -196,7 +196,7 @@ class Simulator:
         while nxt < len(arrivals) or self.running or self.queue:
             t_arrival = arrivals[nxt].arrival if nxt < len(arrivals) else math.inf
             t_finish = self._next_finish()
-            t_round = self._next_round() if self.queue or self.changed else math.inf
+            t_round = self._next_round() if self.queue or (self.changed and self.co_adaptive) else math.inf
             now = self.now = min(t_arrival, t_finish, t_round)
             while self.finishes and self.finishes[0][0] <= now + EPS:
                 _, version, idx = heapq.heappop(self.finishes)
@@ -260,9 +260,17 @@ class Simulator:
         """
         if not self.queue or self.free_gpus == 0:
             return
-        if self.co_adaptive:  # waiting jobs by comparative advantage; running jobs untouched until the round
+        if self.co_adaptive:  # waiting jobs by comparative advantage, no preemption, no moves
             order = [self.jobs[entry[-1]].request for entry in self.queue]
             self._take(self.allocator.rebalance(order, preempt=False, move=False, nodes=()), now)
+            smallest = min((self.jobs[entry[-1]].gpus for entry in self.queue), default=0)
+            if self.queue and 0 < smallest <= self.free_gpus:  # GPUs free, cores not: shrink peers there (TUNE)
+                cluster = self.allocator.cluster
+                peers = [self.by_id[self._job_id(a.job_id)].request
+                         for node in cluster.with_free_gpus(None, smallest)
+                         for a in map(cluster.allocation, cluster.jobs_on(node)) if a is not None]
+                order = list(dict.fromkeys(peers)) + [self.jobs[entry[-1]].request for entry in self.queue]
+                self._take(self.allocator.rebalance(order, preempt=False, move=False, nodes=()), now)
             return
         previous = previous or {}
         failed: set[tuple[str, int]] = set()  # classes that did not fit: nothing is freed during a pass
@@ -298,15 +306,12 @@ class Simulator:
         """
         self.last_round = now
         self.counts["rounds"] += 1
-        # running jobs' priorities as of now, without bringing their state up to date (only stopped jobs need it)
-        ranked = sorted((*self.priority(job, now - job.last), job.idx) for job in self.running.values())
         if self.co_adaptive:
-            self.changed = False
-            order = [self.jobs[entry[-1]].request for entry in heapq.merge(ranked, self.queue)]
-            self._take(self.allocator.rebalance(order, preempt=True), now)
+            self._co_adaptive_round(now)
             return
         if not self.queue:
             return
+        ranked = self._ranked(self.running.values(), now)
         if not ranked or self.queue[0] > ranked[-1]:
             self._fill(now)
             return
@@ -337,6 +342,27 @@ class Simulator:
                 self.counts["migrations"] += 1
         self.counts["preemptions"] += preempted
         self.counts["reschedules"] += preempted > 0  # a round whose stopped jobs all got their place back is none
+
+    def _ranked(self, jobs, now: float) -> list[tuple]:
+        """Running jobs' priorities as of now (their state is not brought up to date: only stopped jobs need it)."""
+        return sorted((*self.priority(job, now - job.last), job.idx) for job in jobs)
+
+    def _co_adaptive_round(self, now: float) -> None:
+        """Every job that waits or runs, in priority order, to the allocator's rebalance; when nothing waits on a
+        one-type cluster, only the jobs on nodes that changed (nothing else can improve)."""
+        self.changed = False
+        cluster = self.allocator.cluster
+        if self.queue or len(cluster.gpu_types()) > 1:
+            ranked = self._ranked(self.running.values(), now)
+            order = [self.jobs[entry[-1]].request for entry in heapq.merge(ranked, self.queue)]
+        else:
+            on = {self._job_id(a) for node in self.allocator.touched() if node in cluster for a in cluster.jobs_on(node)}
+            order = [self.jobs[entry[-1]].request for entry in self._ranked((self.by_id[j] for j in on), now)]
+        self._take(self.allocator.rebalance(order, preempt=True), now)
+
+    def _job_id(self, allocation_id: str) -> str:
+        """The job an allocation belongs to (a gang part's id names its job before the separator)."""
+        return allocation_id if allocation_id in self.by_id else allocation_id.rsplit(GANG_SEP, 1)[0]
 
     def _take(self, actions: list[Action], now: float) -> None:
         """Bring the jobs in line with a co-adaptive step's actions (already applied to the cluster)."""
