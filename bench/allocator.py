@@ -8,7 +8,9 @@
   arrivals, exponential durations, no queue (a job that does not fit is counted as not placed).
 - http: `hetplan serve` on 127.0.0.1 (1,000 nodes, SQLite synchronous=FULL), an open-loop client at a fixed
   rate (500 requests/s, 5,000 requests, alternating allocate and release) over keep-alive connections;
-  latency from the request's scheduled send time to the last byte of the answer (so queueing counts).
+  latency from the request's scheduled send time to the last byte of the answer (so queueing counts); the
+  co-adaptive policy's rebalancing tick runs every `--tick` seconds (1 by default) all the while, and every
+  release re-sizes the freed node's jobs.
 
 Inputs are real where they can be: node shapes from the shipped catalog (AWS p3, p4d, g4dn, g5, g6), the job
 mix (models, GPUs per job) from Gavel's Philly-derived trace. The hint table is DERIVED from hetplan's derived
@@ -350,13 +352,17 @@ def bench_http(repeats: int, rate: float = 500, total: int = 5_000) -> list[str]
     return lines
 
 
+TICK_S = 1.0
+
+
 def _http_run(root: Path, store: Path, nodes_file: Path, mode: str, tag: str, total: int, rate: float,
               jobs: pd.DataFrame) -> tuple[np.ndarray, float]:
     import httpx
 
     port = _free_port()
     cmd = [sys.executable, "-c", "from hetplan.cli import main; main()", "serve", "--port", str(port),
-           "--db", str(root / f"{tag}.db"), "--store", str(store), "--nodes", str(nodes_file), "--synchronous", mode]
+           "--db", str(root / f"{tag}.db"), "--store", str(store), "--nodes", str(nodes_file), "--synchronous", mode,
+           "--tick", str(TICK_S)]
     log = open(root / f"{tag}.log", "wb")
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
     try:
@@ -383,7 +389,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("what", nargs="?", default="all", choices=["inprocess", "placement", "http", "all"])
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--tick", type=float, default=1.0, help="the service's rebalancing tick (s) during http")
     args = parser.parse_args()
+    global TICK_S
+    TICK_S = args.tick
     info = machine()
     load = ", ".join(f"{x:.2f}" for x in os.getloadavg())
     print(f"{info['date']} · nproc {info['nproc']} · {info['cpu']} · Python {info['python']} · "

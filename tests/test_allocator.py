@@ -753,11 +753,14 @@ def test_extender_with_node_names_answers_from_the_allocator_state(client):
     try:
         result = client.post("/filter", json=args).json()
         assert result["Nodes"] is None
-        assert result["NodeNames"] == ["ip-10-0-2-22.ec2.internal", "ip-10-0-3-33.ec2.internal"]
+        # a node hetplan was never told about is not judged: it passes with a neutral score
+        assert result["NodeNames"] == ["ip-10-0-2-22.ec2.internal", "ip-10-0-3-33.ec2.internal",
+                                       "ip-10-0-4-44.ec2.internal"]
         assert result["FailedNodes"] == {"ip-10-0-1-11.ec2.internal": "0 of 8 GPUs free; the pod needs 2"}
-        assert "not registered with hetplan" in result["FailedAndUnresolvableNodes"]["ip-10-0-4-44.ec2.internal"]
+        assert result["FailedAndUnresolvableNodes"] == {"ip-10-0-5-55.ec2.internal": "has 1 L4 GPUs; the pod needs 2 on one node"}
         scores = {h["Host"]: h["Score"] for h in client.post("/prioritize", json=args).json()}
         assert scores["ip-10-0-1-11.ec2.internal"] == 0 and scores["ip-10-0-2-22.ec2.internal"] == 7
+        assert scores["ip-10-0-4-44.ec2.internal"] == 0
     finally:
         client.post("/v1/release", json={"job_id": "fill"})
 
