@@ -30,7 +30,7 @@ import pandas as pd
 from hetplan.contracts import (
     CATALOG, CURVES, DEMAND, HINTS, PROFILES, TRACE, ContractError, Problem, demand_from_trace, fingerprint, load_plan,
 )
-from hetplan.contracts.table import atomic_write_bytes
+from hetplan.fsio import atomic_write_bytes
 from hetplan.gpus import normalize_gpu
 
 log = logging.getLogger(__name__)

@@ -14,7 +14,7 @@ from rich.table import Table
 
 from hetplan.cli.common import EXIT_INVALID, console, contract_errors, errors, read_trace, warn
 from hetplan.contracts import CURVES, PROFILES, ContractError, Problem, gpu_declarations
-from hetplan.contracts.table import atomic_write_bytes
+from hetplan.fsio import atomic_write_bytes
 from hetplan.evaluation import EvaluationResult, ProblemInputs, evaluate as run_evaluation
 from hetplan.planner.entry import read_catalog, read_fleet
 from hetplan.sim.engine import SCHEDULERS, SimulationError

@@ -22,7 +22,7 @@ from rich.table import Table
 
 from hetplan.cli.common import console, contract_errors, read_trace, warn
 from hetplan.contracts import DEMAND, ContractError, Problem, demand_from_trace, fingerprint
-from hetplan.contracts.table import atomic_write_bytes
+from hetplan.fsio import atomic_write_bytes
 from hetplan.planner import SolveError, frontier_table, sweep, write_plan_artifacts
 from hetplan.planner.baselines import STATUS_QUO, Evaluation
 from hetplan.planner.entry import Planned, load_problem, plan_with_baselines
