@@ -166,7 +166,8 @@ def fit_step(workspace: str | Path, run_key: str, gpu_types: Sequence[str], *, m
         base = base[base["gpu_type"].isin(wanted)]
     profiles = merge_profiles(base.reset_index(drop=True), updates)
     profiles_path = PROFILES.write(profiles, here / "profiles.csv")
-    report = fit_profiles(PROFILES.load(profiles_path))
+    profiles = PROFILES.load(profiles_path)
+    report = fit_profiles(profiles)
     if report.curves.empty:
         raise ContractError([Problem(str(profiles_path), "no (model, GPU type) could be fitted: "
                                      + "; ".join(str(s) for s in report.skipped))])
@@ -183,9 +184,10 @@ def fit_step(workspace: str | Path, run_key: str, gpu_types: Sequence[str], *, m
 
         job = log_fit_job(report, tracking_uri, run_name=f"nightly-{run_key}",
                           params={"profiles": str(profiles_path), "profiles_sha256": fingerprint(profiles_path),
-                                  "run_key": run_key})
+                                  "run_key": run_key}, profiles=profiles, profiles_source=str(profiles_path))
         result["mlflow_run"] = job.parent_run_id
         result["registered"] = len(job.registrations)
+        result["unchanged"] = len(job.unchanged)
     return result
 
 

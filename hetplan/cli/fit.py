@@ -50,10 +50,12 @@ def fit(
         uri = resolve_uri(tracking_uri)
         with console.status(f"logging to MLflow at {uri}"):
             job = log_fit_job(report, uri, params={"profiles": str(profiles), "profiles_sha256": fingerprint(profiles),
-                                                   "knee_fraction": str(knee_fraction)})
+                                                   "knee_fraction": str(knee_fraction)},
+                              profiles=table, profiles_source=str(profiles))
         promoted = sum(r.promoted for r in job.registrations)
         console.print(f"MLflow: run {job.parent_run_id} in experiment hetplan-sensitivity; "
-                      f"{len(job.registrations)} models registered, {promoted} now champion", highlight=False)
+                      f"{len(job.registrations)} models registered, {promoted} now champion, "
+                      f"{len(job.unchanged)} unchanged", highlight=False)
     _summary(report, out)
     warn(str(s) for s in report.skipped)
     if report.skipped:
