@@ -52,6 +52,10 @@ REFERENCE: tuple[str, float, float] = ("V100", 3.0, 62.5)
 and 500 GB over 8 GPUs: 3 cores and 62.5 GB per GPU). Trace durations are times on it; normalised
 throughput counts reference GPUs."""
 
+CPU_ONLY = "CPU"
+"""The label of measurements taken without a GPU (a workload on the host's CPU): never a GPU type. No catalog
+shape has it, so the planner plans no node on its curves."""
+
 # Ordered: the first pattern that matches the cleaned name wins, so specific names come before prefixes.
 _PATTERNS: tuple[tuple[str, str], ...] = (
     (r"^GH200", "GH200"),
@@ -148,6 +152,11 @@ K8S_PRODUCT: dict[str, str] = {
     "L4": "NVIDIA-L4", "L40S": "NVIDIA-L40S", "A100": "NVIDIA-A100-SXM4-40GB", "A100-80GB": "NVIDIA-A100-SXM4-80GB",
     "H100": "NVIDIA-H100-80GB-HBM3", "H200": "NVIDIA-H200", "GH200": "NVIDIA-GH200-480GB",
 }
+
+
+def gpu_label(name: str) -> str:
+    """What a profiling run is labelled: a GPU type's canonical name, or `CPU_ONLY` for the host's CPU."""
+    return CPU_ONLY if str(name).strip().upper() == CPU_ONLY else normalize_gpu(name)
 
 
 def is_known_gpu(name: str) -> bool:

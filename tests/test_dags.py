@@ -18,10 +18,10 @@ import pytest
 from servers import TOKEN, Server
 
 REPO = Path(__file__).resolve().parents[1]
-TINY = {  # 2 models x 3 GPU types, 2 profiled types at 1 and 2 cores with sub-second windows, a small budget
-    "gpu_types": ["T4", "L4"],
+TINY = {  # 2 models x 3 GPU types; this host's CPU and L4 profiled at 1 and 2 cores, sub-second windows, a small budget
+    "gpu_types": ["CPU", "L4"],
     "workload": "token-batch",
-    "workloads": {"L4": "hetplan_no_such_module:run"},  # forces L4's profiling to fail -> stale
+    "workloads": {"L4": "hetplan_no_such_module:run"},  # L4: skipped without a GPU, else fails -> stale
     "cpus": "1,2",
     "warmup_s": 0.5,
     "measure_s": 0.5,
@@ -187,7 +187,7 @@ def test_pod_command_profiles_like_the_local_task_and_reruns_idempotently(dagbag
     from hetplan_airflow.pods import profiling_plan
 
     workspace = tmp_path / "ws"
-    params = _params(dagbag, workspace=str(workspace), kubernetes={**TARGET, "gpu_types": ["T4"]},
+    params = _params(dagbag, workspace=str(workspace), gpu_types=["T4"], kubernetes={**TARGET, "gpu_types": ["T4"]},
                      cpus="1", mem_gb="1")
     (pod,) = profiling_plan(params, RUN_KEY)["pods"]
     command = [sys.executable, *pod["cmds"][1:], *pod["arguments"]]
@@ -200,8 +200,29 @@ def test_pod_command_profiles_like_the_local_task_and_reruns_idempotently(dagbag
         outcomes.append((status, files))
     assert outcomes[0] == outcomes[1]
     status, files = outcomes[0]
-    assert status["status"] == "measured" and status["gpu_type"] == "T4"
-    assert files == ["profiles/last_good/T4.csv", f"runs/{RUN_KEY}/profiles/T4.csv", f"runs/{RUN_KEY}/profiles/T4.json"]
+    # never a T4 measured on something else: skipped without a GPU, refused (stale) on another GPU type
+    assert status["status"] == ("skipped" if _no_gpu() else "stale") and status["gpu_type"] == "T4"
+    assert files == [f"runs/{RUN_KEY}/profiles/T4.json"]
+
+
+def _no_gpu() -> bool:
+    from hetplan.profiling.telemetry import detect_gpu
+
+    return detect_gpu().gpu is None
+
+
+def test_profiling_without_a_gpu_type_measures_the_cpu_under_its_own_label_and_falls_back_when_it_fails(tmp_path):
+    """`CPU` is measured for real and never called a GPU type; a failed run keeps the last good profiles."""
+    from hetplan.contracts import PROFILES
+    from hetplan.pipeline import STALE, profile_gpu
+
+    grid = {"cpus": "1", "mem_gb": "1", "warmup_s": 0.2, "measure_s": 0.3, "repeats": 1}
+    measured = profile_gpu(tmp_path, RUN_KEY, "cpu", "token-batch", **grid)
+    assert measured["status"] == "measured" and measured["gpu_type"] == "CPU"
+    assert set(PROFILES.load(measured["profiles"])["gpu_type"]) == {"CPU"}
+    failed = profile_gpu(tmp_path, "20260103T000000", "CPU", "hetplan_no_such_module:run", **grid)
+    assert failed["status"] == STALE and failed["profiles"] == str(tmp_path / "profiles" / "last_good" / "CPU.csv")
+    assert "hetplan_no_such_module" in failed["error"]
 
 
 def test_publish_dag_is_scheduled_on_the_hints_asset(dagbag):
@@ -232,15 +253,17 @@ def _nightly_then_publish(dagbag, workspace: Path, allocator) -> None:
     run = dagbag.get_dag("hetplan_nightly").test(run_conf={**TINY, "workspace": str(workspace)})
     assert run.state == "success"
     states = _task_states(run.run_id)
-    assert states[("profile", 0)] == states[("profile", 1)] == "success"  # L4 failed, and fell back (stale)
+    assert states[("profile", 0)] == states[("profile", 1)] == "success"  # L4 skipped or failed: no task fails
     assert states[("profile_pod", -1)] == "skipped"  # no Kubernetes target: zero pods, the mapped task skips
     assert states[("fit", -1)] == states[("publish", -1)] == "success"
 
     published = HintStore(workspace / "hints").load()  # LATEST exists and loads
     assert len(published.hints) > 0
-    assert published.plan.stale_gpu_types == ["L4"]
+    assert published.plan.stale_gpu_types == ([] if _no_gpu() else ["L4"])
     assert published.plan.cost_per_hour <= TINY["budget"] + 1e-6
-    assert (workspace / "profiles" / "last_good" / "T4.csv").is_file()
+    assert (workspace / "profiles" / "last_good" / "CPU.csv").is_file()
+    assert (workspace / "current").resolve() == next((workspace / "runs").iterdir()).resolve()
+    assert (workspace / "current" / "curves.parquet").is_file() and (workspace / "current" / "plan" / "plan.json").is_file()
     assert not (workspace / "profiles" / "last_good" / "L4.csv").exists()
     assert (workspace / "runs").is_dir()
     assert len(list((workspace / "runs").glob("*/plan/kueue.yaml"))) == 1

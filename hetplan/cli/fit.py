@@ -85,13 +85,15 @@ def _summary(report: FitReport, out: Path) -> None:
 
 @curves_app.command("show")
 def show(
-    curves: Path = typer.Option(DEFAULT_CURVES, "--curves", help="Curve table written by `hetplan fit`."),
+    curves: Path | None = typer.Option(None, "--curves", help="Curve table (default: the newer of "
+                                       ".hetplan/curves.parquet and .hetplan/current/curves.parquet)."),
     model: str | None = typer.Option(None, "--model", help="Only this model."),
     share: str = typer.Option(f"{PROPORTIONAL_SHARE[0]:g},{PROPORTIONAL_SHARE[1]:g}", "--share",
                               help="GPU-proportional share 'cores,GB' per GPU that speedups compare against."),
 ) -> None:
     """A table of knees and the speedup of the knee over the GPU-proportional share, per (model, GPU type)."""
-    cores, mem = (float(x) for x in share.split(","))
+    cores, mem = _share(share)
+    curves = curves or default_curves()
     with contract_errors():
         table = CURVES.load(curves)
         if model is not None:
@@ -117,6 +119,20 @@ def show(
     console.print(out)
 
 
+def default_curves() -> Path:
+    from hetplan.workspace import default_curves as newest
+
+    return newest()
+
+
+def _share(text: str) -> tuple[float, float]:
+    try:
+        cores, mem = (float(x) for x in text.split(","))
+    except ValueError:
+        raise typer.BadParameter(f"{text!r} is not 'cores,GB' (e.g. 3,62.5)", param_hint="--share") from None
+    return cores, mem
+
+
 def _value_at(rows: pd.DataFrame, cores: float, mem: float) -> float:
     """Throughput at the grid point nearest to (cores, mem) from below."""
     below = rows[(rows["cpus_per_gpu"] <= cores) & (rows["mem_gb_per_gpu"] <= mem)]
@@ -127,11 +143,12 @@ def _value_at(rows: pd.DataFrame, cores: float, mem: float) -> float:
 def plot(
     model: str = typer.Option(..., "--model", help="Model to plot on every GPU type."),
     out: Path = typer.Option(..., "--out", help="PNG to write."),
-    curves: Path = typer.Option(DEFAULT_CURVES, "--curves", help="Curve table written by `hetplan fit`."),
+    curves: Path | None = typer.Option(None, "--curves", help="Curve table (default as for `curves show`)."),
 ) -> None:
     """Plot one model's curves on every GPU type (most RAM; knees starred; transferred dashed)."""
     from hetplan.sensitivity.plots import plot_model
 
+    curves = curves or default_curves()
     with contract_errors():
         table = CURVES.load(curves)
         if model not in set(table["model"]):

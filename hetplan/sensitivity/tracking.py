@@ -31,7 +31,6 @@ from pathlib import Path
 import matplotlib.pyplot as plt
 import mlflow
 import pandas as pd
-import skops.io
 from mlflow.exceptions import MlflowException
 from mlflow.models import infer_signature
 from mlflow.tracking import MlflowClient
@@ -53,8 +52,6 @@ CURVE_TAG = "hetplan.curve_sha256"
 # what fitted the model; hetplan itself travels as code (`hetplan_estimators`), not as a requirement.
 REQUIRED_DISTRIBUTIONS = ("scikit-learn", "numpy", "scipy", "pandas")
 TRUSTED_PREFIXES = ("hetplan_estimators.", "hetplan.sensitivity.", "sklearn.")
-# MLflow's registry prints two lines per registered version; the run's record says the same once.
-QUIET_LOGGERS = ("mlflow.tracking._model_registry.fluent", "mlflow.store.model_registry", "mlflow.models.model")
 
 
 @dataclass
@@ -88,35 +85,30 @@ def curve_fingerprint(surface: pd.DataFrame) -> str:
 
 @contextmanager
 def quiet_serialisation() -> Iterator[None]:
-    """Silence what serialising models prints in an Airflow worker, and nothing else.
+    """Silence two warnings that serialising models raises, and nothing else.
 
-    skops finds a NumPy ufunc's module by `getattr` on every loaded module; in an Airflow process that touches
-    Airflow's deprecated lazy attributes, each raising `DeprecatedImportWarning`, a FutureWarning that
-    skops's own DeprecationWarning filter lets through: about ten per model, a thousand lines a night.
-    MLflow's registry also logs two lines per version, registers its local dataset source twice (then warns
-    that a path is ambiguous between the two) and hints at integer columns in every schema; errors still pass.
+    skops finds a NumPy ufunc's module by `getattr` on every loaded module (once for every ufunc when it is
+    imported, then for each model). In an Airflow process that touches Airflow's deprecated lazy attributes,
+    each raising `DeprecatedImportWarning`, a FutureWarning that skops's own DeprecationWarning filter lets
+    through: a thousand lines a night. MLflow registers its local dataset source twice, then warns that a
+    path is ambiguous between the two, and hints at integer columns in every inferred schema.
     """
     with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", "The specified dataset source can be interpreted in multiple ways",
-                                UserWarning)
-        warnings.filterwarnings("ignore", "Hint: Inferred schema contains integer column", UserWarning)
         deprecation = sys.modules.get("airflow.utils.deprecation_tools")
         if deprecation is not None:
             warnings.simplefilter("ignore", deprecation.DeprecatedImportWarning)
-        loggers = [logging.getLogger(name) for name in QUIET_LOGGERS]
-        levels = [lg.level for lg in loggers]
-        for lg in loggers:
-            lg.setLevel(logging.WARNING)
-        try:
-            yield
-        finally:
-            for lg, level in zip(loggers, levels):
-                lg.setLevel(level)
+        warnings.filterwarnings("ignore", "The specified dataset source can be interpreted in multiple ways",
+                                UserWarning)
+        warnings.filterwarnings("ignore", "Hint: Inferred schema contains integer column", UserWarning)
+        yield
+
+
+with quiet_serialisation():
+    import skops.io
 
 
 def registered_name(model: str, gpu_type: str) -> str:
     return f"hetplan.{model}.{gpu_type}"
-
 
 def log_fit_job(report: FitReport, uri: str | None = None, run_name: str | None = None,
                 params: dict[str, str] | None = None, profiles: pd.DataFrame | None = None,
@@ -183,7 +175,7 @@ def _log_fit(client: MlflowClient, report: FitReport, fit: PairFit, sha: str, re
              dataset) -> Registration:
     knee = report.knees[(fit.model, fit.gpu_type)]
     name = registered_name(fit.model, fit.gpu_type)
-    with mlflow.start_run(run_name=f"{fit.model} on {fit.gpu_type}", nested=True):
+    with mlflow.start_run(run_name=f"{fit.model} on {fit.gpu_type}", nested=True) as run:
         mlflow.set_tags({"model": fit.model, "gpu_type": fit.gpu_type, "method": "fit", "source": fit.source})
         mlflow.log_params({"model": fit.model, "gpu_type": fit.gpu_type, "estimator": fit.estimator_name,
                            "candidates": ",".join(fit.candidates), "n_points": fit.n_points,
@@ -201,11 +193,21 @@ def _log_fit(client: MlflowClient, report: FitReport, fit: PairFit, sha: str, re
         info = mlflow.sklearn.log_model(
             fit.estimator, name="model", input_example=example, pip_requirements=requirements,
             code_paths=[hetplan_estimators.__file__], skops_trusted_types=trusted_types(fit.estimator),
-            signature=infer_signature(example, fit.estimator.predict(example)), registered_model_name=name,
+            signature=infer_signature(example, fit.estimator.predict(example)),
         )
-    version = str(info.registered_model_version)
-    client.set_model_version_tag(name, version, CURVE_TAG, sha)
-    return _promote(client, name, version, fit.cv_mape)
+        # Registered through the client: the fluent `registered_model_name=` prints two lines per version.
+        _ensure_registered(client, name)
+        created = client.create_model_version(name, info.model_uri, run_id=run.info.run_id, model_id=info.model_id,
+                                              tags={CURVE_TAG: sha, "cv_mape": f"{fit.cv_mape:.6g}"})
+    return _promote(client, name, str(created.version), fit.cv_mape)
+
+
+def _ensure_registered(client: MlflowClient, name: str) -> None:
+    try:
+        client.create_registered_model(name)
+    except MlflowException as exc:
+        if exc.error_code != "RESOURCE_ALREADY_EXISTS":
+            raise
 
 
 def trusted_types(estimator: object) -> list[str]:
@@ -227,7 +229,6 @@ def _promote(client: MlflowClient, name: str, version: str, cv_mape: float) -> R
     if champion is not None:
         champion_mape = client.get_run(champion.run_id).data.metrics.get("cv_mape")
     promoted = champion is None or champion_mape is None or cv_mape <= champion_mape
-    client.set_model_version_tag(name, version, "cv_mape", f"{cv_mape:.6g}")
     if promoted:
         client.set_registered_model_alias(name, CHAMPION, version)
         if champion is not None:  # a challenger of the old champion is no longer one
