@@ -232,7 +232,7 @@ def test_publish_dag_is_scheduled_on_the_hints_asset(dagbag):
     assert "hetplan_curves" not in str(dag.timetable.asset_condition)
 
 
-def test_nightly_run_publishes_hints_and_marks_failed_profiling_stale(dagbag, airflow_home, tmp_path):
+def test_nightly_run_publishes_hints_and_marks_failed_profiling_stale(dagbag, airflow_home, tmp_path, monkeypatch):
     """The nightly DAG publishes (one GPU type stale); the publish DAG exports Kueue YAML and makes a real
     allocator on loopback reload the new hints."""
     workspace = tmp_path / "ws"
@@ -240,12 +240,12 @@ def test_nightly_run_publishes_hints_and_marks_failed_profiling_stale(dagbag, ai
     # a running allocator on the (still empty) store, polling it too rarely to notice a publish by itself
     allocator = Server(tmp_path, workspace / "hints", extra=("--hint-poll", "3600")).start()
     try:
-        _nightly_then_publish(dagbag, workspace, allocator)
+        _nightly_then_publish(dagbag, workspace, allocator, monkeypatch)
     finally:
         allocator.stop()
 
 
-def _nightly_then_publish(dagbag, workspace: Path, allocator) -> None:
+def _nightly_then_publish(dagbag, workspace: Path, allocator, monkeypatch) -> None:
     from mlflow.tracking import MlflowClient
 
     from hetplan.hints import HintStore
@@ -274,9 +274,10 @@ def _nightly_then_publish(dagbag, workspace: Path, allocator) -> None:
     assert client.get_model_version_by_alias(names[0], "champion") is not None
 
     assert httpx.get(allocator.url + "/v1/hints").json()["version"] is None  # not reloaded yet
-    export = dagbag.get_dag("hetplan_publish").test(run_conf={"workspace": str(workspace),
-                                                              "allocator_url": allocator.url,
-                                                              "allocator_token": TOKEN})
+    host, port = allocator.url.removeprefix("http://").rsplit(":", 1)  # the allocator as an Airflow Connection
+    monkeypatch.setenv("AIRFLOW_CONN_HETPLAN_ALLOCATOR", json.dumps(
+        {"conn_type": "http", "host": host, "port": int(port), "schema": "http", "password": TOKEN}))
+    export = dagbag.get_dag("hetplan_publish").test(run_conf={"workspace": str(workspace)})
     assert export.state == "success"
     assert _task_states(export.run_id, "hetplan_publish")[("reload", -1)] == "success"
     assert (workspace / "exports" / published.version / "kueue.yaml").is_file()
