@@ -143,6 +143,9 @@ def normalize_gpu(name: str, memory_gb: float | None = None) -> str:
     return canonical
 
 
+GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
+"""The Kubernetes node label NVIDIA's GPU feature discovery sets to the GPU's product name (`K8S_PRODUCT`)."""
+
 # The value NVIDIA's GPU feature discovery writes to the node label `nvidia.com/gpu.product` for the common
 # board of each type (SXM where there is one); schedulers select GPU types by it.
 K8S_PRODUCT: dict[str, str] = {

@@ -6,6 +6,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
 from typer.testing import CliRunner
 
 from hetplan.cli import app
@@ -41,6 +42,7 @@ def test_choices_are_checked_by_the_parser(tmp_path):
     assert result.exit_code == 2 and "cplex" in result.output and not (tmp_path / "p").exists()
 
 
+@pytest.mark.slow
 def test_help_imports_no_stage():
     """`hetplan --help` loads the command tree only: no pandas, MLflow, scikit-learn or solver."""
     code = ("import sys\nfrom hetplan.cli import app\n"

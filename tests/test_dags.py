@@ -182,6 +182,7 @@ def test_pod_task_renders_the_profiling_pod(dagbag, tmp_path):
     assert args[args.index("--cpus") + 1] == "1,2"
 
 
+@pytest.mark.slow
 def test_pod_command_profiles_like_the_local_task_and_reruns_idempotently(dagbag, tmp_path):
     """The pod's command run here (no cluster): a retry rewrites the same files with the same outcome."""
     from hetplan_airflow.pods import profiling_plan
@@ -232,6 +233,7 @@ def test_publish_dag_is_scheduled_on_the_hints_asset(dagbag):
     assert "hetplan_curves" not in str(dag.timetable.asset_condition)
 
 
+@pytest.mark.slow
 def test_nightly_run_publishes_hints_and_marks_failed_profiling_stale(dagbag, airflow_home, tmp_path, monkeypatch):
     """The nightly DAG publishes (one GPU type stale); the publish DAG exports Kueue YAML and makes a real
     allocator on loopback reload the new hints."""

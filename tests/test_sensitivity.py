@@ -59,6 +59,7 @@ def test_fits_never_predict_less_for_more_cores_or_ram(v100_report):
         assert (np.diff(surface, axis=0) >= -1e-9).all(), fit.model
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_knees_move_at_most_one_grid_step_under_noise_and_outliers(published, seed):
     """5% multiplicative noise on every point and three outliers (x0.3 or x2.5) per model."""
@@ -185,6 +186,7 @@ def test_cli_fit_writes_nothing_when_nothing_can_be_fitted(tmp_path, published):
     assert not out.exists()
 
 
+@pytest.mark.slow
 def test_mlflow_registry_promotes_only_fits_that_are_not_worse(tmp_path, published):
     """Against a real SQLite-backed MLflow: first fit champion, a worse fit challenger, a better fit champion."""
     import mlflow
@@ -228,6 +230,7 @@ def test_mlflow_registry_promotes_only_fits_that_are_not_worse(tmp_path, publish
     assert (tmp_path / "mlartifacts").is_dir()  # artifacts beside the store, not in the working directory
 
 
+@pytest.mark.slow
 def test_mlflow_logs_only_changed_curves_and_models_load_without_hetplan(tmp_path, published):
     """A second job on the same profiles registers nothing (versions and aliases kept); a model loads in a
     process where importing hetplan fails, from the module it carries; the profiles are the runs' input."""

@@ -13,13 +13,13 @@ from hetplan.cli.common import console, contract_errors, warn
 from hetplan.contracts import CURVES, PROFILES
 from hetplan.contracts.plan import fingerprint
 from hetplan.contracts.table import ContractError, Problem
-from hetplan.gpus import normalize_gpu
+from hetplan.gpus import REFERENCE, normalize_gpu
 from hetplan.sensitivity import DEFAULT_KNEE_FRACTION, FitReport, fit_profiles
 
 EXIT_PARTIAL = 3
 DEFAULT_CURVES = Path(".hetplan/curves.parquet")
-# The GPU-proportional share speedups are measured against: Synergy's server (24 cores, 500 GB, 8 GPUs).
-PROPORTIONAL_SHARE = (3.0, 62.5)
+# The GPU-proportional share speedups are measured against: the reference allocation's (Synergy's server).
+PROPORTIONAL_SHARE = REFERENCE[1:]
 
 curves_app = typer.Typer(help="Look at fitted sensitivity curves: knees, speedups, plots.", no_args_is_help=True)
 
