@@ -85,7 +85,7 @@ def curve_fingerprint(surface: pd.DataFrame) -> str:
 
 @contextmanager
 def quiet_serialisation() -> Iterator[None]:
-    """Silence two warnings that serialising models raises, and nothing else.
+    """Silence the warnings that logging models raises here by the thousand, and nothing else.
 
     skops finds a NumPy ufunc's module by `getattr` on every loaded module (once for every ufunc when it is
     imported, then for each model). In an Airflow process that touches Airflow's deprecated lazy attributes,
@@ -109,6 +109,7 @@ with quiet_serialisation():
 
 def registered_name(model: str, gpu_type: str) -> str:
     return f"hetplan.{model}.{gpu_type}"
+
 
 def log_fit_job(report: FitReport, uri: str | None = None, run_name: str | None = None,
                 params: dict[str, str] | None = None, profiles: pd.DataFrame | None = None,
