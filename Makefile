@@ -14,7 +14,7 @@ export AIRFLOW__CORE__PLUGINS_FOLDER = $(CURDIR)/plugins
 export AIRFLOW__CORE__PARALLELISM = 4
 export AIRFLOW__API__HOST = 127.0.0.1
 
-.PHONY: setup main pipeline test
+.PHONY: setup main pipeline test test-fast
 
 setup: $(VENV)/.installed
 
@@ -33,19 +33,21 @@ main: setup
 	$(BIN)/airflow dags test hetplan_publish -c '{"workspace": "$(WORKSPACE)"}'
 	$(BIN)/hetplan hints show --store $(WORKSPACE)/hints
 	@echo
-	@echo "Plan:            $$(cat $$(ls -d $(WORKSPACE)/runs/*/ | tail -1)plan/summary.txt)"
-	@echo "Plan and hints:  $$(ls -d $(WORKSPACE)/runs/*/ | tail -1)plan/ (plan.json, hints.parquet, kueue.yaml, baselines.csv)"
+	@echo "Plan:            $$(cat $(WORKSPACE)/current/plan/summary.txt)"
+	@echo "Latest run:      $(WORKSPACE)/current/ (curves.parquet, plan/: plan.json, hints.parquet, kueue.yaml, baselines.csv)"
 	@echo "Published:       $$(cat $(WORKSPACE)/hints/LATEST) in $(WORKSPACE)/hints"
-	@echo "MLflow UI:       $(BIN)/mlflow ui --backend-store-uri $(MLFLOW_TRACKING_URI) --host 127.0.0.1 --port 5000"
-	@echo "Allocator:       $(BIN)/hetplan serve --store $(WORKSPACE)/hints --host 127.0.0.1 --port 8080"
-	@echo "Evaluate:        $(BIN)/hetplan evaluate --trace $(WORKSPACE)/trace.csv --budget $(BUDGET) --rho 0.5,1.3 \\"
+	@echo "Curves:          $(abspath $(BIN))/hetplan curves show --curves $(WORKSPACE)/current/curves.parquet"
+	@echo "MLflow UI:       $(abspath $(BIN))/mlflow ui --backend-store-uri $(MLFLOW_TRACKING_URI) --host 127.0.0.1 --port 5000"
+	@echo "Allocator:       $(abspath $(BIN))/hetplan serve --store $(WORKSPACE)/hints --host 127.0.0.1 --port 8080"
+	@echo "Evaluate:        $(abspath $(BIN))/hetplan evaluate --trace $(WORKSPACE)/trace.csv --budget $(BUDGET) --rho 0.5,1.3 \\"
 	@echo "                   --owned $(WORKSPACE)/fleet.csv --catalog $(WORKSPACE)/catalog.csv --truth $(WORKSPACE)/profiles.csv \\"
-	@echo "                   --curves $$(ls -d $(WORKSPACE)/runs/*/ | tail -1)curves.parquet --out-dir $(WORKSPACE)/evaluation"
+	@echo "                   --curves $(WORKSPACE)/current/curves.parquet --out-dir $(WORKSPACE)/evaluation"
 
 # The same offline steps through the CLI, with plots and a budget sweep (no Airflow), then the four-way
-# evaluation of the plan on the workspace's trace in the simulator.
+# evaluation of the plan on the workspace's trace in the simulator. An existing workspace is kept as it is
+# (`hetplan init` refuses to overwrite it; `hetplan init --force` re-seeds it).
 pipeline: setup
-	$(BIN)/hetplan init --workspace $(WORKSPACE)
+	test -f $(WORKSPACE)/catalog.csv || $(BIN)/hetplan init --workspace $(WORKSPACE)
 	$(BIN)/hetplan fit --profiles $(WORKSPACE)/profiles.csv --out $(WORKSPACE)/curves.parquet
 	$(BIN)/hetplan plan --budget $(BUDGET) --curves $(WORKSPACE)/curves.parquet --catalog $(WORKSPACE)/catalog.csv \
 		--owned $(WORKSPACE)/fleet.csv --workload $(WORKSPACE)/trace.csv --out-dir $(WORKSPACE)/plan --sweep 100
@@ -58,3 +60,7 @@ pipeline: setup
 
 test: setup
 	$(BIN)/python -m pytest
+
+# For iteration: everything but the tests marked slow (real Airflow DAG runs, MLflow registries, subprocesses).
+test-fast: setup
+	$(BIN)/python -m pytest -m "not slow"

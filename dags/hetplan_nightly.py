@@ -28,7 +28,9 @@ from hetplan_airflow.pods import POD_MAP_INDEX_TEMPLATE, profiled_gpu_types, pro
     catchup=False,
     max_active_runs=1,
     params=nightly_params(),
-    default_args={"retries": 2, "retry_delay": timedelta(minutes=2)},
+    # A hung profiling run or solver must not hold the night: each task has a limit, the run as a whole too.
+    default_args={"retries": 2, "retry_delay": timedelta(minutes=2), "execution_timeout": timedelta(hours=1)},
+    dagrun_timeout=timedelta(hours=6),
     tags=["hetplan"],
     doc_md=__doc__,
 )

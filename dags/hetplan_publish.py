@@ -1,6 +1,6 @@
 """hetplan's publish follow-up, scheduled on the hints asset: export the Kueue YAML of the published hint
-table to `<workspace>/exports/<version>/kueue.yaml` and, when `allocator_url` is set, tell a running
-allocator to reload (`POST /v1/hints/reload`).
+table to `<workspace>/exports/<version>/kueue.yaml` and, when the Airflow Connection `allocator_conn_id`
+(default `hetplan_allocator`) exists, tell that running allocator to reload (`POST /v1/hints/reload`).
 """
 
 from __future__ import annotations
@@ -17,12 +17,13 @@ from hetplan_airflow import ASSETS, AllocatorHook, export_params
     start_date=datetime(2026, 1, 1),
     catchup=False,
     params=export_params(),
-    default_args={"retries": 2, "retry_delay": timedelta(seconds=30)},
+    default_args={"retries": 2, "retry_delay": timedelta(seconds=30), "execution_timeout": timedelta(minutes=10)},
+    dagrun_timeout=timedelta(minutes=30),
     tags=["hetplan"],
     doc_md=__doc__,
 )
 def hetplan_publish():
-    @task
+    @task(execution_timeout=timedelta(minutes=5))
     def export(params=None, triggering_asset_events=None) -> dict:
         """The version the triggering event names (else the store's LATEST), exported as Kueue YAML."""
         from hetplan.pipeline import export_kueue
@@ -34,11 +35,19 @@ def hetplan_publish():
                 version = event.extra.get("version", version)
         return export_kueue(workspace, version)
 
-    @task
+    @task(execution_timeout=timedelta(minutes=2))
     def reload(exported: dict, params=None) -> dict:
-        if not params["allocator_url"]:
+        from airflow.exceptions import AirflowNotFoundException
+
+        conn_id = params["allocator_conn_id"]
+        if not conn_id:
             return {"reloaded": False, "version": exported["version"]}
-        reply = AllocatorHook(params["allocator_url"], params["allocator_token"]).reload_hints()
+        hook = AllocatorHook(conn_id)
+        try:
+            hook.get_connection(conn_id)
+        except AirflowNotFoundException:
+            return {"reloaded": False, "version": exported["version"], "reason": f"no connection {conn_id!r}"}
+        reply = hook.reload_hints()
         return {"reloaded": True, "version": exported["version"], "reply": reply}
 
     reload(export())

@@ -52,6 +52,10 @@ REFERENCE: tuple[str, float, float] = ("V100", 3.0, 62.5)
 and 500 GB over 8 GPUs: 3 cores and 62.5 GB per GPU). Trace durations are times on it; normalised
 throughput counts reference GPUs."""
 
+CPU_ONLY = "CPU"
+"""The label of measurements taken without a GPU (a workload on the host's CPU): never a GPU type. No catalog
+shape has it, so the planner plans no node on its curves."""
+
 # Ordered: the first pattern that matches the cleaned name wins, so specific names come before prefixes.
 _PATTERNS: tuple[tuple[str, str], ...] = (
     (r"^GH200", "GH200"),
@@ -139,6 +143,9 @@ def normalize_gpu(name: str, memory_gb: float | None = None) -> str:
     return canonical
 
 
+GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
+"""The Kubernetes node label NVIDIA's GPU feature discovery sets to the GPU's product name (`K8S_PRODUCT`)."""
+
 # The value NVIDIA's GPU feature discovery writes to the node label `nvidia.com/gpu.product` for the common
 # board of each type (SXM where there is one); schedulers select GPU types by it.
 K8S_PRODUCT: dict[str, str] = {
@@ -148,6 +155,11 @@ K8S_PRODUCT: dict[str, str] = {
     "L4": "NVIDIA-L4", "L40S": "NVIDIA-L40S", "A100": "NVIDIA-A100-SXM4-40GB", "A100-80GB": "NVIDIA-A100-SXM4-80GB",
     "H100": "NVIDIA-H100-80GB-HBM3", "H200": "NVIDIA-H200", "GH200": "NVIDIA-GH200-480GB",
 }
+
+
+def gpu_label(name: str) -> str:
+    """What a profiling run is labelled: a GPU type's canonical name, or `CPU_ONLY` for the host's CPU."""
+    return CPU_ONLY if str(name).strip().upper() == CPU_ONLY else normalize_gpu(name)
 
 
 def is_known_gpu(name: str) -> bool:

@@ -6,6 +6,7 @@ idempotent. Steps take and return JSON-able values (paths as strings), so they t
 
     prepare(ws)                                   -> seeds the workspace from the embedded defaults if empty
     profile_gpu(ws, key, "T4", "token-batch", ...) -> measures one GPU type, else falls back to its last good
+                                                     (skipped, in one line, where the host has no GPU)
     fit_step(ws, key, ["T4", "L4"], ...)          -> merged profiles -> curves (+ MLflow runs and models)
     plan_step(ws, key, budget=200, ...)           -> plan.json (with `stale_gpu_types`), hints, Kueue YAML, for the
                                                      workspace's workload on its owned fleet plus what 200 $/h rents
@@ -15,6 +16,10 @@ idempotent. Steps take and return JSON-able values (paths as strings), so they t
 Profiles: the workspace's `profiles.csv` (derived, from `hetplan init`) is the base; a GPU type's fresh
 measurements (or, when profiling fails, its last good measurements) replace the base's rows for the same
 (model, GPU type) pairs. A GPU type whose profiling failed is listed in the plan's `stale_gpu_types`.
+A host without a GPU never measures a GPU type: that type is skipped (its last good or derived profiles
+stay); `CPU` (`hetplan.gpus.CPU_ONLY`) profiles the host's CPU under a label no catalog shape has.
+
+After a publish, `<workspace>/current` links to the published run's directory (curves, plan, hints).
 """
 
 from __future__ import annotations
@@ -30,12 +35,14 @@ import pandas as pd
 from hetplan.contracts import (
     CATALOG, CURVES, DEMAND, HINTS, PROFILES, TRACE, ContractError, Problem, demand_from_trace, fingerprint, load_plan,
 )
-from hetplan.contracts.table import atomic_write_bytes
-from hetplan.gpus import normalize_gpu
+from hetplan.fsio import atomic_write_bytes
+from hetplan.gpus import CPU_ONLY, gpu_label
 
 log = logging.getLogger(__name__)
 
+CURRENT = "current"
 MEASURED = "measured"
+SKIPPED = "skipped"
 PLAN_OBJECTIVES = ("jct", "p95-jct", "makespan", "throughput")
 STALE = "stale"
 
@@ -86,15 +93,25 @@ def profile_gpu(workspace: str | Path, run_key: str, gpu_type: str, workload: st
     """Profile `workload` as GPU type `gpu_type`; on failure fall back to the type's last good profiles.
 
     Never raises for a failed measurement: returns (and writes beside the run) a status record
-    `{"gpu_type", "status": "measured"|"stale", "profiles": path or None, "error"}`.
+    `{"gpu_type", "status": "measured"|"stale"|"skipped", "profiles": path or None, "error"}`; "skipped" when
+    the host has no GPU to measure `gpu_type` on (then its last good profiles, if any, are used as is).
     """
     from hetplan.profiling import ProfileSettings, profile_gpu_type
+    from hetplan.profiling.telemetry import detect_gpu
 
-    gpu = normalize_gpu(gpu_type)
+    gpu = gpu_label(gpu_type)
     out_dir = run_dir(workspace, run_key) / "profiles"
     out_dir.mkdir(parents=True, exist_ok=True)
     out = out_dir / f"{gpu}.csv"
     settings = ProfileSettings(warmup_s=warmup_s, measure_s=measure_s, repeats=repeats)
+    if gpu != CPU_ONLY and (probe := detect_gpu()).gpu is None:
+        good = last_good_path(workspace, gpu)
+        log.info("%s not profiled: no GPU on this host (%s); its %s profiles stay", gpu, probe.reason,
+                 "last good" if good.is_file() else "derived")
+        status = {"gpu_type": gpu, "status": SKIPPED, "profiles": str(good) if good.is_file() else None,
+                  "error": f"no GPU on this host ({probe.reason})"}
+        atomic_write_bytes(out_dir / f"{gpu}.json", json.dumps(status, indent=2).encode())
+        return status
     error = None
     try:
         run = profile_gpu_type(workload, cpus=cpus, mem_gb=mem_gb, gpu_type=gpu, settings=settings, out=out)
@@ -121,7 +138,7 @@ def profile_gpu(workspace: str | Path, run_key: str, gpu_type: str, workload: st
 def profile_statuses(workspace: str | Path, run_key: str, gpu_types: Sequence[str]) -> list[dict[str, Any]]:
     """The status record of each GPU type's profiling task; a type whose task never finished is stale."""
     out = []
-    for gpu in (normalize_gpu(g) for g in gpu_types):
+    for gpu in (gpu_label(g) for g in gpu_types):
         path = run_dir(workspace, run_key) / "profiles" / f"{gpu}.json"
         if path.is_file():
             out.append(json.loads(path.read_text()))
@@ -162,11 +179,12 @@ def fit_step(workspace: str | Path, run_key: str, gpu_types: Sequence[str], *, m
     if models:
         base = base[base["model"].isin(set(models) | measured_models)]
     if keep_gpu_types:
-        wanted = {normalize_gpu(g) for g in keep_gpu_types} | {s["gpu_type"] for s in statuses}
+        wanted = {gpu_label(g) for g in keep_gpu_types} | {s["gpu_type"] for s in statuses}
         base = base[base["gpu_type"].isin(wanted)]
     profiles = merge_profiles(base.reset_index(drop=True), updates)
     profiles_path = PROFILES.write(profiles, here / "profiles.csv")
-    report = fit_profiles(PROFILES.load(profiles_path))
+    profiles = PROFILES.load(profiles_path)
+    report = fit_profiles(profiles)
     if report.curves.empty:
         raise ContractError([Problem(str(profiles_path), "no (model, GPU type) could be fitted: "
                                      + "; ".join(str(s) for s in report.skipped))])
@@ -175,7 +193,8 @@ def fit_step(workspace: str | Path, run_key: str, gpu_types: Sequence[str], *, m
         log.warning("fit skipped: %s", skipped)
     result: dict[str, Any] = {
         "profiles": str(profiles_path), "curves": str(curves_path),
-        "stale_gpu_types": sorted(s["gpu_type"] for s in statuses if s["status"] != MEASURED),
+        "stale_gpu_types": sorted(s["gpu_type"] for s in statuses if s["status"] == STALE),
+        "skipped_gpu_types": sorted(s["gpu_type"] for s in statuses if s["status"] == SKIPPED),
         "skipped": [str(s) for s in report.skipped], "mlflow_run": None,
     }
     if mlflow:
@@ -183,9 +202,10 @@ def fit_step(workspace: str | Path, run_key: str, gpu_types: Sequence[str], *, m
 
         job = log_fit_job(report, tracking_uri, run_name=f"nightly-{run_key}",
                           params={"profiles": str(profiles_path), "profiles_sha256": fingerprint(profiles_path),
-                                  "run_key": run_key})
+                                  "run_key": run_key}, profiles=profiles, profiles_source=str(profiles_path))
         result["mlflow_run"] = job.parent_run_id
         result["registered"] = len(job.registrations)
+        result["unchanged"] = len(job.unchanged)
     return result
 
 
@@ -216,7 +236,7 @@ def plan_step(workspace: str | Path, run_key: str, *, budget: float, objective: 
 
         planned = plan_workload(problem, workload_from_trace(jobs, source=str(ws.trace)), objective=objective,  # type: ignore[arg-type]
                                 solver=solver, time_limit=time_limit, inputs=inputs,  # type: ignore[arg-type]
-                                progress=lambda done, total, label: log.info("replay %d/%d: %s", done, total, label))
+                                progress=lambda done, total, label: log.debug("replay %d/%d: %s", done, total, label))
         result, baselines, metrics, summary = planned.result, planned.baselines(), planned.metrics(), planned.summary()
     else:
         steady = plan_with_baselines(problem, solver=solver, time_limit=time_limit, inputs=inputs,  # type: ignore[arg-type]
@@ -255,7 +275,18 @@ def publish_step(workspace: str | Path, run_key: str, keep: int = 5) -> dict[str
     except VersionExistsError:
         published = store.load(plan.plan_id)  # published by an earlier try of this task
         log.info("version %s already published", plan.plan_id)
+    point_current(workspace, run_key)
     return {"version": published.version, "store": str(store.root), "path": str(published.path)}
+
+
+def point_current(workspace: str | Path, run_key: str) -> Path:
+    """Point `<workspace>/current` at `runs/<run_key>` (a relative symlink, switched atomically)."""
+    link = Path(workspace) / CURRENT
+    tmp = link.with_name(f".{CURRENT}.{run_key}.tmp")
+    tmp.unlink(missing_ok=True)
+    tmp.symlink_to(Path("runs") / run_key, target_is_directory=True)
+    tmp.replace(link)
+    return link
 
 
 def export_kueue(workspace: str | Path, version: str | None = None, queue: str = "hetplan") -> dict[str, str]:

@@ -5,14 +5,16 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from mlflow.tracking import MlflowClient
+DEFAULT_WORKSPACE = Path(".hetplan")
+DEFAULT_TRACKING_URI = f"sqlite:///{DEFAULT_WORKSPACE}/mlflow.db"
 
-DEFAULT_TRACKING_URI = "sqlite:///.hetplan/mlflow.db"
 
-
-def tracking_uri(explicit: str | None = None) -> str:
-    """The tracking URI: the argument, else $MLFLOW_TRACKING_URI, else SQLite in the workspace."""
-    uri = explicit or os.environ.get("MLFLOW_TRACKING_URI") or DEFAULT_TRACKING_URI
+def tracking_uri(explicit: str | None = None, workspace: str | Path | None = None) -> str:
+    """The tracking URI: the argument, else $MLFLOW_TRACKING_URI, else SQLite in the workspace (`workspace`,
+    default `.hetplan`; an absolute path when a workspace is given, as an Airflow worker's cwd is arbitrary)."""
+    default = (f"sqlite:///{Path(workspace).resolve() / 'mlflow.db'}" if workspace is not None
+               else DEFAULT_TRACKING_URI)
+    uri = explicit or os.environ.get("MLFLOW_TRACKING_URI") or default
     if uri.startswith("sqlite:///"):
         Path(uri.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
     return uri
@@ -20,6 +22,8 @@ def tracking_uri(explicit: str | None = None) -> str:
 
 def experiment_id(uri: str, name: str) -> str:
     """The experiment's id, creating it with its artifacts beside a SQLite store (not in the working dir)."""
+    from mlflow.tracking import MlflowClient
+
     client = MlflowClient(tracking_uri=uri)
     existing = client.get_experiment_by_name(name)
     if existing is not None:

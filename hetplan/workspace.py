@@ -15,12 +15,20 @@ from pathlib import Path
 import pandas as pd
 
 from hetplan.catalog import load_default_catalog, load_default_fleet
-from hetplan.contracts import CATALOG, DEMAND, FLEET, PROFILES, TRACE, demand_from_trace
+from hetplan.contracts import CATALOG, DEMAND, FLEET, PROFILES, TRACE, ContractError, Problem, demand_from_trace
 from hetplan.reference import build_reference
 from hetplan.resources import upstream_path
 from hetplan.traces import import_trace
 
 DEFAULT_TRACE = (upstream_path("traces", "gavel_philly_0e4a51.trace"), "gavel")
+DEFAULT_ROOT = Path(".hetplan")
+
+
+def default_curves(root: Path = DEFAULT_ROOT) -> Path:
+    """The curve table commands read when none is named: the newer of `hetplan fit`'s default output and the
+    published nightly run's (`<root>/current/curves.parquet`); the former when neither exists."""
+    candidates = [p for p in (root / "curves.parquet", root / "current" / "curves.parquet") if p.is_file()]
+    return max(candidates, key=lambda p: p.stat().st_mtime) if candidates else root / "curves.parquet"
 
 
 @dataclass(frozen=True)
@@ -53,6 +61,11 @@ class Workspace:
     def demand(self) -> Path:
         return self.root / "demand.csv"
 
+    @property
+    def seeded(self) -> tuple[Path, ...]:
+        """The files `init_workspace` writes."""
+        return (self.catalog, self.fleet, self.profiles, self.published_profiles, self.trace, self.demand)
+
 
 @dataclass(frozen=True)
 class InitSummary:
@@ -64,9 +77,21 @@ class InitSummary:
     warnings: list[str]
 
 
-def init_workspace(root: Path) -> InitSummary:
-    """Seed `root` with the embedded defaults; every file is validated and written atomically."""
+
+class WorkspaceExistsError(ContractError):
+    """`init_workspace` would overwrite files a workspace already has."""
+
+
+def init_workspace(root: Path, *, force: bool = False) -> InitSummary:
+    """Seed `root` with the embedded defaults; every file is validated and written atomically.
+
+    Raises `WorkspaceExistsError` naming the files it would overwrite unless `force`.
+    """
     workspace = Workspace(Path(root))
+    existing = [p for p in workspace.seeded if p.exists()]
+    if existing and not force:
+        raise WorkspaceExistsError([Problem(str(workspace.root), f"already a workspace ({', '.join(p.name for p in existing)}"
+                                            "): nothing overwritten; use --force to re-seed it from the defaults")])
     catalog = load_default_catalog()
     reference = build_reference()
     imported = import_trace(*DEFAULT_TRACE)

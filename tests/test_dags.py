@@ -18,10 +18,10 @@ import pytest
 from servers import TOKEN, Server
 
 REPO = Path(__file__).resolve().parents[1]
-TINY = {  # 2 models x 3 GPU types, 2 profiled types at 1 and 2 cores with sub-second windows, a small budget
-    "gpu_types": ["T4", "L4"],
+TINY = {  # 2 models x 3 GPU types; this host's CPU and L4 profiled at 1 and 2 cores, sub-second windows, a small budget
+    "gpu_types": ["CPU", "L4"],
     "workload": "token-batch",
-    "workloads": {"L4": "hetplan_no_such_module:run"},  # forces L4's profiling to fail -> stale
+    "workloads": {"L4": "hetplan_no_such_module:run"},  # L4: skipped without a GPU, else fails -> stale
     "cpus": "1,2",
     "warmup_s": 0.5,
     "measure_s": 0.5,
@@ -182,12 +182,13 @@ def test_pod_task_renders_the_profiling_pod(dagbag, tmp_path):
     assert args[args.index("--cpus") + 1] == "1,2"
 
 
+@pytest.mark.slow
 def test_pod_command_profiles_like_the_local_task_and_reruns_idempotently(dagbag, tmp_path):
     """The pod's command run here (no cluster): a retry rewrites the same files with the same outcome."""
     from hetplan_airflow.pods import profiling_plan
 
     workspace = tmp_path / "ws"
-    params = _params(dagbag, workspace=str(workspace), kubernetes={**TARGET, "gpu_types": ["T4"]},
+    params = _params(dagbag, workspace=str(workspace), gpu_types=["T4"], kubernetes={**TARGET, "gpu_types": ["T4"]},
                      cpus="1", mem_gb="1")
     (pod,) = profiling_plan(params, RUN_KEY)["pods"]
     command = [sys.executable, *pod["cmds"][1:], *pod["arguments"]]
@@ -200,8 +201,29 @@ def test_pod_command_profiles_like_the_local_task_and_reruns_idempotently(dagbag
         outcomes.append((status, files))
     assert outcomes[0] == outcomes[1]
     status, files = outcomes[0]
-    assert status["status"] == "measured" and status["gpu_type"] == "T4"
-    assert files == ["profiles/last_good/T4.csv", f"runs/{RUN_KEY}/profiles/T4.csv", f"runs/{RUN_KEY}/profiles/T4.json"]
+    # never a T4 measured on something else: skipped without a GPU, refused (stale) on another GPU type
+    assert status["status"] == ("skipped" if _no_gpu() else "stale") and status["gpu_type"] == "T4"
+    assert files == [f"runs/{RUN_KEY}/profiles/T4.json"]
+
+
+def _no_gpu() -> bool:
+    from hetplan.profiling.telemetry import detect_gpu
+
+    return detect_gpu().gpu is None
+
+
+def test_profiling_without_a_gpu_type_measures_the_cpu_under_its_own_label_and_falls_back_when_it_fails(tmp_path):
+    """`CPU` is measured for real and never called a GPU type; a failed run keeps the last good profiles."""
+    from hetplan.contracts import PROFILES
+    from hetplan.pipeline import STALE, profile_gpu
+
+    grid = {"cpus": "1", "mem_gb": "1", "warmup_s": 0.2, "measure_s": 0.3, "repeats": 1}
+    measured = profile_gpu(tmp_path, RUN_KEY, "cpu", "token-batch", **grid)
+    assert measured["status"] == "measured" and measured["gpu_type"] == "CPU"
+    assert set(PROFILES.load(measured["profiles"])["gpu_type"]) == {"CPU"}
+    failed = profile_gpu(tmp_path, "20260103T000000", "CPU", "hetplan_no_such_module:run", **grid)
+    assert failed["status"] == STALE and failed["profiles"] == str(tmp_path / "profiles" / "last_good" / "CPU.csv")
+    assert "hetplan_no_such_module" in failed["error"]
 
 
 def test_publish_dag_is_scheduled_on_the_hints_asset(dagbag):
@@ -211,7 +233,8 @@ def test_publish_dag_is_scheduled_on_the_hints_asset(dagbag):
     assert "hetplan_curves" not in str(dag.timetable.asset_condition)
 
 
-def test_nightly_run_publishes_hints_and_marks_failed_profiling_stale(dagbag, airflow_home, tmp_path):
+@pytest.mark.slow
+def test_nightly_run_publishes_hints_and_marks_failed_profiling_stale(dagbag, airflow_home, tmp_path, monkeypatch):
     """The nightly DAG publishes (one GPU type stale); the publish DAG exports Kueue YAML and makes a real
     allocator on loopback reload the new hints."""
     workspace = tmp_path / "ws"
@@ -219,12 +242,12 @@ def test_nightly_run_publishes_hints_and_marks_failed_profiling_stale(dagbag, ai
     # a running allocator on the (still empty) store, polling it too rarely to notice a publish by itself
     allocator = Server(tmp_path, workspace / "hints", extra=("--hint-poll", "3600")).start()
     try:
-        _nightly_then_publish(dagbag, workspace, allocator)
+        _nightly_then_publish(dagbag, workspace, allocator, monkeypatch)
     finally:
         allocator.stop()
 
 
-def _nightly_then_publish(dagbag, workspace: Path, allocator) -> None:
+def _nightly_then_publish(dagbag, workspace: Path, allocator, monkeypatch) -> None:
     from mlflow.tracking import MlflowClient
 
     from hetplan.hints import HintStore
@@ -232,15 +255,17 @@ def _nightly_then_publish(dagbag, workspace: Path, allocator) -> None:
     run = dagbag.get_dag("hetplan_nightly").test(run_conf={**TINY, "workspace": str(workspace)})
     assert run.state == "success"
     states = _task_states(run.run_id)
-    assert states[("profile", 0)] == states[("profile", 1)] == "success"  # L4 failed, and fell back (stale)
+    assert states[("profile", 0)] == states[("profile", 1)] == "success"  # L4 skipped or failed: no task fails
     assert states[("profile_pod", -1)] == "skipped"  # no Kubernetes target: zero pods, the mapped task skips
     assert states[("fit", -1)] == states[("publish", -1)] == "success"
 
     published = HintStore(workspace / "hints").load()  # LATEST exists and loads
     assert len(published.hints) > 0
-    assert published.plan.stale_gpu_types == ["L4"]
+    assert published.plan.stale_gpu_types == ([] if _no_gpu() else ["L4"])
     assert published.plan.cost_per_hour <= TINY["budget"] + 1e-6
-    assert (workspace / "profiles" / "last_good" / "T4.csv").is_file()
+    assert (workspace / "profiles" / "last_good" / "CPU.csv").is_file()
+    assert (workspace / "current").resolve() == next((workspace / "runs").iterdir()).resolve()
+    assert (workspace / "current" / "curves.parquet").is_file() and (workspace / "current" / "plan" / "plan.json").is_file()
     assert not (workspace / "profiles" / "last_good" / "L4.csv").exists()
     assert (workspace / "runs").is_dir()
     assert len(list((workspace / "runs").glob("*/plan/kueue.yaml"))) == 1
@@ -251,9 +276,10 @@ def _nightly_then_publish(dagbag, workspace: Path, allocator) -> None:
     assert client.get_model_version_by_alias(names[0], "champion") is not None
 
     assert httpx.get(allocator.url + "/v1/hints").json()["version"] is None  # not reloaded yet
-    export = dagbag.get_dag("hetplan_publish").test(run_conf={"workspace": str(workspace),
-                                                              "allocator_url": allocator.url,
-                                                              "allocator_token": TOKEN})
+    host, port = allocator.url.removeprefix("http://").rsplit(":", 1)  # the allocator as an Airflow Connection
+    monkeypatch.setenv("AIRFLOW_CONN_HETPLAN_ALLOCATOR", json.dumps(
+        {"conn_type": "http", "host": host, "port": int(port), "schema": "http", "password": TOKEN}))
+    export = dagbag.get_dag("hetplan_publish").test(run_conf={"workspace": str(workspace)})
     assert export.state == "success"
     assert _task_states(export.run_id, "hetplan_publish")[("reload", -1)] == "success"
     assert (workspace / "exports" / published.version / "kueue.yaml").is_file()

@@ -57,6 +57,18 @@ def test_publish_then_load_round_trips(tmp_path):
     assert store.load("plan-a").version == "plan-a"
 
 
+def test_latest_is_readable_like_the_versions_it_names(tmp_path):
+    """LATEST gets the mode a plain write would give it, not mkstemp's 0600: other users' allocators read it."""
+    old = os.umask(0o022)
+    try:
+        store = HintStore(tmp_path / "store")
+        published = publish(store, "plan-a")
+    finally:
+        os.umask(old)
+    assert (store.latest_path.stat().st_mode & 0o777) == 0o644
+    assert (store.latest_path.stat().st_mode & 0o777) == ((published.path / "plan.json").stat().st_mode & 0o777)
+
+
 def test_latest_follows_the_newest_and_versions_are_in_publish_order(tmp_path):
     store = HintStore(tmp_path, keep=10)
     for pid in ["zz", "aa", "mm"]:  # publish order, not name order

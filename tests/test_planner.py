@@ -1,5 +1,7 @@
 """The GPU planner: hand-checkable instances, invariants, both solvers, baselines, Kueue, bad input."""
 
+import importlib.util
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -41,6 +43,8 @@ TINY_DEMAND = pd.DataFrame({"model": ["img"], "num_gpus": [1], "share": [1.0]})
 @pytest.mark.parametrize("solver", ["highs", "gurobi"])
 def test_tiny_instance_solved_by_hand(solver):
     """Budget 3 $/h: one fat A100 (40) loses to three T4s (3 x 15 = 45); a lean A100 (10) is never worth it."""
+    if solver == "gurobi":
+        pytest.importorskip("gurobipy")
     problem = build_problem(TINY_CURVES, TINY_CATALOG, TINY_DEMAND, budget=3.0, demand_gpus=10)
     result = plan_cluster(problem, solver=solver)
     assert result.plan.node_counts == {"t4": 3}
@@ -102,6 +106,7 @@ def test_invariants_and_monotone_objective_over_a_budget_sweep(derived_problem_p
 
 
 def test_gurobi_and_highs_agree_within_the_gap():
+    pytest.importorskip("gurobipy")
     derived = build_reference().derived
     curves = derived[derived["model"].isin(["res18", "gnmt"]) & derived["gpu_type"].isin(["V100", "T4", "A100"])]
     catalog = load_default_catalog()
@@ -123,6 +128,7 @@ def test_auto_solves_models_beyond_gurobis_licence_with_highs():
     model = build_model(problem)
     assert model.num_vars > 2000
     assert solve(model, "auto").solver == "highs"
+    pytest.importorskip("gurobipy")
     with pytest.raises(LicenceError, match="exceeds gurobipy's size-limited licence"):
         solve(model, "gurobi")
 
@@ -423,8 +429,9 @@ def test_solver_failures_are_three_distinct_errors(derived_problem_parts):
     derived = build_reference().derived
     every = pd.DataFrame({"model": sorted(derived["model"].unique())}).assign(num_gpus=1, share=1 / 7)
     model = build_model(build_problem(derived, load_default_catalog(), every, budget=400.0))
-    with pytest.raises(LicenceError, match="size-limited licence"):
-        solve(model, "gurobi")
+    if importlib.util.find_spec("gurobipy") is not None:  # without it, gurobi is refused for another reason
+        with pytest.raises(LicenceError, match="size-limited licence"):
+            solve(model, "gurobi")
     problem = build_problem(curves, catalog, demand, budget=50.0)
     with pytest.raises(InfeasibleError, match="no plan satisfies"):
         plan_cluster(problem, objective="cost", target=1e9)

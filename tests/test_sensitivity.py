@@ -1,5 +1,7 @@
 """Sensitivity models: monotone fits, knees, transfers, bad input, the curve table and the MLflow registry."""
 
+from pathlib import Path
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -57,6 +59,7 @@ def test_fits_never_predict_less_for_more_cores_or_ram(v100_report):
         assert (np.diff(surface, axis=0) >= -1e-9).all(), fit.model
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_knees_move_at_most_one_grid_step_under_noise_and_outliers(published, seed):
     """5% multiplicative noise on every point and three outliers (x0.3 or x2.5) per model."""
@@ -183,12 +186,13 @@ def test_cli_fit_writes_nothing_when_nothing_can_be_fitted(tmp_path, published):
     assert not out.exists()
 
 
+@pytest.mark.slow
 def test_mlflow_registry_promotes_only_fits_that_are_not_worse(tmp_path, published):
     """Against a real SQLite-backed MLflow: first fit champion, a worse fit challenger, a better fit champion."""
     import mlflow
     from mlflow.tracking import MlflowClient
 
-    from hetplan.sensitivity.tracking import CHAMPION, EXPERIMENT, log_fit_job, registered_name
+    from hetplan.sensitivity.tracking import CHALLENGER, CHAMPION, EXPERIMENT, log_fit_job, registered_name
 
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     points = _pair(published, "res50")
@@ -199,6 +203,8 @@ def test_mlflow_registry_promotes_only_fits_that_are_not_worse(tmp_path, publish
 
     first = log_fit_job(fit_profiles(noisy(0.04)), uri).registrations
     worse = log_fit_job(fit_profiles(noisy(0.12)), uri).registrations
+    assert str(MlflowClient(tracking_uri=uri).get_model_version_by_alias(registered_name("res50", "V100"),
+                                                                         CHALLENGER).version) == "2"
     better = log_fit_job(fit_profiles(points), uri).registrations
     assert [(r.version, r.promoted) for r in first + worse + better] == [("1", True), ("2", False), ("3", True)]
     assert worse[0].cv_mape > first[0].cv_mape > better[0].cv_mape
@@ -206,7 +212,8 @@ def test_mlflow_registry_promotes_only_fits_that_are_not_worse(tmp_path, publish
     client = MlflowClient(tracking_uri=uri)
     name = registered_name("res50", "V100")
     assert str(client.get_model_version_by_alias(name, CHAMPION).version) == "3"
-    assert client.get_model_version(name, "2").tags["hetplan.status"] == "challenger"
+    with pytest.raises(Exception):  # the better fit became champion: version 2 is nobody's challenger any more
+        client.get_model_version_by_alias(name, CHALLENGER)
 
     mlflow.set_tracking_uri(uri)
     champion = mlflow.sklearn.load_model(f"models:/{name}@{CHAMPION}")
@@ -221,3 +228,47 @@ def test_mlflow_registry_promotes_only_fits_that_are_not_worse(tmp_path, publish
     parent = next(r for r in runs if r.data.tags.get("hetplan.kind") == "fitting-job")
     assert "models" in {a.path for a in client.list_artifacts(parent.info.run_id)}
     assert (tmp_path / "mlartifacts").is_dir()  # artifacts beside the store, not in the working directory
+
+
+@pytest.mark.slow
+def test_mlflow_logs_only_changed_curves_and_models_load_without_hetplan(tmp_path, published):
+    """A second job on the same profiles registers nothing (versions and aliases kept); a model loads in a
+    process where importing hetplan fails, from the module it carries; the profiles are the runs' input."""
+    import subprocess
+    import sys
+
+    import mlflow
+    from mlflow.tracking import MlflowClient
+
+    from hetplan.sensitivity.tracking import CHAMPION, EXPERIMENT, log_fit_job, registered_name
+
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    points = pd.concat([_pair(published, "res50"), _pair(published, "res18")], ignore_index=True)
+    first = log_fit_job(fit_profiles(points), uri, profiles=points, profiles_source="profiles.csv")
+    again = log_fit_job(fit_profiles(points), uri, profiles=points, profiles_source="profiles.csv")
+    changed = points.assign(throughput=np.where(points["model"] == "res18", points["throughput"] * 1.1,
+                                                points["throughput"]))
+    third = log_fit_job(fit_profiles(changed), uri)
+    names = sorted(registered_name(m, "V100") for m in ("res18", "res50"))
+    assert sorted(r.name for r in first.registrations) == names and not first.unchanged
+    assert again.registrations == [] and again.unchanged == names
+    assert [(r.name, r.version) for r in third.registrations] == [(registered_name("res18", "V100"), "2")]
+    client = MlflowClient(tracking_uri=uri)
+    assert str(client.get_model_version_by_alias(registered_name("res50", "V100"), CHAMPION).version) == "1"
+
+    parent = client.get_run(first.parent_run_id)
+    assert [d.dataset.name for d in parent.inputs.dataset_inputs] == ["profiles"]
+    mlflow.set_tracking_uri(uri)
+    local = mlflow.artifacts.download_artifacts(f"models:/{names[0]}@{CHAMPION}", dst_path=str(tmp_path / "m"))
+    requirements = (Path(local) / "requirements.txt").read_text()
+    assert "hetplan" not in requirements and "scikit-learn==" in requirements
+    script = (
+        "import sys; sys.modules['hetplan'] = None\n"  # any import of hetplan now fails
+        "import mlflow.sklearn, pandas as pd\n"
+        f"model = mlflow.sklearn.load_model({local!r})\n"
+        "import hetplan_estimators; assert hetplan_estimators.__file__.startswith(" + repr(local) + ")\n"
+        "print(float(model.predict(pd.DataFrame({'cpus_per_gpu': [3.0], 'mem_gb_per_gpu': [62.5]}))[0]))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert float(done.stdout.strip().splitlines()[-1]) > 0

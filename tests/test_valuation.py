@@ -16,6 +16,8 @@ from hetplan.contracts import CURVES
 from hetplan.reference import default_profiles
 from hetplan.sensitivity import fit_profiles
 
+pytestmark = pytest.mark.slow  # plans at several budgets and catalogs, then solves an LP per plan
+
 TOLERANCE = 0.05
 
 

@@ -9,9 +9,11 @@ import typer
 from rich.table import Table
 
 from hetplan.catalog import CLOUDS, DEFAULT_CATALOG, import_onprem, import_skypilot, load_catalog, load_default_catalog
-from hetplan.cli.common import console, contract_errors, warn
+from hetplan.cli.common import choices, console, contract_errors, warn
 from hetplan.contracts.catalog import CATALOG
 from hetplan.gpus import UnknownGpuError, normalize_gpu
+
+Cloud = choices("Cloud", list(CLOUDS))
 
 app = typer.Typer(help="Node-shape catalogs: import cloud price lists and on-prem fleets, show them.",
                   no_args_is_help=True)
@@ -28,7 +30,7 @@ def import_catalog(
     skypilot: Path | None = typer.Option(None, "--skypilot", help="A SkyPilot vms.csv price catalog."),
     onprem: Path | None = typer.Option(None, "--onprem", help="An on-prem fleet (.yaml or .csv)."),
     region: str | None = typer.Option(None, "--region", help="SkyPilot: keep only this region."),
-    cloud: str | None = typer.Option(None, "--cloud", help=f"SkyPilot: {'|'.join(CLOUDS)} (default: detected)."),
+    cloud: Cloud | None = typer.Option(None, "--cloud", help=f"SkyPilot: {'|'.join(CLOUDS)} (default: detected)."),
 ) -> None:
     """Import a SkyPilot price list or an on-prem fleet as a catalog; write nothing if the input is bad."""
     if (skypilot is None) == (onprem is None):

@@ -6,6 +6,7 @@ import os
 import sys
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
+from enum import StrEnum
 
 import typer
 from rich.console import Console
@@ -19,6 +20,11 @@ console = Console(width=_WIDTH)
 errors = Console(stderr=True, width=_WIDTH)
 
 EXIT_INVALID = 1
+
+
+def choices(name: str, values: Iterable[str]) -> type[StrEnum]:
+    """An option's choices as an enum (checked by the parser, listed in --help); members compare equal to str."""
+    return StrEnum(name, {value: value for value in values})  # type: ignore[return-value]
 
 
 def warn(messages: Iterable[str]) -> None:

@@ -6,8 +6,10 @@ from pathlib import Path
 
 import typer
 
-from hetplan.cli.common import console, contract_errors
+from hetplan.cli.common import choices, console, contract_errors
 from hetplan.contracts import KINDS, validate_file
+
+Kind = choices("Kind", list(KINDS))
 
 app = typer.Typer(help="Check data files against hetplan's file contracts.", no_args_is_help=True)
 
@@ -15,7 +17,7 @@ app = typer.Typer(help="Check data files against hetplan's file contracts.", no_
 @app.command("validate")
 def validate(
     file: Path = typer.Argument(..., help="CSV, Parquet (tables) or JSON (plan) file."),
-    kind: str = typer.Option(..., "--kind", help=f"Contract: {'|'.join(KINDS)}."),
+    kind: Kind = typer.Option(..., "--kind", help=f"Contract: {'|'.join(KINDS)}."),
 ) -> None:
     """Print every problem as `file:row:column: message`; exit 1 if there is any."""
     if kind not in KINDS:

@@ -12,9 +12,9 @@ import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from hetplan.cli.common import EXIT_INVALID, console, contract_errors, errors, read_trace, warn
+from hetplan.cli.common import EXIT_INVALID, choices, console, contract_errors, errors, read_trace, warn
 from hetplan.contracts import CURVES, PROFILES, ContractError, Problem, gpu_declarations
-from hetplan.contracts.table import atomic_write_bytes
+from hetplan.fsio import atomic_write_bytes
 from hetplan.evaluation import EvaluationResult, ProblemInputs, evaluate as run_evaluation
 from hetplan.planner.entry import read_catalog, read_fleet
 from hetplan.sim.engine import SCHEDULERS, SimulationError
@@ -26,6 +26,9 @@ from hetplan.traces import FORMATS
 TRACE_CONTRACT = "trace"
 
 
+TraceFormat = choices("TraceFormat", [TRACE_CONTRACT, *FORMATS])
+Solver = choices("Solver", ["auto", "gurobi", "highs"])
+
 class Objective(str, Enum):
     jct = "jct"
     p95_jct = "p95-jct"
@@ -36,10 +39,10 @@ class Objective(str, Enum):
 def evaluate(
     trace: Path = typer.Option(..., "--trace", help="Trace the setups replay: hetplan's trace contract or a public "
                                "format."),
-    fmt: str = typer.Option(TRACE_CONTRACT, "--format", help=f"{TRACE_CONTRACT}|{'|'.join(FORMATS)}."),
+    fmt: TraceFormat = typer.Option(TRACE_CONTRACT, "--format", help=f"{TRACE_CONTRACT}|{'|'.join(FORMATS)}."),
     plan_trace: Path | None = typer.Option(None, "--plan-trace", help="Trace the planner sees (default: --trace "
                                            "itself, an in-sample evaluation)."),
-    plan_format: str | None = typer.Option(None, "--plan-format", help="Format of --plan-trace (default: --format)."),
+    plan_format: TraceFormat | None = typer.Option(None, "--plan-format", help="Format of --plan-trace (default: --format)."),
     budget: float = typer.Option(..., "--budget", min=0.0, help="US$ per hour every setup may spend."),
     objective: Objective = typer.Option(Objective.jct, "--objective", help="The hetplan setup's planner objective."),
     policy: str = typer.Option("las", "--policy", help=f"Scheduling policies, comma-separated: "
@@ -61,7 +64,7 @@ def evaluate(
                                          "in both traces (else the planner plans them on its unprofiled default)."),
     round_s: float = typer.Option(300.0, "--round-s", min=1.0, help="Scheduling round (s): preemption points."),
     seed: int = typer.Option(0, "--seed", help="Seed for arrivals and model draws."),
-    solver: str = typer.Option("auto", "--solver", help="auto | gurobi | highs."),
+    solver: Solver = typer.Option("auto", "--solver", help="auto | gurobi | highs."),
     time_limit: float = typer.Option(60.0, "--time-limit", min=0.1),
     out_dir: Path = typer.Option(Path(".hetplan/evaluation"), "--out-dir", help="Where tables and plots go."),
     no_mlflow: bool = typer.Option(False, "--no-mlflow", help="Do not log the evaluation to MLflow."),

@@ -13,13 +13,13 @@ from hetplan.cli.common import console, contract_errors, warn
 from hetplan.contracts import CURVES, PROFILES
 from hetplan.contracts.plan import fingerprint
 from hetplan.contracts.table import ContractError, Problem
-from hetplan.gpus import normalize_gpu
+from hetplan.gpus import REFERENCE, normalize_gpu
 from hetplan.sensitivity import DEFAULT_KNEE_FRACTION, FitReport, fit_profiles
 
 EXIT_PARTIAL = 3
 DEFAULT_CURVES = Path(".hetplan/curves.parquet")
-# The GPU-proportional share speedups are measured against: Synergy's server (24 cores, 500 GB, 8 GPUs).
-PROPORTIONAL_SHARE = (3.0, 62.5)
+# The GPU-proportional share speedups are measured against: the reference allocation's (Synergy's server).
+PROPORTIONAL_SHARE = REFERENCE[1:]
 
 curves_app = typer.Typer(help="Look at fitted sensitivity curves: knees, speedups, plots.", no_args_is_help=True)
 
@@ -50,10 +50,12 @@ def fit(
         uri = resolve_uri(tracking_uri)
         with console.status(f"logging to MLflow at {uri}"):
             job = log_fit_job(report, uri, params={"profiles": str(profiles), "profiles_sha256": fingerprint(profiles),
-                                                   "knee_fraction": str(knee_fraction)})
+                                                   "knee_fraction": str(knee_fraction)},
+                              profiles=table, profiles_source=str(profiles))
         promoted = sum(r.promoted for r in job.registrations)
         console.print(f"MLflow: run {job.parent_run_id} in experiment hetplan-sensitivity; "
-                      f"{len(job.registrations)} models registered, {promoted} now champion", highlight=False)
+                      f"{len(job.registrations)} models registered, {promoted} now champion, "
+                      f"{len(job.unchanged)} unchanged", highlight=False)
     _summary(report, out)
     warn(str(s) for s in report.skipped)
     if report.skipped:
@@ -83,13 +85,15 @@ def _summary(report: FitReport, out: Path) -> None:
 
 @curves_app.command("show")
 def show(
-    curves: Path = typer.Option(DEFAULT_CURVES, "--curves", help="Curve table written by `hetplan fit`."),
+    curves: Path | None = typer.Option(None, "--curves", help="Curve table (default: the newer of "
+                                       ".hetplan/curves.parquet and .hetplan/current/curves.parquet)."),
     model: str | None = typer.Option(None, "--model", help="Only this model."),
     share: str = typer.Option(f"{PROPORTIONAL_SHARE[0]:g},{PROPORTIONAL_SHARE[1]:g}", "--share",
                               help="GPU-proportional share 'cores,GB' per GPU that speedups compare against."),
 ) -> None:
     """A table of knees and the speedup of the knee over the GPU-proportional share, per (model, GPU type)."""
-    cores, mem = (float(x) for x in share.split(","))
+    cores, mem = _share(share)
+    curves = curves or default_curves()
     with contract_errors():
         table = CURVES.load(curves)
         if model is not None:
@@ -115,6 +119,20 @@ def show(
     console.print(out)
 
 
+def default_curves() -> Path:
+    from hetplan.workspace import default_curves as newest
+
+    return newest()
+
+
+def _share(text: str) -> tuple[float, float]:
+    try:
+        cores, mem = (float(x) for x in text.split(","))
+    except ValueError:
+        raise typer.BadParameter(f"{text!r} is not 'cores,GB' (e.g. 3,62.5)", param_hint="--share") from None
+    return cores, mem
+
+
 def _value_at(rows: pd.DataFrame, cores: float, mem: float) -> float:
     """Throughput at the grid point nearest to (cores, mem) from below."""
     below = rows[(rows["cpus_per_gpu"] <= cores) & (rows["mem_gb_per_gpu"] <= mem)]
@@ -125,11 +143,12 @@ def _value_at(rows: pd.DataFrame, cores: float, mem: float) -> float:
 def plot(
     model: str = typer.Option(..., "--model", help="Model to plot on every GPU type."),
     out: Path = typer.Option(..., "--out", help="PNG to write."),
-    curves: Path = typer.Option(DEFAULT_CURVES, "--curves", help="Curve table written by `hetplan fit`."),
+    curves: Path | None = typer.Option(None, "--curves", help="Curve table (default as for `curves show`)."),
 ) -> None:
     """Plot one model's curves on every GPU type (most RAM; knees starred; transferred dashed)."""
     from hetplan.sensitivity.plots import plot_model
 
+    curves = curves or default_curves()
     with contract_errors():
         table = CURVES.load(curves)
         if model not in set(table["model"]):

@@ -20,9 +20,9 @@ import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from hetplan.cli.common import console, contract_errors, read_trace, warn
+from hetplan.cli.common import choices, console, contract_errors, read_trace, warn
 from hetplan.contracts import DEMAND, ContractError, Problem, demand_from_trace, fingerprint
-from hetplan.contracts.table import atomic_write_bytes
+from hetplan.fsio import atomic_write_bytes
 from hetplan.planner import SolveError, frontier_table, sweep, write_plan_artifacts
 from hetplan.planner.baselines import STATUS_QUO, Evaluation
 from hetplan.planner.entry import Planned, load_problem, plan_with_baselines
@@ -30,6 +30,8 @@ from hetplan.planner.plots import plot_cost_jct, plot_frontier, plot_node_mix
 from hetplan.planner.planner import PlanResult
 from hetplan.traces import FORMATS
 
+
+WorkloadFormat = choices("WorkloadFormat", ["trace", *FORMATS])
 
 class Objective(str, Enum):
     jct = "jct"
@@ -62,7 +64,7 @@ def plan(
     demand: Path = typer.Option(Path(".hetplan/demand.csv"), "--demand", help="Demand mix (without --workload)."),
     workload: Path | None = typer.Option(None, "--workload", help="Recent jobs to plan for (a trace); the mix and "
                                          "the arrival rate come from it."),
-    workload_format: str = typer.Option("trace", "--workload-format", help=f"trace|{'|'.join(FORMATS)}."),
+    workload_format: WorkloadFormat = typer.Option("trace", "--workload-format", help=f"trace|{'|'.join(FORMATS)}."),
     budget: float | None = typer.Option(None, "--budget", min=0.0, help="US$ per hour to spend on added nodes."),
     objective: Objective | None = typer.Option(None, "--objective", help="With --workload: jct (default), p95-jct, "
                                                "makespan, cost (with --max-avg-jct), throughput. Without: throughput "

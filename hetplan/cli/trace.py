@@ -7,10 +7,12 @@ from pathlib import Path
 import typer
 from rich.table import Table
 
-from hetplan.cli.common import console, contract_errors, warn
+from hetplan.cli.common import choices, console, contract_errors, warn
 from hetplan.contracts import DEMAND, TRACE, demand_from_trace
 from hetplan.contracts.table import CSV_SUFFIXES, PARQUET_SUFFIXES, ContractError, Problem
 from hetplan.traces import FORMATS, MODEL_OPTION_FORMATS, TraceImport, import_trace
+
+SourceFormat = choices("SourceFormat", list(FORMATS))
 
 app = typer.Typer(help="Import public job traces (Synergy, Gavel, Philly, Alibaba).", no_args_is_help=True)
 
@@ -23,7 +25,7 @@ def _trace() -> None:
 @app.command("import")
 def import_command(
     file: Path = typer.Argument(..., help="Trace file in the public format."),
-    fmt: str = typer.Option(..., "--format", help=f"Source format: {'|'.join(FORMATS)}."),
+    fmt: SourceFormat = typer.Option(..., "--format", help=f"Source format: {'|'.join(FORMATS)}."),
     out: Path = typer.Option(..., "--out", help="Trace to write (.csv or .parquet)."),
     model: str | None = typer.Option(
         None, "--model", help=f"Model name for formats without one ({', '.join(MODEL_OPTION_FORMATS)}); default unknown."

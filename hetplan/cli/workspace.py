@@ -13,10 +13,13 @@ from hetplan.workspace import InitSummary, init_workspace
 
 def init(
     workspace: Path = typer.Option(Path(".hetplan"), "--workspace", "-w", help="Directory to seed."),
+    force: bool = typer.Option(False, "--force", help="Overwrite the seeded files of an existing workspace."),
 ) -> None:
-    """Write the default catalog and owned fleet, the derived profiles, a reference workload and its demand mix."""
+    """Write the default catalog and owned fleet, the derived profiles, a reference workload and its demand mix.
+
+    Refuses (exit 1, nothing written) when the workspace already has any of those files, unless --force."""
     with contract_errors():
-        summary = init_workspace(workspace)
+        summary = init_workspace(workspace, force=force)
     warn(summary.warnings)
     _show(summary)
 

@@ -11,7 +11,8 @@ from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from hetplan.contracts.table import ContractError, Problem, atomic_write_bytes
+from hetplan.contracts.table import ContractError, Problem
+from hetplan.fsio import atomic_write_bytes
 
 NonNegative = Annotated[float, Field(ge=0, allow_inf_nan=False)]
 TOLERANCE = 1e-6

@@ -13,7 +13,6 @@ import csv
 import io
 import os
 import re
-import tempfile
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,6 +21,7 @@ from typing import Literal
 import numpy as np
 import pandas as pd
 
+from hetplan.fsio import atomic_write_bytes
 from hetplan.gpus import UnknownGpuError, canonical_gpu
 
 Kind = Literal["str", "int", "float", "gpu", "timestamp"]
@@ -349,23 +349,3 @@ def _duplicate_keys(frame: pd.DataFrame, key: Iterable[str], labels: RowLabels) 
     return problems
 
 
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
-
-
-def atomic_write_bytes(target: Path, payload: bytes) -> None:
-    """Write `payload` to `target` through a temporary file, fsync and rename: all or nothing."""
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
-    try:
-        os.fchmod(fd, 0o666 & ~_umask())  # mkstemp creates 0600; give the file the mode open() would
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(payload)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, target)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise

@@ -32,6 +32,7 @@ from pathlib import Path
 import pandas as pd
 
 from hetplan.contracts.hints import HINTS
+from hetplan.fsio import atomic_write_bytes, fsync_dir, write_synced
 from hetplan.contracts.plan import Plan, load_plan
 from hetplan.contracts.table import ContractError, Problem, RowLabels
 
@@ -154,31 +155,21 @@ class HintStore:
             staging = Path(tempfile.mkdtemp(prefix=".staging-", dir=self.root))
             try:
                 for name, payload in files.items():
-                    _write_synced(staging / name, payload)
-                _fsync_dir(staging)
+                    write_synced(staging / name, payload)
+                fsync_dir(staging)
                 os.rename(staging, target)
             except BaseException:
                 shutil.rmtree(staging, ignore_errors=True)
                 raise
-            _fsync_dir(self.root)
+            fsync_dir(self.root)
             self._switch_latest(version)
             log.info("published hints %s (%d rows) to %s", version, len(typed), self.root)
             self._prune()
         return PublishedHints(version, plan, typed, target)
 
     def _switch_latest(self, version: str) -> None:
-        """Point LATEST at `version`: temporary file, fsync, os.replace, fsync of the directory."""
-        fd, tmp = tempfile.mkstemp(prefix=".LATEST.", suffix=".tmp", dir=self.root)
-        try:
-            with os.fdopen(fd, "wb") as handle:
-                handle.write(version.encode() + b"\n")
-                handle.flush()
-                os.fsync(handle.fileno())
-            os.replace(tmp, self.latest_path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
-        _fsync_dir(self.root)
+        """Point LATEST at `version` atomically (readable like any file the publisher writes)."""
+        atomic_write_bytes(self.latest_path, version.encode() + b"\n", sync_dir=True)
 
     def _prune(self) -> None:
         """Remove all but the newest `keep` versions; never the one LATEST names."""
@@ -195,7 +186,7 @@ class HintStore:
             shutil.rmtree(trash, ignore_errors=True)
             log.info("pruned hint version %s", version)
         if doomed:
-            _fsync_dir(self.root)
+            fsync_dir(self.root)
 
     def _remove_leftovers(self) -> None:
         """Delete staging and trash directories left by a publisher that crashed (we hold the lock)."""
@@ -289,18 +280,3 @@ def _parquet_bytes(frame: pd.DataFrame) -> bytes:
     buffer = io.BytesIO()
     frame.to_parquet(buffer, index=False)
     return buffer.getvalue()
-
-
-def _write_synced(path: Path, payload: bytes) -> None:
-    with open(path, "wb") as handle:
-        handle.write(payload)
-        handle.flush()
-        os.fsync(handle.fileno())
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

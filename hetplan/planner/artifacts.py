@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from hetplan.contracts import HINTS, write_plan
-from hetplan.contracts.table import atomic_write_bytes
+from hetplan.fsio import atomic_write_bytes
 from hetplan.planner.baselines import Evaluation, evaluations_table
 from hetplan.planner.kueue import kueue_yaml
 from hetplan.planner.planner import PlanResult

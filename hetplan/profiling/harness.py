@@ -25,7 +25,7 @@ import pandas as pd
 
 from hetplan.contracts import PROFILES
 from hetplan.contracts.table import CSV_SUFFIXES, PARQUET_SUFFIXES, ContractError, Problem
-from hetplan.gpus import UnknownGpuError, normalize_gpu
+from hetplan.gpus import CPU_ONLY, UnknownGpuError, normalize_gpu
 from hetplan.profiling.enforce import Enforcement, Sandbox, enforcement, launcher_argv, pick_cores
 from hetplan.profiling.grid import Host, Point, format_cores, host_facts, make_grid
 from hetplan.profiling.procs import cpu_use, observe
@@ -125,6 +125,8 @@ class ProfileRun:
 def resolve_gpu_type(requested: str, probe: GpuProbe) -> str:
     """The catalog GPU type to record: detected for "auto", else the one given, checked against the GPU found."""
     found = probe.gpu
+    if requested.strip().upper() == CPU_ONLY:
+        return CPU_ONLY
     if requested.strip().lower() == "auto":
         if found is None:
             raise GpuTypeError(f"cannot detect the GPU type ({probe.reason}); give it, e.g. --gpu-type T4")
@@ -229,7 +231,9 @@ def profile_gpu_type(
         workload = resolve_workload(workload, model, params)
     probe = detect_gpu(gpu_index)
     resolved = resolve_gpu_type(gpu_type, probe)
-    if probe.gpu is None:
+    if resolved == CPU_ONLY:
+        log.info("profiling on the CPU (label %s: no GPU type)", CPU_ONLY)
+    elif probe.gpu is None:
         log.warning("no GPU telemetry (%s): GPU type %s as given, gpu_util and power_w left empty",
                     probe.reason, resolved)
     else:

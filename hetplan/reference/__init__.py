@@ -12,7 +12,7 @@ from pathlib import Path
 import pandas as pd
 
 from hetplan.contracts import PROFILES
-from hetplan.contracts.table import atomic_write_bytes
+from hetplan.fsio import atomic_write_bytes
 from hetplan.reference.derived import derive_profiles
 from hetplan.reference.speed import speed_ratios
 from hetplan.reference.synergy import published_v100_profiles

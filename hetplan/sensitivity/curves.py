@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
@@ -18,6 +19,7 @@ from hetplan.sensitivity.transfer import Transfer, transfer_curve
 logger = logging.getLogger(__name__)
 
 Progress = Callable[[str], None]
+PARALLEL_MIN_PAIRS = 24  # below this, starting worker processes costs more than it saves
 
 
 @dataclass(frozen=True)
@@ -84,6 +86,7 @@ def fit_profiles(
     gpu_types: Iterable[str] = (),
     knee_fraction: float = DEFAULT_KNEE_FRACTION,
     progress: Progress | None = None,
+    workers: int | None = None,
 ) -> FitReport:
     """Fit each (model, GPU type) of a validated profile table; transfer curves to sparse or extra GPU types.
 
@@ -91,58 +94,97 @@ def fit_profiles(
     Pairs that can neither be fitted nor transferred are reported in `skipped`; the rest are fitted.
     A curve covers only its measured range (a transferred curve, its anchor's): the model's grid points
     outside that box are left out, so neither the planner nor a knee ever rests on an extrapolation.
+    Models are fitted in `workers` processes (default: the cores available) when there are enough pairs.
     """
     points = per_gpu(profiles)
     report = FitReport(curves=pd.DataFrame())
     rows: list[pd.DataFrame] = []
-    for model, model_points in points.groupby("model", sort=True):
-        grid = planning_grid(model_points)
-        by_gpu = {gpu: pts for gpu, pts in model_points.groupby("gpu_type", sort=True)}
-        pending: dict[str, str] = {}
-        for gpu, pts in by_gpu.items():
-            if progress:
+    groups = [(str(model), pts) for model, pts in points.groupby("model", sort=True)]
+    pairs = sum(pts["gpu_type"].nunique() for _, pts in groups)
+    jobs = max(1, min(fit_workers() if workers is None else workers, len(groups)))
+    if jobs > 1 and pairs >= PARALLEL_MIN_PAIRS:
+        from joblib import Parallel, delayed
+
+        # Models are independent (a transfer only uses its own model's fits): one task per model, in processes.
+        parts = Parallel(n_jobs=jobs, return_as="generator")(
+            delayed(_fit_model)(model, pts, tuple(gpu_types), knee_fraction) for model, pts in groups)
+    else:
+        parts = (_fit_model(model, pts, tuple(gpu_types), knee_fraction) for model, pts in groups)
+    for (model, pts), part in zip(groups, parts):
+        if progress:
+            for gpu in sorted(pts["gpu_type"].unique()):
                 progress(f"{model} on {gpu}")
-            try:
-                fit = fit_pair(str(model), str(gpu), pts)
-            except SkipPair as exc:
-                pending[gpu] = str(exc)
-                continue
-            box = MeasuredRange.of(pts)
-            inside = box.clip(grid)
-            surface = inside.assign(throughput=fit.estimator.predict(inside))
-            knee = find_knee(surface, knee_fraction, fit.noise)
-            report.fits.append(fit)
-            report.knees[(str(model), str(gpu))] = knee
-            rows.append(_rows(str(model), str(gpu), surface, knee, knee_fraction, method="fit", source=fit.source,
-                              estimator=fit.estimator_name, n_points=fit.n_points, cv_mape=fit.cv_mape,
-                              cv_r2=fit.cv_r2, unit=fit.throughput_unit, box=box))
-        for gpu in sorted(set(gpu_types) - set(by_gpu)):
-            pending[gpu] = "no points"
-        anchor = _anchor(report.fits, str(model))
-        for gpu, reason in sorted(pending.items()):
-            if anchor is None:
-                report.skipped.append(Skipped(str(model), gpu, f"{reason}; no fitted GPU type to transfer from"))
-                continue
-            box = MeasuredRange.of(by_gpu[anchor.gpu_type])
-            inside = box.clip(grid)
-            anchor_surface = inside.assign(throughput=anchor.estimator.predict(inside))
-            try:
-                transfer = transfer_curve(str(model), gpu, anchor.gpu_type, anchor_surface, by_gpu.get(gpu))
-            except SkipPair as exc:
-                report.skipped.append(Skipped(str(model), gpu, f"{reason}; {exc}"))
-                continue
-            knee = find_knee(transfer.surface, knee_fraction)
-            report.transfers.append(transfer)
-            report.knees[(str(model), gpu)] = knee
-            rows.append(_rows(str(model), gpu, transfer.surface, knee, knee_fraction, method="transferred",
-                              source=f"transferred:{anchor.gpu_type}", estimator=None, n_points=transfer.n_points,
-                              cv_mape=None, cv_r2=None, unit=anchor.throughput_unit, uncertainty=transfer.uncertainty,
-                              box=box))
-            if reason != "no points":
-                logger.info("%s on %s: %s; transferred from %s", model, gpu, reason, anchor.gpu_type)
+        report.fits += part.fits
+        report.transfers += part.transfers
+        report.skipped += part.skipped
+        report.knees.update(part.knees)
+        rows += part.rows
     if rows:
         table = pd.concat(rows, ignore_index=True).sort_values(list(CURVES.key), ignore_index=True)
         report.curves = CURVES.validate(table, "<curve table>")
+    return report
+
+
+def fit_workers() -> int:
+    """Processes to fit in: the cores this process may use."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+@dataclass
+class _ModelPart:
+    fits: list[PairFit] = field(default_factory=list)
+    transfers: list[Transfer] = field(default_factory=list)
+    skipped: list[Skipped] = field(default_factory=list)
+    knees: dict[tuple[str, str], Knee] = field(default_factory=dict)
+    rows: list[pd.DataFrame] = field(default_factory=list)
+
+
+def _fit_model(model: str, model_points: pd.DataFrame, gpu_types: tuple[str, ...], knee_fraction: float) -> _ModelPart:
+    """Fit (or transfer) every GPU type of one model."""
+    report = _ModelPart()
+    rows = report.rows
+    grid = planning_grid(model_points)
+    by_gpu = {gpu: pts for gpu, pts in model_points.groupby("gpu_type", sort=True)}
+    pending: dict[str, str] = {}
+    for gpu, pts in by_gpu.items():
+        try:
+            fit = fit_pair(str(model), str(gpu), pts)
+        except SkipPair as exc:
+            pending[gpu] = str(exc)
+            continue
+        box = MeasuredRange.of(pts)
+        inside = box.clip(grid)
+        surface = inside.assign(throughput=fit.estimator.predict(inside))
+        knee = find_knee(surface, knee_fraction, fit.noise)
+        report.fits.append(fit)
+        report.knees[(str(model), str(gpu))] = knee
+        rows.append(_rows(str(model), str(gpu), surface, knee, knee_fraction, method="fit", source=fit.source,
+                          estimator=fit.estimator_name, n_points=fit.n_points, cv_mape=fit.cv_mape,
+                          cv_r2=fit.cv_r2, unit=fit.throughput_unit, box=box))
+    for gpu in sorted(set(gpu_types) - set(by_gpu)):
+        pending[gpu] = "no points"
+    anchor = _anchor(report.fits, str(model))
+    for gpu, reason in sorted(pending.items()):
+        if anchor is None:
+            report.skipped.append(Skipped(str(model), gpu, f"{reason}; no fitted GPU type to transfer from"))
+            continue
+        box = MeasuredRange.of(by_gpu[anchor.gpu_type])
+        inside = box.clip(grid)
+        anchor_surface = inside.assign(throughput=anchor.estimator.predict(inside))
+        try:
+            transfer = transfer_curve(str(model), gpu, anchor.gpu_type, anchor_surface, by_gpu.get(gpu))
+        except SkipPair as exc:
+            report.skipped.append(Skipped(str(model), gpu, f"{reason}; {exc}"))
+            continue
+        knee = find_knee(transfer.surface, knee_fraction)
+        report.transfers.append(transfer)
+        report.knees[(str(model), gpu)] = knee
+        rows.append(_rows(str(model), gpu, transfer.surface, knee, knee_fraction, method="transferred",
+                          source=f"transferred:{anchor.gpu_type}", estimator=None, n_points=transfer.n_points,
+                          cv_mape=None, cv_r2=None, unit=anchor.throughput_unit, uncertainty=transfer.uncertainty,
+                          box=box))
+        if reason != "no points":
+            logger.info("%s on %s: %s; transferred from %s", model, gpu, reason, anchor.gpu_type)
     return report
 
 

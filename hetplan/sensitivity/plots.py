@@ -35,7 +35,8 @@ def plot_pair(surface: pd.DataFrame, knee: Knee, title: str, points: pd.DataFram
     ax.set_title(title)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
-    fig.tight_layout()
+    # Fixed margins for the fixed size: tight_layout measured every label and was most of a night's plotting.
+    fig.subplots_adjust(left=0.11, right=0.98, top=0.92, bottom=0.12)
     return fig
 
 

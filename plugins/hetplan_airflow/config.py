@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 from datetime import datetime
-from pathlib import Path
 from typing import Any, Mapping
 
 from airflow.sdk import Asset, Param
@@ -31,8 +30,7 @@ DEFAULTS: dict[str, Any] = {
     "time_limit": 60.0,
     "mlflow_tracking_uri": "",  # empty: $MLFLOW_TRACKING_URI, else sqlite:///<workspace>/mlflow.db
     "kubernetes": {},         # empty: profile on the Airflow workers; else one pod per GPU type (hetplan_airflow.pods)
-    "allocator_url": "",      # export DAG: POST <url>/v1/hints/reload after exporting, when set
-    "allocator_token": "",
+    "allocator_conn_id": "hetplan_allocator",  # export DAG: the allocator to reload (an Airflow Connection), if set
 }
 
 ASSETS = {
@@ -74,16 +72,17 @@ def export_params(**overrides: Any) -> dict[str, Param]:
     values = {**DEFAULTS, **overrides}
     return {
         "workspace": Param(values["workspace"], type="string", description="Workspace directory."),
-        "allocator_url": Param(values["allocator_url"], type="string",
-                               description="Running allocator to tell to reload (empty: none)."),
-        "allocator_token": Param(values["allocator_token"], type="string"),
+        "allocator_conn_id": Param(values["allocator_conn_id"], type="string",
+                                   description="Airflow Connection of the running allocator to tell to reload "
+                                               "(URL, token as password); no such connection or empty: none."),
     }
 
 
 def tracking_uri(params: Mapping[str, Any]) -> str:
-    """The MLflow URI a run uses: the param, else $MLFLOW_TRACKING_URI, else SQLite in the workspace."""
-    explicit = params.get("mlflow_tracking_uri") or os.environ.get("MLFLOW_TRACKING_URI")
-    return explicit or f"sqlite:///{Path(params['workspace']).resolve() / 'mlflow.db'}"
+    """The MLflow URI a run uses: hetplan's one rule (`hetplan.tracking.tracking_uri`) on the run's params."""
+    from hetplan.tracking import tracking_uri as resolve
+
+    return resolve(params.get("mlflow_tracking_uri") or None, workspace=params["workspace"])
 
 
 def profile_kwargs(params: Mapping[str, Any], gpu_type: str) -> dict[str, Any]:

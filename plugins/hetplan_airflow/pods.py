@@ -15,13 +15,12 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from hetplan.gpus import K8S_PRODUCT, normalize_gpu
+from hetplan.gpus import GPU_PRODUCT_LABEL, K8S_PRODUCT, gpu_label, normalize_gpu
 from hetplan.profiling.grid import parse_list
 from hetplan_airflow.config import profile_kwargs
 
 log = logging.getLogger(__name__)
 
-GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
 GPU_TYPE_LABEL = "hetplan.io/gpu-type"
 POD_MAP_INDEX_TEMPLATE = f"{{{{ task.labels['{GPU_TYPE_LABEL}'] }}}}"  # a pod task's name in the UI: its GPU type
 HARNESS_GIB = 1  # RAM a pod gets above the grid's largest RAM point, for the profiling harness itself
@@ -66,7 +65,7 @@ class PodTarget:
 
 def split_gpu_types(gpu_types: Sequence[str], target: PodTarget | None) -> tuple[list[str], list[str]]:
     """The run's GPU types (canonical, de-duplicated, in order) split into (profiled locally, profiled in pods)."""
-    gpus = list(dict.fromkeys(normalize_gpu(g) for g in gpu_types))
+    gpus = list(dict.fromkeys(gpu_label(g) for g in gpu_types))
     if target is None:
         return gpus, []
     in_pods = set(target.gpu_types or gpus)
