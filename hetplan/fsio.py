@@ -57,3 +57,15 @@ def atomic_write_bytes(target: Path, payload: bytes, *, sync_dir: bool = False) 
         raise
     if sync_dir:
         fsync_dir(target.parent)
+
+
+def save_figure(figure, target: Path) -> None:
+    """Render a matplotlib figure to PNG and write it atomically, then close the figure (free its memory)."""
+    import io
+
+    import matplotlib.pyplot as plt
+
+    buffer = io.BytesIO()
+    figure.savefig(buffer, format="png")
+    plt.close(figure)
+    atomic_write_bytes(Path(target), buffer.getvalue())

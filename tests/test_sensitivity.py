@@ -240,7 +240,7 @@ def test_mlflow_logs_only_changed_curves_and_models_load_without_hetplan(tmp_pat
     import mlflow
     from mlflow.tracking import MlflowClient
 
-    from hetplan.sensitivity.tracking import CHAMPION, EXPERIMENT, log_fit_job, registered_name
+    from hetplan.sensitivity.tracking import CHAMPION, log_fit_job, registered_name
 
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     points = pd.concat([_pair(published, "res50"), _pair(published, "res18")], ignore_index=True)

@@ -159,25 +159,18 @@ class _Step:
         return {job: parts for job, parts in self.placed.items()}
 
     def _admit(self) -> tuple[list[Job], list[Job]]:
-        if not self.preempt:  # running jobs stay; waiting ones in priority order while free GPUs last
+        """Who runs: in priority order while GPUs last (with `preempt` every GPU but those of jobs not asked
+        about; without it, running jobs stay and waiting ones share the free GPUs)."""
+        if self.preempt:
+            room = sum(self.type_gpus.values()) - sum(a.gpus for parts in self.placed.values() for a in parts)
+        else:
             room = sum(self.cluster.free_gpus_by_type().values())
-            admitted, left_out = [], []
-            for job in self.order:
-                if job.job_id in self.current:
-                    admitted.append(job)
-                elif job.num_gpus <= room and self._could_ever_run(job):
-                    admitted.append(job)
-                    room -= job.num_gpus
-                else:
-                    left_out.append(job)
-            return admitted, left_out
-        room = sum(self.type_gpus.values()) - sum(  # jobs not asked about keep their GPUs
-            a.gpus for parts in self.placed.values() for a in parts)
         admitted, left_out = [], []
         for job in self.order:
-            if job.num_gpus <= room and self._could_ever_run(job):
+            stays = not self.preempt and job.job_id in self.current
+            if stays or (job.num_gpus <= room and self._could_ever_run(job)):
                 admitted.append(job)
-                room -= job.num_gpus
+                room -= 0 if stays else job.num_gpus
             else:
                 left_out.append(job)
         return admitted, left_out

@@ -7,14 +7,13 @@ import math
 from enum import Enum
 from pathlib import Path
 
-import matplotlib.pyplot as plt
 import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from hetplan.cli.common import EXIT_INVALID, choices, console, contract_errors, errors, read_trace, warn
 from hetplan.contracts import CURVES, PROFILES, ContractError, Problem, gpu_declarations
-from hetplan.fsio import atomic_write_bytes
+from hetplan.fsio import atomic_write_bytes, save_figure
 from hetplan.evaluation import EvaluationResult, ProblemInputs, evaluate as run_evaluation
 from hetplan.planner.entry import read_catalog, read_fleet
 from hetplan.sim.engine import SCHEDULERS, SimulationError
@@ -167,11 +166,8 @@ def _write(result: EvaluationResult, report: dict, warnings: list[str], out_dir:
                  (f"utilisation_{tag}.png", plot_utilisation(_of_run(result.timelines, rho, load, scheduler), capacity,
                                                              f"Utilisation, {label}")))
         for name, fig in plots:
-            path = out_dir / name
-            fig.savefig(path.with_suffix(".tmp.png"))
-            plt.close(fig)
-            path.with_suffix(".tmp.png").replace(path)
-            files.append(path)
+            save_figure(fig, out_dir / name)
+            files.append(out_dir / name)
     return files
 
 

@@ -14,7 +14,6 @@ from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
 
-import matplotlib.pyplot as plt
 import pandas as pd
 import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -22,7 +21,7 @@ from rich.table import Table
 
 from hetplan.cli.common import choices, console, contract_errors, read_trace, warn
 from hetplan.contracts import DEMAND, ContractError, Problem, demand_from_trace, fingerprint
-from hetplan.fsio import atomic_write_bytes
+from hetplan.fsio import atomic_write_bytes, save_figure
 from hetplan.planner import SolveError, frontier_table, sweep, write_plan_artifacts
 from hetplan.planner.baselines import STATUS_QUO, Evaluation
 from hetplan.planner.entry import Planned, load_problem, plan_with_baselines
@@ -232,10 +231,7 @@ def _write(outcome: Outcome, out_dir: Path) -> list[Path]:
         figure = plot_cost_jct(outcome.frontier) if outcome.candidates is not None else plot_frontier(outcome.frontier)
         figures.append(("frontier.png", figure))
     for name, figure in figures:
-        tmp = out_dir / f".{name}.tmp.png"
-        figure.savefig(tmp)
-        plt.close(figure)
-        tmp.replace(out_dir / name)
+        save_figure(figure, out_dir / name)
         files.append(out_dir / name)
     return files
 

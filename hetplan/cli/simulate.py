@@ -112,10 +112,9 @@ def _fmt(value) -> str:
 
 def _write(result, row: dict, warnings: list[str], out_dir: Path) -> list[Path]:
     """summary.csv, jobs.csv (one row per job), report.json and the JCT and utilisation plots, each atomically."""
-    import matplotlib.pyplot as plt
     import pandas as pd
 
-    from hetplan.contracts.table import atomic_write_bytes
+    from hetplan.fsio import atomic_write_bytes, save_figure
     from hetplan.sim.plots import plot_jct_cdf, plot_utilisation
 
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -132,11 +131,8 @@ def _write(result, row: dict, warnings: list[str], out_dir: Path) -> list[Path]:
     for name, fig in (("jct_cdf.png", plot_jct_cdf(jobs, f"JCT, {label}")),
                       ("utilisation.png", plot_utilisation(result.timeline.assign(setup=row["policy"]), capacity,
                                                            f"Utilisation, {label}"))):
-        path = out_dir / name
-        fig.savefig(path.with_suffix(".tmp.png"))
-        plt.close(fig)
-        path.with_suffix(".tmp.png").replace(path)
-        files.append(path)
+        save_figure(fig, out_dir / name)
+        files.append(out_dir / name)
     return files
 
 
