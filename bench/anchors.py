@@ -179,6 +179,10 @@ def _counts(result: SimResult) -> dict:
     return {k: result.counts[k] for k in ("preemptions", "migrations", "resizes")}
 
 
+def _pct(value: float) -> str:
+    return "no job waited" if value != value else f"{value:.0%}"
+
+
 def _report(gavel: list[dict], synergy: list[dict], synergy_bound: float, args, total: float) -> str:
     lines = [
         "\n## Anchors: Gavel's and Synergy's settings, co-adaptive rounds (`bench/anchors.py`, issue 14)\n",
@@ -217,7 +221,7 @@ def _report(gavel: list[dict], synergy: list[dict], synergy_bound: float, args, 
         p, s, h = synergy[i:i + 3]
         lines.append(f"| {p['rho']:g} | {p['scheduler'].upper()} | {p['window_jct_h']:.1f} h | "
                      f"{p['window_jct_h'] / s['window_jct_h']:.2f}x | **{p['window_jct_h'] / h['window_jct_h']:.2f}x** | "
-                     f"{p['gpu_util_waiting']:.0%} / {s['gpu_util_waiting']:.0%} / {h['gpu_util_waiting']:.0%} | "
+                     f"{' / '.join(_pct(r['gpu_util_waiting']) for r in (p, s, h))} | "
                      f"{h['migrations']:,} / {h['resizes']:,} |")
     best = max(synergy[2::3], key=lambda r: next(p for p in synergy if p['rho'] == r['rho'] and p['scheduler'] ==
                                                   r['scheduler'] and p['policy'] == 'proportional')['window_jct_h']

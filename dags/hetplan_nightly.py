@@ -7,6 +7,10 @@ step, `python -m hetplan.cli.nightly profile-gpu`, on the shared workspace; docs
 empty list skips that task. A GPU type whose profiling fails, or whose pod never finishes, falls back to its
 last good profiles and is listed in the plan's `stale_gpu_types`; the hints asset is emitted only when
 publishing succeeds, which schedules `hetplan_publish` (Kueue export, allocator reload).
+
+GPU types listed in $HETPLAN_PROFILE_QUEUES when the DAG is parsed get a `profile_gpu_<type>` task each on the
+Celery queue `gpu-<type>`, so only a worker on a host with that GPU profiles it (docker-compose.yaml starts
+one per queue); a run that does not profile that type skips its task.
 """
 
 from __future__ import annotations
@@ -15,8 +19,9 @@ from datetime import datetime, timedelta
 from pathlib import Path
 
 from airflow.sdk import dag, task
+from airflow.sdk.exceptions import AirflowSkipException
 from hetplan_airflow import ASSETS, nightly_params, run_key
-from hetplan_airflow.config import profile_kwargs, tracking_uri
+from hetplan_airflow.config import profile_kwargs, profile_queues, tracking_uri
 from hetplan_airflow.operators import ProfilePodOperator
 from hetplan_airflow.pods import POD_MAP_INDEX_TEMPLATE, profiled_gpu_types, profiling_plan
 
@@ -35,13 +40,15 @@ from hetplan_airflow.pods import POD_MAP_INDEX_TEMPLATE, profiled_gpu_types, pro
     doc_md=__doc__,
 )
 def hetplan_nightly():
+    queues = profile_queues()
+
     @task
     def resolve(params=None, **context) -> list[str]:
-        """Seed the workspace if empty; the GPU types profiled on the workers, one mapped `profile` each."""
+        """Seed the workspace if empty; the GPU types profiled on the default queue, one mapped `profile` each."""
         from hetplan.pipeline import prepare
 
         prepare(params["workspace"])
-        return profiling_plan(params, run_key(context))["local"]
+        return profiling_plan(params, run_key(context), queued=queues)["local"]
 
     @task
     def pod_specs(params=None, **context) -> list[dict]:
@@ -54,12 +61,25 @@ def hetplan_nightly():
 
         return profile_gpu(params["workspace"], run_key(context), gpu_type, **profile_kwargs(params, gpu_type))
 
+    def on_queue(gpu_type: str, queue: str):
+        @task(task_id=f"profile_{queue.replace('-', '_')}", queue=queue)
+        def profile_on_queue(params=None, **context) -> dict:
+            """Profile one GPU type on the queue only workers with that GPU consume."""
+            if gpu_type not in profiling_plan(params, run_key(context), queued=queues)["queued"]:
+                raise AirflowSkipException(f"{gpu_type} is not among this run's gpu_types")
+            from hetplan.pipeline import profile_gpu
+
+            return profile_gpu(params["workspace"], run_key(context), gpu_type, **profile_kwargs(params, gpu_type))
+
+        return profile_on_queue
+
     @task(trigger_rule="all_done", outlets=[ASSETS["profiles"], ASSETS["curves"]])
     def fit(local: list[str], pods: list[dict], params=None, **context) -> dict:
         """Runs even when a profiling task or pod failed for good: that type is then stale (last good profiles)."""
         from hetplan.pipeline import fit_step
 
-        return fit_step(params["workspace"], run_key(context), profiled_gpu_types(local, pods),
+        queued = profiling_plan(params, run_key(context), queued=queues)["queued"]
+        return fit_step(params["workspace"], run_key(context), profiled_gpu_types(local, pods, queued),
                         models=params["models"], keep_gpu_types=params["keep_gpu_types"],
                         tracking_uri=tracking_uri(params))
 
@@ -84,8 +104,10 @@ def hetplan_nightly():
     profiled = profile.expand(gpu_type=local)
     profiled_in_pods = ProfilePodOperator.partial(task_id="profile_pod", map_index_template=POD_MAP_INDEX_TEMPLATE
                                                   ).expand_kwargs(pods)
+    profiled_on_queues = [on_queue(gpu_type, queue)() for gpu_type, queue in queues.items()]
     fitted = fit(local, pods)
-    [profiled, profiled_in_pods] >> fitted
+    local >> profiled_on_queues  # after the workspace is seeded
+    [profiled, profiled_in_pods, *profiled_on_queues] >> fitted
     publish(plan(fitted))
 
 

@@ -115,6 +115,26 @@ def test_profiling_plan_splits_gpu_types(dagbag, tmp_path, gpu_types, kubernetes
     assert json.loads(json.dumps(plan)) == plan  # XCom carries it
 
 
+def test_gpu_types_with_workers_of_their_own_are_profiled_on_their_queues(dagbag, tmp_path, monkeypatch):
+    from airflow.dag_processing.dagbag import DagBag
+    from hetplan_airflow.config import QUEUES_ENV, profile_queues
+    from hetplan_airflow.pods import profiled_gpu_types, profiling_plan
+
+    assert profile_queues("T4, nvidia-a100-sxm4-80gb,T4") == {"T4": "gpu-t4", "A100-80GB": "gpu-a100-80gb"}
+    assert profile_queues("") == {}
+    monkeypatch.setenv(QUEUES_ENV, "T4,A100-80GB")
+    dag = DagBag(dag_folder=str(REPO / "dags" / "hetplan_nightly.py")).get_dag("hetplan_nightly")
+    tasks = {t.task_id: t for t in dag.tasks}
+    for task_id, queue in (("profile_gpu_t4", "gpu-t4"), ("profile_gpu_a100_80gb", "gpu-a100-80gb")):
+        assert tasks[task_id].queue == queue
+        assert tasks[task_id].upstream_task_ids == {"resolve"} and tasks[task_id].downstream_task_ids == {"fit"}
+    assert tasks["profile"].queue == "default"  # the other types: any worker
+    plan = profiling_plan(_params(dagbag, gpu_types=["T4", "L4"], workspace=str(tmp_path)), RUN_KEY,
+                          queued=profile_queues())
+    assert (plan["local"], plan["queued"]) == (["L4"], ["T4"])  # A100-80GB is not in this run: its task skips
+    assert profiled_gpu_types(plan["local"], plan["pods"], plan["queued"]) == ["L4", "T4"]
+
+
 @pytest.mark.parametrize(("overrides", "message"), [
     ({"gpu_types": ["B300"]}, "unknown GPU type 'B300'"),
     ({"kubernetes": {**TARGET, "gpu_types": ["Z9"]}}, "unknown GPU type 'Z9'"),

@@ -33,6 +33,12 @@ DEFAULTS: dict[str, Any] = {
     "allocator_conn_id": "hetplan_allocator",  # export DAG: the allocator to reload (an Airflow Connection), if set
 }
 
+QUEUES_ENV = "HETPLAN_PROFILE_QUEUES"
+"""Deployment config, read when the DAG is parsed: the GPU types that have Celery workers of their own, e.g.
+`T4,A100-80GB`. Each gets a `profile_gpu_<type>` task on the queue `gpu-<type>`, which only a worker on such a
+host consumes (`airflow celery worker --queues gpu-t4`); the other GPU types are profiled by the mapped
+`profile` task on the default queue."""
+
 ASSETS = {
     "profiles": Asset(name="hetplan_profiles", uri="file:///hetplan/workspace/profiles"),
     "curves": Asset(name="hetplan_curves", uri="file:///hetplan/workspace/curves"),
@@ -98,3 +104,12 @@ def run_key(context: Mapping[str, Any]) -> str:
     if when is None:
         when = context["dag_run"].run_after
     return when.strftime("%Y%m%dT%H%M%S")
+
+
+def profile_queues(value: str | None = None) -> dict[str, str]:
+    """GPU type -> its Celery queue, from `value` or $HETPLAN_PROFILE_QUEUES (empty: none)."""
+    from hetplan.gpus import gpu_label
+
+    raw = os.environ.get(QUEUES_ENV, "") if value is None else value
+    types = dict.fromkeys(gpu_label(t.strip()) for t in raw.split(",") if t.strip())
+    return {t: "gpu-" + "".join(c if c.isalnum() else "-" for c in t.lower()) for t in types}

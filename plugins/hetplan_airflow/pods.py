@@ -13,7 +13,7 @@ import logging
 import math
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Collection, Mapping, Sequence
 
 from hetplan.gpus import GPU_PRODUCT_LABEL, K8S_PRODUCT, gpu_label, normalize_gpu
 from hetplan.profiling.grid import parse_list
@@ -123,17 +123,20 @@ def pod_kwargs(gpu_type: str, target: PodTarget, workspace: str, run_key: str,
     return kwargs
 
 
-def profiling_plan(params: Mapping[str, Any], run_key: str) -> dict[str, list]:
-    """Where one nightly run profiles each GPU type: `{"local": [GPU type, ...], "pods": [pod kwargs, ...]}`."""
+def profiling_plan(params: Mapping[str, Any], run_key: str, queued: Collection[str] = ()) -> dict[str, list]:
+    """Where one nightly run profiles each GPU type: `{"local": [GPU type, ...], "queued": [GPU type, ...],
+    "pods": [pod kwargs, ...]}`: pods as the `kubernetes` param says; of the rest, the types in `queued` (those
+    with Celery workers of their own, `profile_queues()`) on their queues, the others on the default queue."""
     target = PodTarget.from_param(params.get("kubernetes"))
-    local, in_pods = split_gpu_types(params["gpu_types"], target)
+    workers, in_pods = split_gpu_types(params["gpu_types"], target)
     pods = []
     if target is not None:
         workspace = str(Path(params["workspace"]).resolve())  # the workers' path, where the pods mount the PVC too
         pods = [pod_kwargs(g, target, workspace, run_key, profile_kwargs(params, g)) for g in in_pods]
-    return {"local": local, "pods": pods}
+    return {"local": [g for g in workers if g not in queued], "queued": [g for g in workers if g in queued],
+            "pods": pods}
 
 
-def profiled_gpu_types(local: Sequence[str], pods: Sequence[Mapping[str, Any]]) -> list[str]:
-    """All the GPU types a run profiles, from the two lists `profiling_plan` returns."""
-    return [*local, *(pod["labels"][GPU_TYPE_LABEL] for pod in pods)]
+def profiled_gpu_types(local: Sequence[str], pods: Sequence[Mapping[str, Any]], queued: Sequence[str] = ()) -> list[str]:
+    """All the GPU types a run profiles, from the lists `profiling_plan` returns."""
+    return [*local, *queued, *(pod["labels"][GPU_TYPE_LABEL] for pod in pods)]
