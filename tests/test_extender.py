@@ -19,6 +19,7 @@ from hetplan.allocator.extender import (
     ExtenderArgs, PodClass, filter_nodes, node_candidate, parse_quantity, pod_class, score_nodes,
 )
 from hetplan.hints import HintSet, HintStore
+from allocator_helpers import fixture, hint_set
 from servers import Server
 
 FIXTURES = Path(__file__).parent / "fixtures" / "extender"
@@ -117,7 +118,7 @@ def test_a_pathological_node_quantity_makes_that_node_unresolvable_only():
 
 @pytest.fixture(scope="module")
 def client(tmp_path_factory):
-    from test_allocator import make_plan  # the plan the allocator tests publish
+    from allocator_helpers import make_plan
 
     root = tmp_path_factory.mktemp("extender")
     HintStore(root / "store").publish(make_plan("p1"), pd.read_csv(StringIO(HINTS), dtype=str))
@@ -150,3 +151,59 @@ def test_the_service_passes_unknown_gpu_nodes_with_score_zero(client):
     assert "ip-10-0-1-11.ec2.internal" in kept
     scores = {h["Host"]: h["Score"] for h in client.post("/prioritize", json=args).json()}
     assert scores["ip-10-0-1-11.ec2.internal"] == 0 and scores["ip-10-0-2-22.ec2.internal"] > 0
+
+
+# --- pure: quantities, pod classes, node objects, filter and scores ------------------------------------------
+
+
+@pytest.mark.parametrize(("text", "value"), [
+    ("64", "64"), ("95690m", "95.69"), ("1163406904Ki", str(1163406904 * 1024)), ("1.5Gi", str(int(1.5 * 2**30))),
+    ("1e3", "1000"), ("2E", str(2 * 10**18)), ("100M", "100000000"), (".5", "0.5"), (8, "8"),
+])
+def test_quantities_parse_as_kubernetes_writes_them(text, value):
+    assert parse_quantity(text) == Decimal(value)
+
+
+@pytest.mark.parametrize("bad", ["", "1.5.2", "12Q", "Ki", "1 Gi", True, float("nan")])
+def test_bad_quantities_are_refused(bad):
+    with pytest.raises(ValueError, match="not a quantity"):
+        parse_quantity(bad)
+
+
+def test_job_class_from_pod_labels_annotations_and_gpu_requests():
+    res50 = ExtenderArgs.model_validate(fixture("filter_args_res50_nodes.json"))
+    assert pod_class(res50.pod) == pod_class(res50.pod).__class__("train-res50-7x2kq", "ml-training", "res50", 2)
+    transformer = ExtenderArgs.model_validate(fixture("prioritize_args_transformer_nodes.json"))
+    cls = pod_class(transformer.pod)  # model from the annotation, GPUs from limits only, plus an init container
+    assert (cls.model, cls.gpus) == ("transformer", 8)
+
+
+def test_node_objects_map_to_catalog_gpu_types_and_allocatable_capacity():
+    items = fixture("filter_args_res50_nodes.json")["Nodes"]["items"]
+    candidates = {c.name.split(".")[0]: c for c in map(node_candidate, items)}
+    a100 = candidates["ip-10-0-1-11"].shape
+    assert (a100.gpu_type, a100.gpus, a100.cpu_m, a100.mem_mb) == ("A100-80GB", 8, 95690, 1163406904 * 1024 // 10**6)
+    assert candidates["ip-10-0-2-22"].shape.gpu_type == "V100" and candidates["ip-10-0-3-33"].shape.gpu_type == "T4"
+    cpu_only = candidates["ip-10-0-4-44"]
+    assert cpu_only.shape is None and "no nvidia.com/gpu.product label" in cpu_only.problem
+    assert candidates["ip-10-0-5-55"].shape.gpu_type == "L4"
+
+
+def test_filter_and_scores_follow_the_hint_ranks():
+    args = ExtenderArgs.model_validate(fixture("filter_args_res50_nodes.json"))
+    candidates = [node_candidate(raw) for raw in args.nodes.items]
+    outcome = filter_nodes(pod_class(args.pod), candidates, hint_set())
+    assert [n.split(".")[0] for n in outcome.passed] == ["ip-10-0-1-11", "ip-10-0-2-22", "ip-10-0-3-33"]
+    assert outcome.failed == {}
+    assert outcome.unresolvable["ip-10-0-5-55.ec2.internal"] == "has 1 L4 GPUs; the pod needs 2 on one node"
+    scores = dict(score_nodes(pod_class(args.pod), candidates, hint_set()))
+    assert list(scores.values()) == [10, 7, 4, 0, 0]
+    assert all(score == 0 for _, score in score_nodes(pod_class(args.pod), candidates, HintSet.empty()))
+    one_gpu = PodClass("p", "ns", "transformer", 1)  # hinted on V100 only
+    assert "ip-10-0-1-11.ec2.internal" in filter_nodes(one_gpu, candidates, hint_set()).passed
+    strict = filter_nodes(one_gpu, candidates, hint_set(), strict=True)
+    assert strict.passed == ["ip-10-0-2-22.ec2.internal"]
+    assert strict.unresolvable["ip-10-0-1-11.ec2.internal"] == (
+        "class (transformer, 1) has no hint for A100-80GB (hinted: V100)")
+
+

@@ -410,3 +410,21 @@ def test_cli_simulate_writes_tables_and_plots_and_refuses_bad_nodes(tmp_path):
                                    str(tmp_path / "out2"), "--no-mlflow"])
     assert bad.exit_code == 1 and "bad.csv" in bad.output and "gpus" in bad.output
     assert not (tmp_path / "out2").exists()
+
+
+def test_scheduling_orders_are_registered_like_policies(tiny_truth):
+    from hetplan.sim.engine import SCHEDULERS, register_scheduler
+
+    assert list(SCHEDULERS)[:3] == ["fifo", "srtf", "las"]
+    register_scheduler("lifo-test", lambda j, dt: (-j.arrival, j.idx))
+    try:
+        _, out = run(tiny_truth, trace(("a", "m", 1, 0, 100.0), ("b", "m", 1, 0, 100.0), ("c", "m", 1, 10, 50.0)),
+                     ONE_V100, "lifo-test")
+        # newest first: c (t=10) preempts a at the 30 s round and runs 30-80; a resumes 80-150; b 150-250
+        assert [out.loc[j, "finish_s"] for j in "cab"] == pytest.approx([80.0, 150.0, 250.0])
+        with pytest.raises(ValueError, match="already registered"):
+            register_scheduler("las", lambda j, dt: ())
+    finally:
+        del SCHEDULERS["lifo-test"]
+    with pytest.raises(ValueError, match="unknown scheduler"):
+        SimConfig("lifo-test")

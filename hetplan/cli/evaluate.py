@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Collection
 import math
 from enum import Enum
 from pathlib import Path
@@ -125,7 +126,7 @@ def evaluate(
         console.print(f"MLflow: evaluation run {run} in experiment {EXPERIMENT}", highlight=False)
 
 
-def _names(value: str, allowed: tuple[str, ...], option: str) -> list[str]:
+def _names(value: str, allowed: Collection[str], option: str) -> list[str]:
     names = list(dict.fromkeys(v.strip() for v in value.split(",") if v.strip()))
     bad = [n for n in names if n not in allowed]
     if not names or bad:

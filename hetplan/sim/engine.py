@@ -31,7 +31,6 @@ import heapq
 import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Literal
 
 import numpy as np
 import pandas as pd
@@ -43,8 +42,8 @@ from hetplan.allocator.spec import Allocation, Job, Node
 from hetplan.hints import HintSet
 from hetplan.sim.truth import TruthCurves
 
-Scheduler = Literal["fifo", "srtf", "las"]
-SCHEDULERS: tuple[str, ...] = ("fifo", "srtf", "las")
+Scheduler = str
+"""A registered scheduling order (`SCHEDULERS`): fifo, srtf, las, or one added with `register_scheduler`."""
 EPS = 1e-9
 
 
@@ -127,12 +126,23 @@ class _Job:
         self.share = ""
 
 
-PRIORITY: dict[str, Callable[[_Job, float], tuple]] = {
-    # (job, seconds it has run since its state was last brought up to date) -> sort key, smallest first
+Priority = Callable[[_Job, float], tuple]
+"""(a job's state, seconds it has run since that state was brought up to date) -> sort key, smallest first.
+The state has `arrival`, `remaining` (reference seconds), `attained` (GPU-seconds), `speed`, `gpus`, `idx`."""
+
+SCHEDULERS: dict[str, Priority] = {
     "fifo": lambda j, dt: (j.arrival, j.idx),
     "srtf": lambda j, dt: (j.remaining - j.speed * dt, j.arrival, j.idx),
     "las": lambda j, dt: (j.attained + j.gpus * dt, j.arrival, j.idx),
 }
+"""The scheduling orders by name, as allocator policies are registered (`register_scheduler` adds one)."""
+
+
+def register_scheduler(name: str, priority: Priority) -> None:
+    """Make a scheduling order available to `SimConfig` (and so to `simulate`, `evaluate`, `plan --workload`)."""
+    if name in SCHEDULERS:
+        raise ValueError(f"scheduler {name!r} is already registered")
+    SCHEDULERS[name] = priority
 
 
 @dataclass
@@ -154,7 +164,7 @@ class Simulator:
         self.allocator = allocator
         self.truth = truth
         self.config = config
-        self.priority = PRIORITY[config.scheduler]
+        self.priority = SCHEDULERS[config.scheduler]
         self.co_adaptive = allocator.policy.rounds is not None
         self.frame = jobs.reset_index(drop=True)
         self.jobs = [

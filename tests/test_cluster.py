@@ -1,0 +1,216 @@
+"""Cluster state under random sequences (hypothesis): never overcommitted, the index equal to a brute-force scan,
+restarts restore the same state."""
+
+
+import pandas as pd
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from hetplan.allocator import (
+    Allocation, Allocator, Cluster, DurableAllocator, Job, Node, Rejection,
+    StateError,
+)
+from hetplan.allocator.policies import hinted_need
+from hetplan.allocator.spec import to_milli_up
+from hetplan.hints import HintSet
+from allocator_helpers import (
+    allocated, v100,
+)
+
+
+# --- invariants under random sequences (hypothesis) ----------------------------------------------------------
+
+SHAPES = [("V100", 8, 64, 488), ("V100", 4, 30.5, 244), ("T4", 4, 48, 192), ("A100", 8, 96, 1152), ("T4", 1, 4, 16),
+          ("L4", 1, 2.5, 8)]
+NAMES = [f"n{i}" for i in range(6)]
+JOBS = [f"j{i}" for i in range(14)]
+MODELS = ["res50", "transformer", "vgg"]
+PROPERTY_HINTS = HintSet.from_frame(pd.DataFrame([
+    dict(model=m, num_gpus=g, gpu_type=t, rank=r, cpus_per_gpu=c, mem_gb_per_gpu=mem, expected_throughput=1,
+         normalized_throughput=1, throughput_per_dollar=1, plan_id="prop")
+    for m, g, t, r, c, mem in [("res50", 1, "V100", 1, 9.5, 60.3), ("res50", 1, "T4", 2, 11, 40),
+                               ("res50", 2, "V100", 1, 7.25, 58.9), ("res50", 4, "A100", 1, 12, 140.5),
+                               ("res50", 4, "T4", 2, 12, 48.2), ("transformer", 1, "A100", 1, 0.5, 150),
+                               ("transformer", 1, "T4", 2, 1, 46.1), ("transformer", 2, "T4", 1, 1.5, 47.7),
+                               ("transformer", 8, "V100", 1, 1, 61)]]))
+
+allocate_op = st.tuples(st.just("allocate"), st.sampled_from(JOBS), st.sampled_from(MODELS),
+                        st.sampled_from([1, 1, 1, 2, 2, 4, 8, 9]))
+operations = st.one_of(
+    # shapes vary by fractions of a core and of a GB, so that cores or RAM bind, not only GPUs
+    st.tuples(st.just("upsert"), st.sampled_from(NAMES), st.sampled_from(SHAPES), st.integers(0, 8),
+              st.integers(-40, 40)),
+    st.tuples(st.just("remove"), st.sampled_from(NAMES), st.booleans()),
+    allocate_op, allocate_op, allocate_op,
+    st.tuples(st.just("release"), st.sampled_from(JOBS)),
+)
+
+
+def _expected_best(cluster: Cluster, g: int, need, types=None):
+    """Brute force over every node: the best fit the index must find (fewest free GPUs, cores, RAM, then order)."""
+    best = None
+    for order, node in enumerate(cluster.nodes()):
+        if types is not None and node.gpu_type not in types:
+            continue
+        free = cluster.free(node.name)
+        cpu, mem = need(node.shape)
+        if free.gpus >= g and free.cpu_m >= cpu and free.mem_mb >= mem:
+            key = (free.gpus, free.cpu_m - cpu, free.mem_mb - mem, order)
+            best = min(best, (key, node.name)) if best else (key, node.name)
+    return best[1] if best else None
+
+
+def _check_decision(policy: str, cluster: Cluster, job: Job, decision) -> None:
+    """Every decision is right, checked against a brute-force scan of the state it was made on."""
+    g = job.num_gpus
+    prop = lambda shape: shape.proportional(g)  # noqa: E731
+    entries = PROPERTY_HINTS.lookup(job.model, g)
+    if policy == "first-fit":
+        expected = next((n.name for n in cluster.nodes() if cluster.free(n.name).gpus >= g and
+                         cluster.free(n.name).cpu_m >= prop(n.shape)[0] and
+                         cluster.free(n.name).mem_mb >= prop(n.shape)[1]), None)
+    elif policy == "proportional":  # a draw among every node that fits
+        fits = {n.name for n in cluster.nodes() if cluster.free(n.name).gpus >= g
+                and cluster.free(n.name).cpu_m >= prop(n.shape)[0] and cluster.free(n.name).mem_mb >= prop(n.shape)[1]}
+        assert (allocated(decision).node in fits) if fits else isinstance(decision, Rejection), (decision, fits)
+        return
+    elif not entries:
+        expected = _expected_best(cluster, g, prop)
+    else:
+        expected = None
+        for entry in entries:
+            expected = _expected_best(cluster, g, hinted_need(entry, g), {entry.gpu_type})
+            if expected is not None:
+                assert allocated(decision).share == "hinted" and decision.rank == entry.rank
+                break
+    if expected is not None:
+        assert allocated(decision).node == expected, (decision, expected)
+    elif isinstance(decision, Rejection):
+        # never wrong: no node has the GPUs plus the smallest share the policy would accept
+        for node in cluster.nodes():
+            free = cluster.free(node.name)
+            entry = next((e for e in entries if e.gpu_type == node.gpu_type), None) if policy == "hint" else None
+            floor = prop(node.shape)
+            if entry is not None:
+                floor = (min(floor[0], to_milli_up(entry.cpus_per_gpu * g)),
+                         min(floor[1], to_milli_up(entry.mem_gb_per_gpu * g)))
+            assert not (free.gpus >= g and free.cpu_m >= floor[0] and free.mem_mb >= floor[1]), (decision, node)
+
+
+def _run(alloc, ops, policy: str, check: bool) -> list:
+    log = []
+    for op in ops:
+        kind = op[0]
+        if kind == "upsert":
+            _, name, (gpu, gpus, cpus, mem), dcpu, dmem = op
+            try:
+                alloc.upsert_node(Node(name, gpu, gpus, cpus + dcpu * 0.125, max(mem + dmem * 0.7, 1)))
+                log.append(("ok", kind))
+            except StateError as exc:  # shrinking below use, changing a busy node's GPU type: refused
+                log.append(("refused", str(exc)))
+        elif kind == "remove":
+            try:
+                log.append(("evicted", [a.job_id for a in alloc.remove_node(op[1], force=op[2])]))
+            except StateError as exc:  # unknown node, or busy without force
+                log.append(("refused", str(exc)))
+        elif kind == "allocate":
+            job = Job(op[1], op[2], op[3])
+            fresh = alloc.cluster.allocation(job.job_id) is None
+            if check and fresh:
+                before = Cluster()  # a copy of the state the policy saw, for the brute-force check
+                for n in alloc.cluster.nodes():
+                    before.add_node(n)
+                for a in alloc.cluster.allocations():
+                    before.apply(a)
+            decision = alloc.allocate(job)  # never raises: a policy's allocation always fits
+            if check and fresh:
+                _check_decision(policy, before, job, decision)
+            log.append(decision)
+        else:
+            log.append(alloc.release(op[1]))
+        if check:
+            assert alloc.cluster.check() == []
+    return log
+
+
+@settings(max_examples=50, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(policy=st.sampled_from(["hint", "proportional", "first-fit"]), ops=st.lists(operations, max_size=60))
+def test_random_sequences_never_overcommit_and_survive_a_restart(tmp_path_factory, policy, ops):
+    db = tmp_path_factory.mktemp("prop") / "state.db"
+    durable = DurableAllocator(db, policy, PROPERTY_HINTS)
+    log = _run(durable, ops, policy, check=True)
+    before = durable.cluster.snapshot()
+    durable.close()
+    reopened = DurableAllocator(db, policy, PROPERTY_HINTS)
+    assert reopened.cluster.snapshot() == before
+    assert reopened.cluster.check() == []
+    reopened.close()
+    # the durable layer is transparent: the in-process core makes the very same decisions
+    assert _run(Allocator(None, policy, PROPERTY_HINTS), ops, policy, check=False) == log
+
+
+INDEX_TYPES = ["V100", "T4", "A100"]
+INDEX_SHAPES = [("V100", 2, 4, 4), ("V100", 4, 6, 6), ("T4", 2, 3, 5), ("A100", 4, 6, 3)]  # few shapes: full buckets
+
+
+def _brute_best_fit(cluster, gpu_type, g, cpu, mem):
+    return _expected_best(cluster, g, lambda shape: (cpu, mem), None if gpu_type is None else {gpu_type})
+
+
+def _brute_largest_share(cluster, gpu_type, g, want, floor):
+    best = None
+    for order, node in enumerate(cluster.nodes()):
+        if gpu_type is not None and node.gpu_type != gpu_type:
+            continue
+        free = cluster.free(node.name)
+        floor_cpu, floor_mem = min(floor[0], want[0]), min(floor[1], want[1])
+        if free.gpus >= g and free.cpu_m >= floor_cpu and free.mem_mb >= floor_mem:
+            key = (-free.cpu_m, -free.mem_mb, free.gpus, order)
+            if best is None or key < best[0]:
+                best = (key, (node.name, min(want[0], free.cpu_m), min(want[1], free.mem_mb)))
+    return best[1] if best else None
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    nodes=st.lists(st.sampled_from(INDEX_SHAPES), min_size=1, max_size=20),
+    used=st.lists(st.tuples(st.integers(0, 19), st.integers(1, 2), st.integers(0, 10), st.integers(0, 10)),
+                  max_size=30),
+    gpu_type=st.sampled_from([*INDEX_TYPES, None]), g=st.integers(1, 2),
+    want=st.tuples(st.integers(0, 10), st.integers(0, 10)), floor=st.tuples(st.integers(0, 10), st.integers(0, 10)),
+)
+def test_index_queries_equal_a_brute_force_scan(nodes, used, gpu_type, g, want, floor):
+    """Dense ties and tight cores/RAM (half-core and half-GB steps): the indexed answers are the exact ones."""
+    cluster = Cluster(Node(f"n{i}", t, gpus, cpus, mem) for i, (t, gpus, cpus, mem) in enumerate(nodes))
+    for i, (idx, gpus, cpu, mem) in enumerate(used):
+        name = f"n{idx % len(nodes)}"
+        free = cluster.free(name)
+        if free.gpus:
+            cluster.apply(Allocation(f"u{i}", "m", name, cluster.node(name).gpu_type, min(gpus, free.gpus),
+                                     min(cpu * 500, free.cpu_m), min(mem * 500, free.mem_mb), None, "test", "hinted"))
+    want_m, floor_m = (want[0] * 500, want[1] * 500), (floor[0] * 500, floor[1] * 500)
+    fit = cluster.best_fit(gpu_type, g, lambda shape: want_m)
+    assert (fit.node if fit else None) == _brute_best_fit(cluster, gpu_type, g, *want_m)
+    share = cluster.largest_share(gpu_type, g, lambda shape: want_m, lambda shape: floor_m)
+    assert ((share.node, share.cpu_m, share.mem_mb) if share else None) == _brute_largest_share(
+        cluster, gpu_type, g, want_m, floor_m)
+    first = cluster.first_fit(g, lambda shape: want_m)
+    expected = next((n.name for n in cluster.nodes() if cluster.free(n.name).gpus >= g and
+                     cluster.free(n.name).cpu_m >= want_m[0] and cluster.free(n.name).mem_mb >= want_m[1]), None)
+    assert (first.node if first else None) == expected
+    assert cluster.check() == []
+
+
+def test_best_fit_skips_nodes_with_the_cores_but_not_the_ram():
+    cluster = Cluster([v100("a"), v100("b"), v100("c"), v100("d")])
+    base = dict(model="m", gpu_type="V100", gpus=1, hint_version=None, policy="test", share="hinted")
+    for node, cpu_m, mem_mb in [("a", 6000, 388_000), ("b", 6000, 428_001), ("c", 6000, 428_000), ("d", 0, 0)]:
+        cluster.apply(Allocation(f"x-{node}", node=node, cpu_m=cpu_m, mem_mb=mem_mb, **base))
+    # free: a 58 cores 100 GB, b 58 cores 1 MB short of 60 GB, c 58 cores 60 GB, d 64 cores 488 GB
+    assert cluster.best_fit("V100", 1, lambda shape: (9000, 60000)).node == "c"
+    assert cluster.best_fit("V100", 1, lambda shape: (9000, 60001)).node == "a"
+    assert cluster.best_fit("V100", 1, lambda shape: (9000, 100_001)).node == "d"
+    assert cluster.best_fit("V100", 1, lambda shape: (9000, 488_001)) is None
+    assert cluster.largest_share("V100", 1, lambda shape: (70000, 500_000), lambda shape: (8000, 61000)).node == "d"
+
+

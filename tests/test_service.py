@@ -1,0 +1,296 @@
+"""The HTTP service on a real uvicorn: the API, malformed bodies, admin auth, the extender over HTTP,
+concurrency, hint hot-reload, restarts and the co-adaptive actions."""
+
+import json
+import random
+import signal
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from hetplan.allocator.extender import (
+    node_candidate,
+)
+from hetplan.hints import HintStore
+from servers import TOKEN, Server
+from allocator_helpers import (
+    fixture, hints_frame, make_plan,
+)
+
+
+# --- the HTTP service on a real uvicorn ------------------------------------------------------------------------
+
+def _fixture_nodes_file(path: Path) -> Path:
+    """The GPU nodes of the extender fixtures, as `hetplan serve --nodes` reads them."""
+    items = fixture("filter_args_res50_nodes.json")["Nodes"]["items"]
+    nodes = []
+    for c in map(node_candidate, items):
+        if c.shape is not None:
+            nodes.append({"name": c.name, "gpu_type": c.shape.gpu_type, "gpus": c.shape.gpus,
+                          "cpus": c.shape.cpu_m / 1000, "mem_gb": c.shape.mem_mb / 1000, "labels": {"pool": "fixture"}})
+    path.write_text(json.dumps(nodes))
+    return path
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    root = tmp_path_factory.mktemp("server")
+    store = root / "store"
+    HintStore(store).publish(make_plan("p1"), hints_frame("p1"))
+    srv = Server(root, store, _fixture_nodes_file(root / "nodes.json")).start()
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture()
+def client(server):
+    with httpx.Client(base_url=server.url, timeout=10) as c:
+        yield c
+
+
+ADMIN = {"Authorization": f"Bearer {TOKEN}"}
+
+
+def state(client: httpx.Client) -> tuple:
+    return client.get("/v1/allocations").json(), client.get("/v1/nodes").json()
+
+
+def test_health_openapi_and_metrics(client):
+    health = client.get("/healthz").json()
+    assert health["status"] == "ok" and health["nodes"] == 4 and health["policy"] == "hint"
+    spec = client.get("/openapi.json").json()
+    assert {"/v1/allocate", "/v1/release", "/v1/nodes", "/v1/hints", "/healthz", "/metrics", "/filter",
+            "/prioritize"} <= set(spec["paths"])
+    assert "HTTPBearer" in spec["components"]["securitySchemes"]
+    client.post("/v1/allocate", json={"job_id": "m1", "model": "res50", "num_gpus": 99})
+    text = client.get("/metrics").text
+    assert 'hetplan_allocator_rejections_total{reason="too-big"}' in text
+    assert "# TYPE hetplan_allocator_decision_seconds histogram" in text
+    assert 'hetplan_allocator_http_requests_total{method="POST",route="/v1/allocate",status="200"}' in text
+    assert "hetplan_allocator_gpus 21" in text
+
+
+def test_allocate_release_over_http(client):
+    body = {"job_id": "h1", "model": "res50", "num_gpus": 2}
+    first = client.post("/v1/allocate", json=body).json()
+    assert first["status"] == "allocated" and not first["replayed"]
+    a = first["allocation"]
+    assert (a["gpu_type"], a["cpus"], a["mem_gb"], a["share"], a["rank"]) == ("A100-80GB", 24.0, 200.0, "hinted", 1)
+    assert a["hint_version"] == first["hint_version"] is not None
+    again = client.post("/v1/allocate", json=body).json()
+    assert again["replayed"] and again["allocation"] == a
+    too_big = client.post("/v1/allocate", json={"job_id": "h2", "model": "res50", "num_gpus": 16})
+    assert too_big.status_code == 200 and too_big.json()["reason"] == "too-big"
+    released = client.post("/v1/release", json={"job_id": "h1"}).json()
+    assert released["released"] and released["allocation"] == a
+    assert client.post("/v1/release", json={"job_id": "h1"}).json() == {"job_id": "h1", "released": False,
+                                                                        "allocation": None, "actions": []}
+
+
+@pytest.mark.parametrize(("path", "payload", "status", "reason"), [
+    ("/v1/allocate", {"job_id": "x", "model": "res50", "num_gpus": 0}, 422, "greater than or equal to 1"),
+    ("/v1/allocate", {"job_id": "x", "model": "res50"}, 422, "Field required"),
+    ("/v1/allocate", {"job_id": "x", "model": "res50", "num_gpus": "1"}, 422, "valid integer"),
+    ("/v1/allocate", {"job_id": "x", "model": "res50", "num_gpus": 1, "cpus": 99}, 422, "Extra inputs"),
+    ("/v1/allocate", {"job_id": " ", "model": "res50", "num_gpus": 1}, 422, "should match pattern"),
+    ("/v1/allocate", b'{"job_id": "x", ', 422, "JSON decode error"),
+    ("/v1/allocate", [], 422, "valid dictionary"),
+    ("/v1/release", {"job": "x"}, 422, "Field required"),
+    ("/v1/allocate", {"job_id": "x" * 70000, "model": "res50", "num_gpus": 1}, 413, "exceeds the limit"),
+    ("/filter", {"Pod": {"metadata": {"name": "p"}, "spec": {"containers": [{}]}}}, 422, "needs Nodes"),
+    ("/filter", {"Pod": {"metadata": {"name": "p"}, "spec": {"containers": [
+        {"resources": {"limits": {"nvidia.com/gpu": "1.5"}}}]}}, "NodeNames": []}, 400, "whole number"),
+    ("/prioritize", {"Pod": {"metadata": {}}, "NodeNames": []}, 422, "spec"),
+])
+def test_malformed_bodies_get_a_4xx_with_a_reason_and_change_nothing(client, path, payload, status, reason):
+    before = state(client)
+    if isinstance(payload, bytes):
+        response = client.post(path, content=payload, headers={"content-type": "application/json"})
+    else:
+        response = client.post(path, json=payload)
+    assert response.status_code == status, response.text
+    assert reason in response.text
+    assert state(client) == before
+
+
+def test_a_chunked_body_over_the_limit_is_refused(client):
+    before = state(client)
+
+    def chunks():
+        yield b'{"job_id": "'
+        for _ in range(80):
+            yield b"x" * 1024
+        yield b'", "model": "m", "num_gpus": 1}'
+
+    response = client.post("/v1/allocate", content=chunks(), headers={"content-type": "application/json"})
+    assert response.status_code == 413 and "exceeds the limit" in response.text
+    assert state(client) == before
+
+
+def test_admin_endpoints_need_the_bearer_token(client):
+    change = {"upsert": [{"name": "extra", "gpu_type": "NVIDIA-H100-80GB-HBM3", "gpus": 8, "cpus": 192,
+                          "mem_gb": 2048}]}
+    before = state(client)
+    for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": f"Basic {TOKEN}"}):
+        response = client.post("/v1/nodes", json=change, headers=headers)
+        assert response.status_code == 401 and response.headers["www-authenticate"] == "Bearer"
+        assert client.post("/v1/hints/reload", headers=headers).status_code == 401
+    assert state(client) == before
+    assert client.post("/v1/nodes", json={"upsert": [{**change["upsert"][0], "gpu_type": "bad name!"}]},
+                       headers=ADMIN).status_code == 422
+    response = client.post("/v1/nodes", json=change, headers=ADMIN)
+    assert response.status_code == 200 and response.json() == {"upserted": 1, "removed": 0, "evicted": []}
+    nodes = {n["name"]: n for n in client.get("/v1/nodes").json()["nodes"]}
+    assert nodes["extra"]["gpu_type"] == "H100" and nodes["extra"]["free_gpus"] == 8
+    job = client.post("/v1/allocate", json={"job_id": "busy", "model": "vgg", "num_gpus": 8}).json()
+    busy_node = job["allocation"]["node"]
+    before = state(client)
+    refused = client.post("/v1/nodes", json={"remove": [busy_node]}, headers=ADMIN)
+    assert refused.status_code == 409 and "runs 1 allocations" in refused.json()["detail"]
+    assert state(client) == before
+    client.post("/v1/release", json={"job_id": "busy"})
+    assert client.post("/v1/nodes", json={"remove": ["extra"]}, headers=ADMIN).json()["removed"] == 1
+    assert client.post("/v1/hints/reload", headers=ADMIN).status_code == 200
+
+
+def test_extender_filter_and_prioritize_speak_the_scheduler_json(client):
+    args = fixture("filter_args_res50_nodes.json")
+    response = client.post("/filter", json=args)
+    assert response.status_code == 200
+    result = response.json()
+    assert set(result) == {"Nodes", "NodeNames", "FailedNodes", "FailedAndUnresolvableNodes", "Error"}
+    assert result["NodeNames"] is None and result["Error"] == "" and result["FailedNodes"] == {}
+    kept = [item["metadata"]["name"] for item in result["Nodes"]["items"]]
+    assert kept == [n["metadata"]["name"] for n in args["Nodes"]["items"][:3]]
+    assert result["Nodes"]["items"][0] == args["Nodes"]["items"][0]  # handed back unchanged
+    assert result["Nodes"]["metadata"] == args["Nodes"]["metadata"]
+    assert sorted(result["FailedAndUnresolvableNodes"]) == ["ip-10-0-4-44.ec2.internal", "ip-10-0-5-55.ec2.internal"]
+
+    scores = client.post("/prioritize", json=fixture("prioritize_args_transformer_nodes.json")).json()
+    hosts = [f"ip-10-0-{i}-{i}{i}.ec2.internal" for i in range(1, 6)]
+    assert scores == [{"Host": host, "Score": score} for host, score in zip(hosts, [10, 5, 0, 0, 0])]
+
+
+def test_extender_with_node_names_answers_from_the_allocator_state(client):
+    args = fixture("filter_args_res50_nodenames.json")
+    taken = client.post("/v1/allocate", json={"job_id": "fill", "model": "transformer", "num_gpus": 8}).json()
+    assert taken["allocation"]["node"] == "ip-10-0-1-11.ec2.internal"  # rank 1 for (transformer, 8)
+    try:
+        result = client.post("/filter", json=args).json()
+        assert result["Nodes"] is None
+        # a node hetplan was never told about is not judged: it passes with a neutral score
+        assert result["NodeNames"] == ["ip-10-0-2-22.ec2.internal", "ip-10-0-3-33.ec2.internal",
+                                       "ip-10-0-4-44.ec2.internal"]
+        assert result["FailedNodes"] == {"ip-10-0-1-11.ec2.internal": "0 of 8 GPUs free; the pod needs 2"}
+        assert result["FailedAndUnresolvableNodes"] == {"ip-10-0-5-55.ec2.internal": "has 1 L4 GPUs; the pod needs 2 on one node"}
+        scores = {h["Host"]: h["Score"] for h in client.post("/prioritize", json=args).json()}
+        assert scores["ip-10-0-1-11.ec2.internal"] == 0 and scores["ip-10-0-2-22.ec2.internal"] == 7
+        assert scores["ip-10-0-4-44.ec2.internal"] == 0
+    finally:
+        client.post("/v1/release", json={"job_id": "fill"})
+
+
+def test_many_clients_at_once_never_overcommit_and_lose_no_release(server):
+    kept: dict[int, set[str]] = {}
+    problems: list[str] = []
+
+    def worker(t: int) -> None:
+        rng = random.Random(t)
+        mine: set[str] = set()
+        with httpx.Client(base_url=server.url, timeout=30) as c:
+            for i in range(25):
+                body = {"job_id": f"c{t}-{i}", "model": rng.choice(["res50", "transformer", "vgg"]),
+                        "num_gpus": rng.choice([1, 1, 2])}
+                if c.post("/v1/allocate", json=body).json()["status"] == "allocated":
+                    mine.add(body["job_id"])
+                if mine and rng.random() < 0.5:
+                    victim = rng.choice(sorted(mine))
+                    if not c.post("/v1/release", json={"job_id": victim}).json()["released"]:
+                        problems.append(f"lost release {victim}")
+                    mine.discard(victim)
+        kept[t] = mine
+
+    threads = [threading.Thread(target=worker, args=(t,)) for t in range(12)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    with httpx.Client(base_url=server.url, timeout=10) as c:
+        allocations, nodes = state(c)
+        assert problems == []
+        assert {a["job_id"] for a in allocations if a["job_id"].startswith("c")} == set().union(*kept.values())
+        for node in nodes["nodes"]:
+            on = [a for a in allocations if a["node"] == node["name"]]
+            assert sum(a["gpus"] for a in on) + node["free_gpus"] == node["gpus"]
+            assert sum(a["cpus"] for a in on) + node["free_cpus"] == pytest.approx(node["cpus"])
+            assert node["free_gpus"] >= 0 and node["free_cpus"] >= 0 and node["free_mem_gb"] >= 0
+        for job in set().union(*kept.values()):
+            assert c.post("/v1/release", json={"job_id": job}).json()["released"]
+
+
+def test_publishing_new_hints_is_picked_up_without_a_restart(server, client):
+    store = HintStore(server.store)
+    version = f"p{int(time.time() * 1000)}"
+    store.publish(make_plan(version), hints_frame(version))
+    deadline = time.monotonic() + 10
+    while client.get("/v1/hints").json()["version"] != version:
+        assert time.monotonic() < deadline, "hints not reloaded"
+        time.sleep(0.05)
+    hints = client.get("/v1/hints").json()
+    assert hints["classes"] == 4 and hints["rows"][0]["model"] == "res50"
+    decision = client.post("/v1/allocate", json={"job_id": "after-reload", "model": "res50", "num_gpus": 1}).json()
+    assert decision["hint_version"] == version == decision["allocation"]["hint_version"]
+    client.post("/v1/release", json={"job_id": "after-reload"})
+
+
+def test_a_killed_server_restarts_with_the_same_state(tmp_path):
+    """SIGKILL, not a shutdown; with synchronous=NORMAL, which survives a process crash (FULL also a power cut)."""
+    store = tmp_path / "store"
+    HintStore(store).publish(make_plan("k1"), hints_frame("k1"))
+    srv = Server(tmp_path, store, _fixture_nodes_file(tmp_path / "nodes.json"), ("--synchronous", "NORMAL")).start()
+    try:
+        with httpx.Client(base_url=srv.url, timeout=10) as c:
+            for i, (model, gpus) in enumerate([("res50", 2), ("transformer", 1), ("vgg", 4), ("res50", 1)]):
+                assert c.post("/v1/allocate", json={"job_id": f"k{i}", "model": model, "num_gpus": gpus}).json()[
+                    "status"] == "allocated"
+            c.post("/v1/release", json={"job_id": "k1"})
+            before = state(c)
+        srv.stop(signal.SIGKILL)
+        srv.start()
+        with httpx.Client(base_url=srv.url, timeout=10) as c:
+            assert state(c) == before
+    finally:
+        srv.stop()
+
+
+def test_shrinks_and_regrowth_come_back_as_actions_over_http(tmp_path):
+    """TUNE over HTTP: a job that only fits if its peer shrinks gets the room, the peer's resize comes back with
+    the allocation; the release grows the peer again; the log serves both; a tick needs the admin token."""
+    store = tmp_path / "store"
+    HintStore(store).publish(make_plan("p1"), hints_frame("p1"))
+    nodes = tmp_path / "nodes.json"
+    nodes.write_text(json.dumps([{"name": "v", "gpu_type": "V100", "gpus": 2, "cpus": 12, "mem_gb": 120}]))
+    srv = Server(tmp_path, store, nodes, extra=("--tick", "0")).start()
+    try:
+        with httpx.Client(base_url=srv.url, timeout=10) as c:
+            first = c.post("/v1/allocate", json={"job_id": "r1", "model": "res50", "num_gpus": 1}).json()
+            assert (first["allocation"]["cpus"], first["actions"]) == (9.0, [])  # its hinted 9 cores
+            second = c.post("/v1/allocate", json={"job_id": "r2", "model": "res50", "num_gpus": 1}).json()
+            assert second["status"] == "allocated" and second["allocation"]["cpus"] == 6.0  # the floor: 12 / 2
+            [shrink] = second["actions"]
+            assert (shrink["kind"], shrink["job_id"], shrink["before"][0]["cpus"], shrink["after"][0]["cpus"]) == \
+                ("resize", "r1", 9.0, 6.0)
+            released = c.post("/v1/release", json={"job_id": "r2"}).json()
+            assert [(a["kind"], a["job_id"], a["after"][0]["cpus"]) for a in released["actions"]] == \
+                [("resize", "r1", 9.0)]
+            log = c.get("/v1/actions", params={"since": 0}).json()
+            assert [a["kind"] for a in log["actions"]] == ["resize", "start", "resize"] and log["latest"] == 3
+            assert [a["seq"] for a in c.get("/v1/actions", params={"since": 2}).json()["actions"]] == [3]
+            assert c.post("/v1/actions/tick").status_code == 401
+            assert c.post("/v1/actions/tick", headers=ADMIN).json() == {"latest": 3, "actions": []}
+            assert {a["job_id"]: a["cpus"] for a in c.get("/v1/allocations").json()} == {"r1": 9.0}
+    finally:
+        srv.stop()
