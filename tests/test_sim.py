@@ -352,14 +352,11 @@ def test_a_job_larger_than_any_node_runs_as_a_gang_at_the_stated_scaling():
     truth = _grid_truth({("m", "V100"): 1.0})
     nodes = [Node(f"v{i}", "V100", 4, 16, 64) for i in range(3)]
     jobs = trace(("big", "m", 8, 0, 90.0), ("small", "m", 4, 0, 50.0), ("huge", "m", 16, 0, 10.0))
-    for policy, big_finish in (("hint", 100.0), ("hint-static", None)):
+    for policy in ("hint", "hint-static", "proportional", "first-fit"):  # every policy runs gangs
         result, out = run(truth, jobs, nodes, "fifo", policy, HintSet.empty(), round_s=30.0)
-        assert out.loc["huge", "status"] == "rejected_too_big"  # more GPUs than the cluster has
-        if big_finish is None:
-            assert out.loc["big", "status"] == "rejected_too_big"  # placement-only: one node or nothing
-            continue
-        assert out.loc["big", "finish_s"] == pytest.approx(big_finish)  # 90 / 0.9 (two nodes: GANG_SCALING)
-        assert result.counts["gangs"] == 1 and out.loc["small", "finish_s"] == pytest.approx(50.0)
+        assert out.loc["huge", "status"] == "rejected_too_big", policy  # more GPUs than the cluster has
+        assert out.loc["big", "finish_s"] == pytest.approx(100.0), policy  # 90 / 0.9 (two nodes: GANG_SCALING)
+        assert result.counts["gangs"] == 1 and out.loc["small", "finish_s"] == pytest.approx(50.0), policy
 
 
 def test_co_adaptive_random_traces_keep_every_invariant_with_costs():

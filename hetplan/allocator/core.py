@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from hetplan.allocator.cluster import Cluster, OvercommitError, StateError
 from hetplan.allocator.policies import Policy, get_policy
-from hetplan.allocator.rebalance import Action, diff
+from hetplan.allocator.rebalance import Action, CoAdaptive, diff
 from hetplan.allocator.sources import HintSource, StaticHints
 from hetplan.allocator.spec import Allocation, Decision, Job, Node, Reason, Rejection
 from hetplan.hints import HintSet
@@ -124,6 +124,18 @@ class Allocator:
                 grouped.setdefault(parts_of.get(a.job_id, a.job_id), []).append(a)
             return {job: tuple(sorted(parts, key=lambda a: a.job_id)) if job in self._gangs else tuple(parts)
                     for job, parts in grouped.items()}
+
+    def place_gangs(self, jobs: Sequence[Job]) -> list[Action]:
+        """Jobs larger than any node (priority order), each over nodes of one GPU type, all or nothing, the
+        GPU-proportional share (or the hinted one) on each part; returns the starts, applied. Co-adaptive
+        policies do this in `rebalance`; this gives placement-only policies and the baselines the same gangs.
+        Running jobs are not touched."""
+        with self.lock:
+            rounds = self.policy.rounds or CoAdaptive(name=self.policy.name)
+            target = rounds.target(jobs, self.cluster, self.hint_source.current(), {}, (), preempt=False, move=False)
+            actions = diff({}, target)
+            self.apply_actions(actions, clear_touched=False)
+            return actions
 
     def plan_rebalance(self, order: Sequence[Job], preempt: bool = True, move: bool = True,
                        nodes: Iterable[str] | None = None) -> list[Action]:

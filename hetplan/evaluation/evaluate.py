@@ -35,7 +35,7 @@ from hetplan.planner.baselines import GPU_ONLY, HETPLAN, SENSITIVITY_AWARE
 from hetplan.planner.entry import plan_with_baselines
 from hetplan.planner.problem import PlanningProblem, build_problem
 from hetplan.planner.solvers import SolverName
-from hetplan.sim.engine import SimConfig, simulate
+from hetplan.sim.engine import GANG_SCALING, SimConfig, simulate
 from hetplan.sim.metrics import summarize
 from hetplan.sim.setups import Setup, knee_hints, nodes_from_counts
 from hetplan.sim.truth import FITTED_FALLBACK, TruthCurves
@@ -179,17 +179,26 @@ def load_points(plan_trace: pd.DataFrame, replay_jobs: pd.DataFrame, truth: Trut
 def gpu_hours_per_job(jobs: pd.DataFrame, truth: TruthCurves, nodes: Sequence[Node]) -> float:
     """Mean GPU-hours a job of `jobs` (with `sim_model`) takes on `nodes` at the proportional share: its GPUs x
     its duration over its truth speed, the speed averaged over the node shapes that fit it, weighted by GPUs.
-    Jobs no node fits count zero."""
+    A job larger than every node runs as a gang on the shapes of a GPU type that has its GPUs (per-GPU speed
+    times `GANG_SCALING`, as the simulator runs it); jobs nothing fits count zero."""
     shapes = {(n.gpu_type, n.gpus, n.cpus, n.mem_gb): 0 for n in nodes}
+    per_type: dict[str, int] = {}
     for n in nodes:
         shapes[(n.gpu_type, n.gpus, n.cpus, n.mem_gb)] += n.gpus
+        per_type[n.gpu_type] = per_type.get(n.gpu_type, 0) + n.gpus
+    largest = max((n.gpus for n in nodes), default=0)
     total = 0.0
     for model, num_gpus, duration in zip(jobs["sim_model"], jobs["num_gpus"], jobs["duration_s"]):
+        gang = num_gpus > largest
         speeds, weights = [], []
         for (gpu, gpus, cpus, mem), weight in shapes.items():
             if gpus >= num_gpus:
                 share_cpu, share_mem = to_milli(cpus) * num_gpus // gpus, to_milli(mem) * num_gpus // gpus
                 speeds.append(truth.speed(str(model), gpu, int(num_gpus), share_cpu, share_mem))
+                weights.append(weight)
+            elif gang and per_type[gpu] >= num_gpus:  # per GPU, at one GPU's proportional share
+                speeds.append(truth.speed(str(model), gpu, 1, to_milli(cpus) // gpus, to_milli(mem) // gpus)
+                              * GANG_SCALING)
                 weights.append(weight)
         if speeds:
             total += num_gpus * duration / float(np.average(speeds, weights=weights)) / HOUR

@@ -230,15 +230,11 @@ class Simulator:
         return SimResult(self._job_frame(), self._timeline_frame(), self.capacity, dict(self.counts))
 
     def _could_run(self, job: _Job) -> bool:
-        """A job fits one node; with co-adaptive rounds, a larger one runs as a gang if some GPU type has the GPUs."""
+        """A job fits one node, or runs as a gang over nodes of one GPU type that has the GPUs (every policy)."""
         if job.gpus <= self.largest:
             return True
-        if not self.co_adaptive:
-            return False
-        per_type: dict[str, int] = {}
-        for node in self.allocator.cluster.nodes():
-            per_type[node.gpu_type] = per_type.get(node.gpu_type, 0) + node.gpus
-        return job.gpus <= max(per_type.values(), default=0)
+        total, _ = self.allocator.cluster.gpus_by_type()
+        return job.gpus <= max(total.values(), default=0)
 
     def _next_finish(self) -> float:
         while self.finishes:
@@ -265,6 +261,7 @@ class Simulator:
 
         A job in `previous` (preempted by this reschedule) first gets its old allocation back if its node
         still has room, so that it keeps running where it ran unless a higher-priority job took its place.
+        Jobs larger than any node then run as gangs where free GPUs allow (`Allocator.place_gangs`).
         With a co-adaptive policy the allocator's `rebalance` places them (no preemption, no moves, peers
         shrunk to their floors where that makes room).
         """
@@ -291,7 +288,7 @@ class Simulator:
                 waiting.append(entry)
                 continue
             old = previous.get(job.idx)
-            if old is not None and self.allocator.restore(old[0]):
+            if old is not None and len(old) == 1 and self.allocator.restore(old[0]):
                 self._start(job, old, now)
                 self.counts["kept"] += 1
                 continue
@@ -305,6 +302,9 @@ class Simulator:
                 failed.add((job.model, job.gpus))
                 waiting.append(entry)
         self.queue = waiting
+        gangs = [self.jobs[entry[-1]].request for entry in self.queue if self.jobs[entry[-1]].gpus > self.largest]
+        if gangs and self.free_gpus >= min(job.num_gpus for job in gangs):
+            self._take(self.allocator.place_gangs(gangs), now)
 
     def _round(self, now: float) -> None:
         """A round boundary: a co-adaptive step, or (placement-only policies) a reschedule when a waiting job
