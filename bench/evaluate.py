@@ -136,8 +136,10 @@ def main() -> None:
         f"arrivals drawn with another seed). rho = the share of the status quo's GPU time the arrivals ask for.\n",
         f"**Every figure is a simulation on derived data**: the planner reads curves {curves_from}; jobs advance "
         "at speeds read off the derived profiles. Jobs of models the truth "
-        "lacks run as a truth model drawn per job, relabelled so in both halves. \"too big\" = jobs larger than "
-        "every node of the setup (rejected by every setup alike). **Bold**: hetplan's JCT speedup.\n",
+        "lacks run as a truth model drawn per job, relabelled so in both halves. Jobs larger than any node run as "
+        "gangs over nodes of one GPU type in every setup; \"too big\" = jobs larger than all of a setup's GPUs of "
+        "any one type (rejected). The JCT speedup compares average JCTs over the jobs every setup of the row group "
+        "ran (avg JCT is over all a setup completed). **Bold**: hetplan's JCT speedup.\n",
         "| trace | catalog | budget $/h | rho | setup | GPUs | $/h | avg JCT h | p95 JCT h | GPU util | JCT speedup | "
         "too big |",
         "|---|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|",

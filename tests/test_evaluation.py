@@ -155,3 +155,24 @@ def test_an_owned_fleet_without_a_budget_is_its_own_status_quo(inputs):
     by_setup = out.summary.set_index("setup")
     assert by_setup.loc["status quo", "gpus"] == 16 and by_setup.loc["status quo", "cost_per_hour"] == 0
     assert by_setup.loc["hetplan", "gpus"] == 16 and by_setup.loc["hetplan", "cost_per_hour"] == 0  # nothing to buy
+
+
+def test_speedups_compare_only_the_jobs_every_setup_ran():
+    """A setup that rejects a long job (too big for it) is not credited with that job's absence."""
+    import numpy as np
+
+    from hetplan.evaluation.evaluate import STATUS_QUO, with_ratios
+
+    run = {"rho": 1.0, "load_jobs_per_h": np.nan, "scheduler": "las"}
+    summary = pd.DataFrame([{**run, "setup": STATUS_QUO, "avg_jct_h": 4.0, "work_per_dollar": 1.0},
+                            {**run, "setup": "small", "avg_jct_h": 1.0, "work_per_dollar": 1.0}])
+    jobs = pd.DataFrame([{**run, "setup": setup, "job_id": job, "status": status, "jct_s": hours * 3600}
+                         for setup, job, status, hours in [(STATUS_QUO, "a", "completed", 1.0),
+                                                           (STATUS_QUO, "huge", "completed", 7.0),
+                                                           ("small", "a", "completed", 0.5),
+                                                           ("small", "huge", "rejected_too_big", np.nan)]])
+    naive = with_ratios(summary)
+    assert naive.loc[1, "jct_speedup"] == pytest.approx(4.0)  # 4 h over all it ran against 1 h over one job
+    fair = with_ratios(summary, jobs)
+    assert fair.loc[1, "jct_speedup"] == pytest.approx(2.0)  # job a alone: 1 h against 0.5 h
+    assert list(fair["common_jobs"]) == [1, 1]

@@ -140,10 +140,11 @@ def evaluate(trace: pd.DataFrame, problem_inputs: ProblemInputs, truth: TruthCur
                              "predicted_mix": setup.predicted_mix, **summarize(result, setup.cost_per_hour)})
                 job_frames.append(result.jobs.assign(**key))
                 timelines.append(result.timeline.assign(**key))
-    summary = with_ratios(pd.DataFrame(rows))
+    all_jobs = pd.concat(job_frames, ignore_index=True)
+    summary = with_ratios(pd.DataFrame(rows), all_jobs)
     warnings += truth_warnings(truth, set(replay.jobs["sim_model"]),
                                [s for setups in setups_by_load.values() for s in setups])
-    return EvaluationResult(summary, pd.concat(job_frames, ignore_index=True), pd.concat(timelines, ignore_index=True),
+    return EvaluationResult(summary, all_jobs, pd.concat(timelines, ignore_index=True),
                             setups_by_load, plans, dict(replay.report), warnings)
 
 
@@ -269,13 +270,31 @@ def truth_warnings(truth: TruthCurves, models: set[str], setups: list[Setup]) ->
     return out
 
 
-def with_ratios(summary: pd.DataFrame) -> pd.DataFrame:
-    """Add `jct_speedup` and `work_per_dollar_ratio` against the status quo of the same load and scheduler."""
+def with_ratios(summary: pd.DataFrame, jobs: pd.DataFrame | None = None) -> pd.DataFrame:
+    """Add `jct_speedup` and `work_per_dollar_ratio` against the status quo of the same load and scheduler.
+
+    With `jobs` (the per-job frames), the speedup compares average JCTs over the jobs *every* setup of the run
+    completed (`common_jobs`): a setup that could not run some jobs (larger than all its GPUs of one type) is
+    not credited with the JCT of jobs it never ran.
+    """
     keys = list(zip(summary["rho"].fillna(-1.0), summary["load_jobs_per_h"].fillna(-1.0), summary["scheduler"]))
-    base = {k: (jct, wpd) for k, jct, wpd, name in zip(keys, summary["avg_jct_h"], summary["work_per_dollar"],
-                                                         summary["setup"]) if name == STATUS_QUO}
+    jct = summary["avg_jct_h"].to_numpy(float).copy()
+    common = np.full(len(summary), -1)
+    if jobs is not None and len(jobs):
+        done = jobs[jobs["status"] == "completed"]
+        done = done.assign(_run=list(zip(done["rho"].fillna(-1.0), done["load_jobs_per_h"].fillna(-1.0),
+                                         done["scheduler"])))
+        for run, group in done.groupby("_run", sort=False):
+            shared = set.intersection(*(set(g["job_id"]) for _, g in group.groupby("setup", sort=False)))
+            means = group[group["job_id"].isin(shared)].groupby("setup")["jct_s"].mean() / 3600
+            for i, (key, name) in enumerate(zip(keys, summary["setup"])):
+                if key == run and name in means:
+                    jct[i], common[i] = float(means[name]), len(shared)
+    base = {k: (j, wpd) for k, j, wpd, name in zip(keys, jct, summary["work_per_dollar"], summary["setup"])
+            if name == STATUS_QUO}
     nan = (float("nan"), float("nan"))
-    return summary.assign(
-        jct_speedup=[base.get(k, nan)[0] / jct for k, jct in zip(keys, summary["avg_jct_h"])],
+    out = summary.assign(
+        jct_speedup=[base.get(k, nan)[0] / j for k, j in zip(keys, jct)],
         work_per_dollar_ratio=[wpd / base.get(k, nan)[1] if base.get(k, nan)[1] > 0 else float("nan")
                                for k, wpd in zip(keys, summary["work_per_dollar"])])
+    return out.assign(common_jobs=common) if jobs is not None else out
