@@ -77,7 +77,7 @@ class Allocator:
             if a.node not in self.cluster or self.cluster.allocation(a.job_id) is not None:
                 return False
             free = self.cluster.free(a.node)
-            if a.gpus > free.gpus or a.cpu_m > free.cpu_m or a.mem_mb > free.mem_mb:
+            if a.gpus > free.gpus or a.cpu_m > free.cpu_m or a.mem_mib > free.mem_mib:
                 return False
             self.cluster.apply(a)
             self._touched.add(a.node)

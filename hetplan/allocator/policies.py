@@ -24,7 +24,7 @@ from typing import Protocol
 
 from hetplan.allocator.cluster import ClusterView, Fit, Need
 from hetplan.allocator.rebalance import CoAdaptive
-from hetplan.allocator.spec import Allocation, Decision, Job, Reason, Rejection, Share, to_milli_up
+from hetplan.allocator.spec import Allocation, Decision, Job, Reason, Rejection, Share, to_mib_up, to_milli_up
 from hetplan.hints.index import HintEntry, HintSet
 
 
@@ -44,12 +44,12 @@ def proportional_need(gpus: int) -> Need:
 
 
 def hinted_need(entry: HintEntry, gpus: int) -> Need:
-    cpu, mem = to_milli_up(entry.cpus_per_gpu * gpus), to_milli_up(entry.mem_gb_per_gpu * gpus)
+    cpu, mem = to_milli_up(entry.cpus_per_gpu * gpus), to_mib_up(entry.mem_gb_per_gpu * gpus)
     return lambda shape: (cpu, mem)
 
 
 def _allocation(job: Job, fit: Fit, hints: HintSet, policy: str, share: Share, rank: int | None) -> Allocation:
-    return Allocation(job.job_id, job.model, fit.node, fit.gpu_type, job.num_gpus, fit.cpu_m, fit.mem_mb,
+    return Allocation(job.job_id, job.model, fit.node, fit.gpu_type, job.num_gpus, fit.cpu_m, fit.mem_mib,
                       hints.version, policy, share, rank)
 
 

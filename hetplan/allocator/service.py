@@ -43,7 +43,7 @@ from hetplan.allocator.nodes_io import load_nodes
 from hetplan.allocator.policies import POLICIES, get_policy
 from hetplan.allocator.rebalance import Action
 from hetplan.allocator.sources import StoreHints
-from hetplan.allocator.spec import Allocation, Decision, Job, Node, Reason
+from hetplan.allocator.spec import Allocation, Decision, Job, Node, Reason, mib_to_gib
 from hetplan.hints import HintStore, default_store_root
 
 log = logging.getLogger(__name__)
@@ -115,7 +115,7 @@ class AllocationOut(BaseModel):
     gpu_type: str
     gpus: int
     cpus: float
-    mem_gb: float
+    mem_gb: float = Field(description="RAM given, in GiB (2^30 bytes; the field keeps its name for compatibility)")
     hint_version: str | None
     policy: str
     share: str
@@ -163,7 +163,8 @@ class NodeIn(BaseModel):
     gpu_type: str = Field(min_length=1, max_length=100)
     gpus: StrictInt = Field(ge=1, le=1024)
     cpus: float = Field(gt=0, le=1e6, allow_inf_nan=False)
-    mem_gb: float = Field(gt=0, le=1e9, allow_inf_nan=False)
+    mem_gb: float = Field(gt=0, le=1e9, allow_inf_nan=False,
+                          description="RAM in GiB (2^30 bytes; the field keeps its name for compatibility)")
     labels: dict[str, str] = Field(default_factory=dict)
 
     @model_validator(mode="after")
@@ -180,17 +181,18 @@ class NodeOut(BaseModel):
     gpu_type: str
     gpus: int
     cpus: float
-    mem_gb: float
+    mem_gb: float = Field(description="RAM in GiB (2^30 bytes)")
     labels: dict[str, str]
     free_gpus: int
     free_cpus: float
-    free_mem_gb: float
+    free_mem_gb: float = Field(description="free RAM in GiB (2^30 bytes)")
     jobs: list[str]
 
 
 class NodesResponse(BaseModel):
     nodes: list[NodeOut]
-    totals: dict[str, float]
+    totals: dict[str, float] = Field(description="nodes, gpus, free_gpus, cpus, free_cpus, mem_gb and free_mem_gb "
+                                                 "(RAM in GiB) summed over all nodes")
 
 
 class NodeChangesIn(BaseModel):
@@ -212,7 +214,7 @@ class HintRow(BaseModel):
     gpu_type: str
     rank: int
     cpus_per_gpu: float
-    mem_gb_per_gpu: float
+    mem_gb_per_gpu: float = Field(description="RAM per GPU in GiB (2^30 bytes), as in the hint table")
     expected_throughput: float
     normalized_throughput: float
 
@@ -496,12 +498,12 @@ def create_app(settings: ServiceSettings | None = None, allocator: DurableAlloca
             for node in cluster.nodes():
                 free = cluster.free(node.name)
                 out.append(NodeOut(**node.to_dict(), free_gpus=free.gpus, free_cpus=free.cpu_m / 1000,
-                                   free_mem_gb=free.mem_mb / 1000, jobs=cluster.jobs_on(node.name)))
+                                   free_mem_gb=mib_to_gib(free.mem_mib), jobs=cluster.jobs_on(node.name)))
             totals = cluster.totals()
         return NodesResponse(nodes=out, totals={
             "nodes": len(out), "gpus": totals["gpus"], "free_gpus": totals["free_gpus"],
             "cpus": totals["cpu_m"] / 1000, "free_cpus": totals["free_cpu_m"] / 1000,
-            "mem_gb": totals["mem_mb"] / 1000, "free_mem_gb": totals["free_mem_mb"] / 1000})
+            "mem_gb": mib_to_gib(totals["mem_mib"]), "free_mem_gb": mib_to_gib(totals["free_mem_mib"])})
 
     @app.post("/v1/nodes", response_model=NodeChangesResponse, tags=["nodes", "admin"],
               dependencies=[Depends(require_admin)], responses={409: {"description": "a change was refused"}})
@@ -555,7 +557,7 @@ def create_app(settings: ServiceSettings | None = None, allocator: DurableAlloca
                 "gpus": ("GPUs in the cluster.", float(totals["gpus"])),
                 "free_gpus": ("Free GPUs.", float(totals["free_gpus"])),
                 "free_cpus": ("Free cores.", totals["free_cpu_m"] / 1000),
-                "free_mem_gb": ("Free RAM (GB).", totals["free_mem_mb"] / 1000),
+                "free_mem_gb": ("Free RAM (GiB).", mib_to_gib(totals["free_mem_mib"])),
             }
             version = a.hints.version
         text = metrics.render(gauges, {"version": version or ""})
