@@ -268,6 +268,7 @@ class NeverPolicy:
     """A policy that places nothing: the simulator must stop with an error, not spin over empty rounds."""
 
     name = "never"
+    strict = False
     rounds = None
 
     def place(self, job, state, hints):

@@ -60,7 +60,8 @@ CREATE TABLE IF NOT EXISTS allocations (
 
 
 class DurableAllocator:
-    """An `Allocator` whose every change is committed to SQLite before it is applied and returned."""
+    """An `Allocator` whose every change is committed to SQLite before it is applied and returned; the same
+    `AllocatorAPI` (`hetplan.allocator.protocol`)."""
 
     def __init__(self, path: str | os.PathLike[str], policy: Policy | str = "hint",
                  hints: HintSet | HintSource | None = None, synchronous: str = "FULL") -> None:
@@ -128,9 +129,7 @@ class DurableAllocator:
             return decision
 
     def running_jobs(self) -> list[Job]:
-        """The jobs holding resources, in the order they got them: the service's priority order for rebalancing."""
-        with self.core.lock:
-            return [Job(a.job_id, a.model, a.gpus) for a in self.core.cluster.allocations()]
+        return self.core.running_jobs()
 
     def rebalance(self, order: list[Job], preempt: bool = False, move: bool = True,
                   nodes: list[str] | None = None) -> list[Action]:

@@ -33,6 +33,8 @@ class Policy(Protocol):
     with a reason. It reads `state` and `hints` only."""
 
     name: str
+    strict: bool
+    """Only the GPU types a class's hints list (the extender's filter follows it); False for the baselines."""
     rounds: CoAdaptive | None
     """The round policy `Allocator.rebalance` runs; None: placement only, a job keeps its place until it ends."""
 
@@ -112,6 +114,7 @@ class _ProportionalShare(ABC):
     """Baselines that give the GPU-proportional share; subclasses say how a node is searched for."""
 
     name = ""
+    strict = False
     rounds = None
 
     def place(self, job: Job, state: ClusterView, hints: HintSet) -> Decision:

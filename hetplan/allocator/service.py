@@ -41,6 +41,7 @@ from hetplan.allocator.durable import DurableAllocator
 from hetplan.allocator.metrics import Metrics
 from hetplan.allocator.nodes_io import load_nodes
 from hetplan.allocator.policies import POLICIES, get_policy
+from hetplan.allocator.protocol import AllocatorAPI
 from hetplan.allocator.rebalance import Action
 from hetplan.allocator.sources import StoreHints
 from hetplan.allocator.spec import Allocation, Decision, Job, Node, Reason, mib_to_gib
@@ -352,11 +353,11 @@ class RequestMetrics:
 # ------------------------------------------------------------------ the application
 
 
-def create_app(settings: ServiceSettings | None = None, allocator: DurableAllocator | None = None) -> FastAPI:
+def create_app(settings: ServiceSettings | None = None, allocator: AllocatorAPI | None = None) -> FastAPI:
     """The FastAPI application. Given no allocator, it opens one from `settings` at start-up and closes it after."""
     settings = settings or ServiceSettings()
     metrics = Metrics()
-    state: dict[str, DurableAllocator] = {}
+    state: dict[str, AllocatorAPI] = {}
     actions_log = ActionLog(settings.action_log)
 
     @asynccontextmanager
@@ -402,7 +403,7 @@ def create_app(settings: ServiceSettings | None = None, allocator: DurableAlloca
     app.add_middleware(RequestMetrics, metrics=metrics)
     bearer = HTTPBearer(auto_error=False, description="The admin token (`hetplan serve --token`).")
 
-    def alloc() -> DurableAllocator:
+    def alloc() -> AllocatorAPI:
         return state["alloc"]
 
     def require_admin(credentials: HTTPAuthorizationCredentials | None = Depends(bearer)) -> None:
@@ -416,7 +417,7 @@ def create_app(settings: ServiceSettings | None = None, allocator: DurableAlloca
     async def durably(fn: Callable[..., T], *args: Any) -> T:
         """Run a state change: inline when commits do not fsync (microseconds), else in a worker thread so that
         an fsync never stalls the event loop."""
-        if getattr(alloc(), "synchronous", "FULL") == "NORMAL":
+        if alloc().synchronous in ("OFF", "NORMAL"):
             return fn(*args)
         return await run_in_threadpool(fn, *args)
 
@@ -525,7 +526,7 @@ def create_app(settings: ServiceSettings | None = None, allocator: DurableAlloca
                         normalized_throughput=e.normalized_throughput)
                 for (model, gpus), entries in sorted(hints.classes.items()) for e in entries]
         return HintsResponse(version=hints.version, classes=len(hints.classes), rows=rows,
-                             last_error=getattr(a.hint_source, "last_error", None))
+                             last_error=a.hint_source.last_error)
 
     @app.get("/v1/hints", response_model=HintsResponse, tags=["hints"])
     def get_hints() -> HintsResponse:
@@ -585,14 +586,11 @@ def create_app(settings: ServiceSettings | None = None, allocator: DurableAlloca
         except ValueError as exc:
             raise HTTPException(400, f"Pod: {exc}") from None
 
-    def _strict() -> bool:
-        return bool(getattr(alloc().policy, "strict", False))
-
     @app.post("/filter", response_model=k8s.ExtenderFilterResult, tags=["kubernetes"])
     def extender_filter(args: k8s.ExtenderArgs) -> JSONResponse:
         """kube-scheduler extender filter: `ExtenderArgs` in, `ExtenderFilterResult` out."""
         pod = _pod(args)
-        outcome = k8s.filter_nodes(pod, _candidates(args), alloc().hints, strict=_strict())
+        outcome = k8s.filter_nodes(pod, _candidates(args), alloc().hints, strict=alloc().policy.strict)
         result = k8s.ExtenderFilterResult(failed_nodes=outcome.failed,
                                           failed_and_unresolvable=outcome.unresolvable)
         if args.nodes is not None:
