@@ -70,7 +70,8 @@ def test_health_openapi_and_metrics(client):
     assert 'hetplan_allocator_rejections_total{reason="too-big"}' in text
     assert "# TYPE hetplan_allocator_decision_seconds histogram" in text
     assert 'hetplan_allocator_http_requests_total{method="POST",route="/v1/allocate",status="200"}' in text
-    assert "hetplan_allocator_gpus 21" in text
+    assert "# TYPE hetplan_allocator_gpus gauge\nhetplan_allocator_gpus 21.0\n" in text  # prometheus-client's floats
+    assert f'hetplan_allocator_hints_info{{version="{health["hint_version"]}"}} 1.0' in text
 
 
 def test_allocate_release_over_http(client):
@@ -333,6 +334,9 @@ def test_the_service_serves_an_in_memory_allocator_in_gib_on_a_real_uvicorn():
             assert alloc.cluster.allocation("j").mem_mib == 60 * 1024
             assert c.get("/v1/nodes").json()["totals"]["free_mem_gb"] == 488 + 192 - 60
             assert c.get("/v1/hints").json()["last_error"] is None
+            text = c.get("/metrics").text
+            assert 'hetplan_allocator_decisions_total{outcome="allocated",policy="hint"} 1.0' in text
+            assert "hetplan_allocator_free_mem_gb 620.0\n" in text  # GiB
             spec = c.get("/openapi.json").json()["components"]["schemas"]
             for model, field in [("AllocationOut", "mem_gb"), ("NodeIn", "mem_gb"), ("NodeOut", "free_mem_gb"),
                                  ("HintRow", "mem_gb_per_gpu")]:
@@ -340,3 +344,14 @@ def test_the_service_serves_an_in_memory_allocator_in_gib_on_a_real_uvicorn():
     finally:
         server.should_exit = True
         thread.join(timeout=15)
+
+
+def test_each_app_counts_in_a_registry_of_its_own():
+    from hetplan.allocator.metrics import Metrics
+    first, second = Metrics(), Metrics()
+    first.observe_release(True)
+    first.observe_http("GET", "/healthz", 200, 0.001)
+    assert 'hetplan_allocator_releases_total{found="true"} 1.0' in first.render()
+    assert 'hetplan_allocator_http_requests_total{method="GET",route="/healthz",status="200"} 1.0' in first.render()
+    assert "found=" not in second.render() and "route=" not in second.render()
+    assert "hetplan_allocator_http_request_seconds_count 0.0" in second.render()

@@ -7,6 +7,7 @@ from typing import Any
 from fastapi import APIRouter
 from fastapi.responses import PlainTextResponse
 
+from hetplan.allocator.metrics import CONTENT_TYPE, Gauges
 from hetplan.allocator.service.context import ServiceContext
 from hetplan.allocator.spec import mib_to_gib
 
@@ -21,8 +22,7 @@ def router(ctx: ServiceContext) -> APIRouter:
             return {"status": "ok", "policy": a.policy.name, "hint_version": a.hints.version,
                     "nodes": len(a.cluster), "allocations": len(a.cluster.allocations())}
 
-    @api.get("/metrics", response_class=PlainTextResponse)
-    def prometheus() -> PlainTextResponse:
+    def state() -> tuple[Gauges, dict[str, str]]:
         a = ctx.alloc()
         with a.lock:
             totals = a.cluster.totals()
@@ -34,8 +34,12 @@ def router(ctx: ServiceContext) -> APIRouter:
                 "free_cpus": ("Free cores.", totals["free_cpu_m"] / 1000),
                 "free_mem_gb": ("Free RAM (GiB).", mib_to_gib(totals["free_mem_mib"])),
             }
-            version = a.hints.version
-        text = ctx.metrics.render(gauges, {"version": version or ""})
-        return PlainTextResponse(text, media_type="text/plain; version=0.0.4; charset=utf-8")
+            return gauges, {"version": a.hints.version or ""}
+
+    ctx.metrics.watch(state)
+
+    @api.get("/metrics", response_class=PlainTextResponse)
+    def prometheus() -> PlainTextResponse:
+        return PlainTextResponse(ctx.metrics.render(), media_type=CONTENT_TYPE)
 
     return api
