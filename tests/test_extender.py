@@ -182,7 +182,8 @@ def test_node_objects_map_to_catalog_gpu_types_and_allocatable_capacity():
     items = fixture("filter_args_res50_nodes.json")["Nodes"]["items"]
     candidates = {c.name.split(".")[0]: c for c in map(node_candidate, items)}
     a100 = candidates["ip-10-0-1-11"].shape
-    assert (a100.gpu_type, a100.gpus, a100.cpu_m, a100.mem_mib) == ("A100-80GB", 8, 95690, 1163406904 // 1024)  # Ki -> MiB, down
+    # 1163406904Ki of memory: whole MiB, rounded down
+    assert (a100.gpu_type, a100.gpus, a100.cpu_m, a100.mem_mib) == ("A100-80GB", 8, 95690, 1163406904 // 1024)
     assert candidates["ip-10-0-2-22"].shape.gpu_type == "V100" and candidates["ip-10-0-3-33"].shape.gpu_type == "T4"
     cpu_only = candidates["ip-10-0-4-44"]
     assert cpu_only.shape is None and "no nvidia.com/gpu.product label" in cpu_only.problem

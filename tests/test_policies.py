@@ -190,11 +190,11 @@ def test_a_node_of_488_gib_offers_exactly_488_gib():
 
 
 def test_a_hint_of_62_5_gib_per_gpu_is_granted_at_least_62_5_gib():
-    hints = HintSet.from_frame(pd.DataFrame([
-        {"model": "m", "num_gpus": n, "gpu_type": "V100", "rank": 1, "cpus_per_gpu": 3.0, "mem_gb_per_gpu": 62.5,
-         "expected_throughput": 1.0, "normalized_throughput": 1.0, "throughput_per_dollar": 1.0, "plan_id": "p"} for n in (1, 3)] + [
-        {"model": "odd", "num_gpus": 1, "gpu_type": "V100", "rank": 1, "cpus_per_gpu": 0.3333, "mem_gb_per_gpu": 0.1,
-         "expected_throughput": 1.0, "normalized_throughput": 1.0, "throughput_per_dollar": 1.0, "plan_id": "p"}]))
+    row = {"gpu_type": "V100", "rank": 1, "expected_throughput": 1.0, "normalized_throughput": 1.0,
+           "throughput_per_dollar": 1.0, "plan_id": "p"}
+    hints = HintSet.from_frame(pd.DataFrame(
+        [{**row, "model": "m", "num_gpus": n, "cpus_per_gpu": 3.0, "mem_gb_per_gpu": 62.5} for n in (1, 3)]
+        + [{**row, "model": "odd", "num_gpus": 1, "cpus_per_gpu": 0.3333, "mem_gb_per_gpu": 0.1}]))
     alloc = Allocator([v100("v1", gpus=8, cpus=64, mem_gb=1000)], "hint-static", hints)
     one = allocated(alloc.allocate(Job("one", "m", 1)))
     three = allocated(alloc.allocate(Job("three", "m", 3)))

@@ -30,7 +30,8 @@ def _fixture_nodes_file(path: Path) -> Path:
     for c in map(node_candidate, items):
         if c.shape is not None:
             nodes.append({"name": c.name, "gpu_type": c.shape.gpu_type, "gpus": c.shape.gpus,
-                          "cpus": c.shape.cpu_m / 1000, "mem_gb": c.shape.mem_mib / 1024, "labels": {"pool": "fixture"}})
+                          "cpus": c.shape.cpu_m / 1000, "mem_gb": c.shape.mem_mib / 1024,
+                          "labels": {"pool": "fixture"}})
     path.write_text(json.dumps(nodes))
     return path
 

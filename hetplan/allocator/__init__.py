@@ -25,7 +25,8 @@ from hetplan.allocator.spec import Allocation, Decision, Job, Node, Reason, Reje
 
 __all__ = [
     "POLICIES",
-    "Allocation", "Allocator", "AllocatorAPI", "Cluster", "ClusterView", "Decision", "DurableAllocator", "FirstFitPolicy", "Fit",
+    "Allocation", "Allocator", "AllocatorAPI", "Cluster", "ClusterView", "Decision", "DurableAllocator",
+    "FirstFitPolicy", "Fit",
     "Free", "HintPolicy", "HintSource", "Job", "Node", "NodeChanges", "OvercommitError", "Policy",
     "ProportionalPolicy", "Reason", "Rejection", "Shape", "Share", "StateError", "StaticHints", "StoreHints",
     "get_policy", "register_policy",

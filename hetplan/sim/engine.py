@@ -175,7 +175,8 @@ class Simulator:
         ]
         self.by_id = {job.request.job_id: job for job in self.jobs}
         totals = allocator.cluster.totals()
-        self.capacity = {"gpus": totals["gpus"], "cpus": totals["cpu_m"] / 1000, "mem_gb": mib_to_gib(totals["mem_mib"])}
+        self.capacity = {"gpus": totals["gpus"], "cpus": totals["cpu_m"] / 1000,
+                         "mem_gb": mib_to_gib(totals["mem_mib"])}
         self.free_gpus = totals["free_gpus"]
         self.largest = allocator.cluster.max_gpus()
         self.used = [0, 0, 0]  # GPUs, millicores, MB
@@ -418,8 +419,8 @@ class Simulator:
         if not speed > 0:
             a = parts[speeds.index(min(speeds))]
             raise SimulationError(f"{job.request.job_id}: the truth gives {job.truth_model} on {a.gpu_type} no "
-                                  f"throughput with {a.cpus:g} cores and {a.mem_gb:g} GiB (nothing measured at or below "
-                                  f"that share): the job would never finish")
+                                  f"throughput with {a.cpus:g} cores and {a.mem_gb:g} GiB (nothing measured at or "
+                                  f"below that share): the job would never finish")
         return speed
 
     def _start(self, job: _Job, parts: tuple[Allocation, ...], now: float, pause: float | None = None) -> None:
@@ -540,7 +541,8 @@ class Simulator:
 
     def _timeline_frame(self) -> pd.DataFrame:
         t = np.array(self.timeline, dtype=float).reshape(-1, 5)
-        return pd.DataFrame({"time_s": t[:, 0], "gpus": t[:, 1], "cpus": t[:, 2] / 1000, "mem_gb": t[:, 3] / MIB_PER_GIB,
+        return pd.DataFrame({"time_s": t[:, 0], "gpus": t[:, 1], "cpus": t[:, 2] / 1000,
+                             "mem_gb": t[:, 3] / MIB_PER_GIB,
                              "waiting": t[:, 4].astype(int)})
 
 
