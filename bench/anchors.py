@@ -144,7 +144,7 @@ def run_synergy(args: argparse.Namespace) -> tuple[list[dict], float]:
                          "num_gpus": 1, "arrival_s": 0.0, "duration_s": duration})
     hints = knee_hints(curves, base[["model", "num_gpus"]].drop_duplicates(), ["V100"])
     knees = curves.drop_duplicates("model").set_index("model")
-    at_knee = {m: truth.speed(m, "V100", 1, round(k.knee_cpus * 1000), round(k.knee_mem_gb * 1000))
+    at_knee = {m: truth.speed(m, "V100", 1, round(k.knee_cpus * 1000), round(k.knee_mem_gb * 1024))
                for m, k in knees.iterrows()}
     bound = 1 / sum(p / at_knee[m] for m, p in SYNERGY_MIX.items())  # every job at its knee, durations alike
     print(f"Synergy: capacity at the knees {bound:.2f}x the proportional cluster's", flush=True)

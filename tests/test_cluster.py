@@ -11,7 +11,7 @@ from hetplan.allocator import (
     StateError,
 )
 from hetplan.allocator.policies import hinted_need
-from hetplan.allocator.spec import to_milli_up
+from hetplan.allocator.spec import to_mib_up, to_milli_up
 from hetplan.hints import HintSet
 from allocator_helpers import (
     allocated, v100,
@@ -37,7 +37,7 @@ PROPERTY_HINTS = HintSet.from_frame(pd.DataFrame([
 allocate_op = st.tuples(st.just("allocate"), st.sampled_from(JOBS), st.sampled_from(MODELS),
                         st.sampled_from([1, 1, 1, 2, 2, 4, 8, 9]))
 operations = st.one_of(
-    # shapes vary by fractions of a core and of a GB, so that cores or RAM bind, not only GPUs
+    # shapes vary by fractions of a core and of a GiB, so that cores or RAM bind, not only GPUs
     st.tuples(st.just("upsert"), st.sampled_from(NAMES), st.sampled_from(SHAPES), st.integers(0, 8),
               st.integers(-40, 40)),
     st.tuples(st.just("remove"), st.sampled_from(NAMES), st.booleans()),
@@ -54,8 +54,8 @@ def _expected_best(cluster: Cluster, g: int, need, types=None):
             continue
         free = cluster.free(node.name)
         cpu, mem = need(node.shape)
-        if free.gpus >= g and free.cpu_m >= cpu and free.mem_mb >= mem:
-            key = (free.gpus, free.cpu_m - cpu, free.mem_mb - mem, order)
+        if free.gpus >= g and free.cpu_m >= cpu and free.mem_mib >= mem:
+            key = (free.gpus, free.cpu_m - cpu, free.mem_mib - mem, order)
             best = min(best, (key, node.name)) if best else (key, node.name)
     return best[1] if best else None
 
@@ -68,10 +68,10 @@ def _check_decision(policy: str, cluster: Cluster, job: Job, decision) -> None:
     if policy == "first-fit":
         expected = next((n.name for n in cluster.nodes() if cluster.free(n.name).gpus >= g and
                          cluster.free(n.name).cpu_m >= prop(n.shape)[0] and
-                         cluster.free(n.name).mem_mb >= prop(n.shape)[1]), None)
+                         cluster.free(n.name).mem_mib >= prop(n.shape)[1]), None)
     elif policy == "proportional":  # a draw among every node that fits
         fits = {n.name for n in cluster.nodes() if cluster.free(n.name).gpus >= g
-                and cluster.free(n.name).cpu_m >= prop(n.shape)[0] and cluster.free(n.name).mem_mb >= prop(n.shape)[1]}
+                and cluster.free(n.name).cpu_m >= prop(n.shape)[0] and cluster.free(n.name).mem_mib >= prop(n.shape)[1]}
         assert (allocated(decision).node in fits) if fits else isinstance(decision, Rejection), (decision, fits)
         return
     elif not entries:
@@ -93,8 +93,8 @@ def _check_decision(policy: str, cluster: Cluster, job: Job, decision) -> None:
             floor = prop(node.shape)
             if entry is not None:
                 floor = (min(floor[0], to_milli_up(entry.cpus_per_gpu * g)),
-                         min(floor[1], to_milli_up(entry.mem_gb_per_gpu * g)))
-            assert not (free.gpus >= g and free.cpu_m >= floor[0] and free.mem_mb >= floor[1]), (decision, node)
+                         min(floor[1], to_mib_up(entry.mem_gb_per_gpu * g)))
+            assert not (free.gpus >= g and free.cpu_m >= floor[0] and free.mem_mib >= floor[1]), (decision, node)
 
 
 def _run(alloc, ops, policy: str, check: bool) -> list:
@@ -164,10 +164,10 @@ def _brute_largest_share(cluster, gpu_type, g, want, floor):
             continue
         free = cluster.free(node.name)
         floor_cpu, floor_mem = min(floor[0], want[0]), min(floor[1], want[1])
-        if free.gpus >= g and free.cpu_m >= floor_cpu and free.mem_mb >= floor_mem:
-            key = (-free.cpu_m, -free.mem_mb, free.gpus, order)
+        if free.gpus >= g and free.cpu_m >= floor_cpu and free.mem_mib >= floor_mem:
+            key = (-free.cpu_m, -free.mem_mib, free.gpus, order)
             if best is None or key < best[0]:
-                best = (key, (node.name, min(want[0], free.cpu_m), min(want[1], free.mem_mb)))
+                best = (key, (node.name, min(want[0], free.cpu_m), min(want[1], free.mem_mib)))
     return best[1] if best else None
 
 
@@ -187,16 +187,16 @@ def test_index_queries_equal_a_brute_force_scan(nodes, used, gpu_type, g, want, 
         free = cluster.free(name)
         if free.gpus:
             cluster.apply(Allocation(f"u{i}", "m", name, cluster.node(name).gpu_type, min(gpus, free.gpus),
-                                     min(cpu * 500, free.cpu_m), min(mem * 500, free.mem_mb), None, "test", "hinted"))
+                                     min(cpu * 500, free.cpu_m), min(mem * 500, free.mem_mib), None, "test", "hinted"))
     want_m, floor_m = (want[0] * 500, want[1] * 500), (floor[0] * 500, floor[1] * 500)
     fit = cluster.best_fit(gpu_type, g, lambda shape: want_m)
     assert (fit.node if fit else None) == _brute_best_fit(cluster, gpu_type, g, *want_m)
     share = cluster.largest_share(gpu_type, g, lambda shape: want_m, lambda shape: floor_m)
-    assert ((share.node, share.cpu_m, share.mem_mb) if share else None) == _brute_largest_share(
+    assert ((share.node, share.cpu_m, share.mem_mib) if share else None) == _brute_largest_share(
         cluster, gpu_type, g, want_m, floor_m)
     first = cluster.first_fit(g, lambda shape: want_m)
     expected = next((n.name for n in cluster.nodes() if cluster.free(n.name).gpus >= g and
-                     cluster.free(n.name).cpu_m >= want_m[0] and cluster.free(n.name).mem_mb >= want_m[1]), None)
+                     cluster.free(n.name).cpu_m >= want_m[0] and cluster.free(n.name).mem_mib >= want_m[1]), None)
     assert (first.node if first else None) == expected
     assert cluster.check() == []
 
@@ -204,13 +204,16 @@ def test_index_queries_equal_a_brute_force_scan(nodes, used, gpu_type, g, want, 
 def test_best_fit_skips_nodes_with_the_cores_but_not_the_ram():
     cluster = Cluster([v100("a"), v100("b"), v100("c"), v100("d")])
     base = dict(model="m", gpu_type="V100", gpus=1, hint_version=None, policy="test", share="hinted")
-    for node, cpu_m, mem_mb in [("a", 6000, 388_000), ("b", 6000, 428_001), ("c", 6000, 428_000), ("d", 0, 0)]:
-        cluster.apply(Allocation(f"x-{node}", node=node, cpu_m=cpu_m, mem_mb=mem_mb, **base))
-    # free: a 58 cores 100 GB, b 58 cores 1 MB short of 60 GB, c 58 cores 60 GB, d 64 cores 488 GB
-    assert cluster.best_fit("V100", 1, lambda shape: (9000, 60000)).node == "c"
-    assert cluster.best_fit("V100", 1, lambda shape: (9000, 60001)).node == "a"
-    assert cluster.best_fit("V100", 1, lambda shape: (9000, 100_001)).node == "d"
-    assert cluster.best_fit("V100", 1, lambda shape: (9000, 488_001)) is None
-    assert cluster.largest_share("V100", 1, lambda shape: (70000, 500_000), lambda shape: (8000, 61000)).node == "d"
+    gib = 1024  # MiB
+    for node, cpu_m, mem_mib in [("a", 6000, 388 * gib), ("b", 6000, 428 * gib + 1), ("c", 6000, 428 * gib),
+                                 ("d", 0, 0)]:
+        cluster.apply(Allocation(f"x-{node}", node=node, cpu_m=cpu_m, mem_mib=mem_mib, **base))
+    # free: a 58 cores 100 GiB, b 58 cores 1 MiB short of 60 GiB, c 58 cores 60 GiB, d 64 cores 488 GiB
+    assert cluster.best_fit("V100", 1, lambda shape: (9000, 60 * gib)).node == "c"
+    assert cluster.best_fit("V100", 1, lambda shape: (9000, 60 * gib + 1)).node == "a"
+    assert cluster.best_fit("V100", 1, lambda shape: (9000, 100 * gib + 1)).node == "d"
+    assert cluster.best_fit("V100", 1, lambda shape: (9000, 488 * gib + 1)) is None
+    assert cluster.largest_share("V100", 1, lambda shape: (70000, 500 * gib),
+                                 lambda shape: (8000, 61 * gib)).node == "d"
 
 

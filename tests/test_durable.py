@@ -11,8 +11,9 @@ import threading
 import pytest
 
 from hetplan.allocator import (
-    Allocation, Allocator, DurableAllocator, Job, Node, NodeChanges, OvercommitError,
+    Allocation, Allocator, DurableAllocator, Job, Node, NodeChanges, OvercommitError, StateError,
 )
+from hetplan.allocator.durable import check_database
 from allocator_helpers import (
     T4, allocated, hint_set, v100,
 )
@@ -58,7 +59,7 @@ def test_a_database_that_would_overcommit_is_refused_at_start(tmp_path):
         alloc.upsert_node(v100("v1", gpus=1))
     with sqlite3.connect(db) as raw:
         for job in ("x", "y"):
-            raw.execute("INSERT INTO allocations (job_id, model, node, gpu_type, gpus, cpu_m, mem_mb, policy, share, "
+            raw.execute("INSERT INTO allocations (job_id, model, node, gpu_type, gpus, cpu_m, mem_mib, policy, share, "
                         "created_at) VALUES (?, 'm', 'v1', 'V100', 1, 0, 0, 'hint', 'hinted', 0)", (job,))
     with pytest.raises(OvercommitError):
         DurableAllocator(db, "hint")
@@ -116,3 +117,55 @@ def test_many_threads_in_process_never_overcommit_and_lose_no_release(tmp_path):
     alloc.close()
 
 
+
+
+SCHEMA_1 = """
+CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+INSERT INTO meta VALUES ('schema', '1');
+CREATE TABLE nodes (seq INTEGER PRIMARY KEY AUTOINCREMENT, name TEXT NOT NULL UNIQUE, gpu_type TEXT NOT NULL,
+    gpus INTEGER NOT NULL, cpus REAL NOT NULL, mem_gb REAL NOT NULL, labels TEXT NOT NULL);
+CREATE TABLE allocations (seq INTEGER PRIMARY KEY AUTOINCREMENT, job_id TEXT NOT NULL UNIQUE, model TEXT NOT NULL,
+    node TEXT NOT NULL, gpu_type TEXT NOT NULL, gpus INTEGER NOT NULL, cpu_m INTEGER NOT NULL, mem_mb INTEGER NOT NULL,
+    hint_version TEXT, policy TEXT NOT NULL, share TEXT NOT NULL, rank INTEGER, created_at REAL NOT NULL);
+INSERT INTO nodes (name, gpu_type, gpus, cpus, mem_gb, labels) VALUES ('v1', 'V100', 8, 64, 488, '{}');
+INSERT INTO allocations (job_id, model, node, gpu_type, gpus, cpu_m, mem_mb, policy, share, created_at)
+    VALUES ('a', 'res50', 'v1', 'V100', 1, 8000, 61000, 'proportional', 'proportional', 0);
+"""
+
+
+def test_a_schema_1_database_in_1000_mb_units_is_refused_in_one_line_and_left_as_it_was(tmp_path):
+    db = tmp_path / "old.db"
+    with sqlite3.connect(db) as raw:
+        raw.executescript(SCHEMA_1)
+    before = db.read_bytes()
+    with pytest.raises(StateError) as caught:
+        DurableAllocator(db, "hint")
+    message = str(caught.value)
+    assert "\n" not in message and message.startswith(f"{db}: allocator database schema 1 (memory in 1000-MB")
+    assert "move the file aside" in message and "schema 2" in message
+    with pytest.raises(StateError, match="schema 1"):
+        check_database(db)
+    assert db.read_bytes() == before and not (tmp_path / "old.db-wal").exists()
+
+
+def test_serve_refuses_an_old_database_in_one_line_before_starting(tmp_path):
+    db = tmp_path / "old.db"
+    with sqlite3.connect(db) as raw:
+        raw.executescript(SCHEMA_1)
+    done = subprocess.run([sys.executable, "-c", "from hetplan.cli import main; main()", "serve", "--db", str(db),
+                           "--port", "1"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"error: {db}: allocator database schema 1"), done.stderr
+
+
+def test_a_new_database_records_schema_2_and_memory_in_mib(tmp_path):
+    db = tmp_path / "new.db"
+    with DurableAllocator(db, "proportional") as alloc:
+        alloc.upsert_node(v100("v1"))  # 488 GiB, 8 GPUs: 61 GiB per GPU
+        a = allocated(alloc.allocate(Job("a", "res50", 1)))
+    check_database(db)
+    with sqlite3.connect(db) as raw:
+        assert raw.execute("SELECT value FROM meta WHERE key='schema'").fetchone() == ("2",)
+        assert raw.execute("SELECT cpu_m, mem_mib FROM allocations").fetchone() == (8000, 61 * 1024)
+    assert a.mem_gb == 61.0

@@ -182,7 +182,8 @@ def test_node_objects_map_to_catalog_gpu_types_and_allocatable_capacity():
     items = fixture("filter_args_res50_nodes.json")["Nodes"]["items"]
     candidates = {c.name.split(".")[0]: c for c in map(node_candidate, items)}
     a100 = candidates["ip-10-0-1-11"].shape
-    assert (a100.gpu_type, a100.gpus, a100.cpu_m, a100.mem_mb) == ("A100-80GB", 8, 95690, 1163406904 * 1024 // 10**6)
+    # 1163406904Ki of memory: whole MiB, rounded down
+    assert (a100.gpu_type, a100.gpus, a100.cpu_m, a100.mem_mib) == ("A100-80GB", 8, 95690, 1163406904 // 1024)
     assert candidates["ip-10-0-2-22"].shape.gpu_type == "V100" and candidates["ip-10-0-3-33"].shape.gpu_type == "T4"
     cpu_only = candidates["ip-10-0-4-44"]
     assert cpu_only.shape is None and "no nvidia.com/gpu.product label" in cpu_only.problem
@@ -207,3 +208,13 @@ def test_filter_and_scores_follow_the_hint_ranks():
         "class (transformer, 1) has no hint for A100-80GB (hinted: V100)")
 
 
+
+
+def test_node_memory_in_bytes_becomes_whole_mib_rounded_down():
+    def node(memory: str) -> dict:
+        return {"metadata": {"name": "n", "labels": {"nvidia.com/gpu.product": "Tesla-V100-SXM2-16GB"}},
+                "status": {"allocatable": {"cpu": "64", "memory": memory, "nvidia.com/gpu": "8"}}}
+    assert node_candidate(node("488Gi")).shape.mem_mib == 488 * 1024
+    assert node_candidate(node("499712Mi")).shape.mem_mib == 488 * 1024
+    assert node_candidate(node("488G")).shape.mem_mib == 488 * 10**9 // 2**20  # 465,393 MiB: 1000-GB units are fewer
+    assert node_candidate(node(str(2**20 - 1))).problem == "no allocatable cpu or memory"  # under 1 MiB

@@ -49,7 +49,7 @@ def test_then_a_smaller_share_down_to_the_gpu_proportional_one():
     hints = HintSet.from_frame(pd.DataFrame([{
         "model": "res50", "num_gpus": 1, "gpu_type": "V100", "rank": 1, "cpus_per_gpu": 14, "mem_gb_per_gpu": 60,
         "expected_throughput": 1, "normalized_throughput": 1, "throughput_per_dollar": 1, "plan_id": "tune"}]))
-    alloc = Allocator([v100("v", gpus=4, cpus=40, mem_gb=244)], "hint", hints)  # proportional: 10 cores, 61 GB
+    alloc = Allocator([v100("v", gpus=4, cpus=40, mem_gb=244)], "hint", hints)  # proportional: 10 cores, 61 GiB
     shares = [alloc.allocate(Job(f"j{i}", "res50", 1)) for i in range(4)]
     assert [(s.share, s.cpus, s.mem_gb) for s in shares[:3]] == [("hinted", 14, 60), ("hinted", 14, 60),
                                                                  ("reduced", 12, 60)]
@@ -143,14 +143,14 @@ def test_node_changes_never_strand_an_allocation():
 def test_the_cluster_refuses_an_allocation_that_would_overcommit():
     cluster = Cluster([v100("v1", gpus=2, cpus=8, mem_gb=16)])
     base = dict(model="m", node="v1", gpu_type="V100", hint_version=None, policy="test", share="hinted")
-    cluster.apply(Allocation("a", gpus=1, cpu_m=4000, mem_mb=8000, **base))
-    for job, gpus, cpu, mem in [("b", 2, 0, 0), ("b", 1, 4001, 0), ("b", 1, 0, 8001)]:
+    cluster.apply(Allocation("a", gpus=1, cpu_m=4000, mem_mib=8192, **base))  # 16 GiB node: half
+    for job, gpus, cpu, mem in [("b", 2, 0, 0), ("b", 1, 4001, 0), ("b", 1, 0, 8193)]:
         with pytest.raises(OvercommitError):
-            cluster.apply(Allocation(job, gpus=gpus, cpu_m=cpu, mem_mb=mem, **base))
+            cluster.apply(Allocation(job, gpus=gpus, cpu_m=cpu, mem_mib=mem, **base))
     with pytest.raises(OvercommitError, match="already allocated"):
-        cluster.apply(Allocation("a", gpus=1, cpu_m=0, mem_mb=0, **base))
+        cluster.apply(Allocation("a", gpus=1, cpu_m=0, mem_mib=0, **base))
     with pytest.raises(OvercommitError, match="unknown node"):
-        cluster.apply(Allocation("c", **{**base, "node": "nope"}, gpus=1, cpu_m=0, mem_mb=0))
+        cluster.apply(Allocation("c", **{**base, "node": "nope"}, gpus=1, cpu_m=0, mem_mib=0))
     assert cluster.free("v1").gpus == 1 and cluster.check() == []
 
 
@@ -175,3 +175,39 @@ def test_hints_hot_reload_when_latest_changes(tmp_path):
     assert slow.current().version == "p3"
 
 
+
+
+# --- memory units: GiB in, GiB out --------------------------------------------------------------------------------
+
+
+def test_a_node_of_488_gib_offers_exactly_488_gib():
+    node = v100("v1", gpus=8, cpus=64, mem_gb=488)
+    assert node.shape.mem_mib == 488 * 1024  # MiB, not 1000-MB units (488,000 would be 465.4 GiB)
+    alloc = Allocator([node], "proportional")
+    whole = allocated(alloc.allocate(Job("all", "res50", 8)))
+    assert (whole.mem_mib, whole.mem_gb, whole.cpus) == (488 * 1024, 488.0, 64.0)
+    assert alloc.cluster.free("v1").mem_mib == 0 and alloc.cluster.totals()["mem_mib"] == 488 * 1024
+
+
+def test_a_hint_of_62_5_gib_per_gpu_is_granted_at_least_62_5_gib():
+    row = {"gpu_type": "V100", "rank": 1, "expected_throughput": 1.0, "normalized_throughput": 1.0,
+           "throughput_per_dollar": 1.0, "plan_id": "p"}
+    hints = HintSet.from_frame(pd.DataFrame(
+        [{**row, "model": "m", "num_gpus": n, "cpus_per_gpu": 3.0, "mem_gb_per_gpu": 62.5} for n in (1, 3)]
+        + [{**row, "model": "odd", "num_gpus": 1, "cpus_per_gpu": 0.3333, "mem_gb_per_gpu": 0.1}]))
+    alloc = Allocator([v100("v1", gpus=8, cpus=64, mem_gb=1000)], "hint-static", hints)
+    one = allocated(alloc.allocate(Job("one", "m", 1)))
+    three = allocated(alloc.allocate(Job("three", "m", 3)))
+    assert (one.share, one.mem_mib, one.mem_gb) == ("hinted", 64_000, 62.5)
+    assert three.mem_gb >= 3 * 62.5 and three.mem_mib == 192_000
+    odd = allocated(alloc.allocate(Job("odd", "odd", 1)))
+    assert odd.mem_mib == 103 and odd.mem_gb >= 0.1 and odd.cpu_m == 334  # requests round up, never down
+
+
+def test_node_capacity_rounds_down_and_requests_round_up():
+    from hetplan.allocator.spec import to_mib, to_mib_up
+    assert (to_mib(0.1), to_mib_up(0.1)) == (102, 103)  # 102.4 MiB
+    assert (to_mib(488), to_mib_up(488), to_mib(62.5), to_mib_up(62.5)) == (499_712, 499_712, 64_000, 64_000)
+    assert Node("tiny", "T4", 1, 1, 0.1).shape.mem_mib == 102
+    with pytest.raises(ValueError, match="mem_gb must be a finite number >= 1/1024"):
+        Node("none", "T4", 1, 1, 0.0005)

@@ -17,7 +17,7 @@ from hetplan.hints.index import HintEntry, class_key
 
 
 def hints(table: dict[str, dict[str, tuple[float, float, float]]], gpus: int = 1) -> HintSet:
-    """model -> {GPU type: (cores per GPU, GB per GPU, expected throughput)}, ranked by throughput."""
+    """model -> {GPU type: (cores per GPU, GiB per GPU, expected throughput)}, ranked by throughput."""
     classes = {}
     for model, per_type in table.items():
         ranked = sorted(per_type.items(), key=lambda kv: -kv[1][2])
@@ -94,7 +94,7 @@ def test_a_higher_priority_waiting_job_preempts_the_lowest_running_one():
 # ---------------------------------------------------------------------- shares: TUNE and growth
 
 KNEES = hints({"cpu-hungry": {"V100": (8, 60, 2.0)}, "light": {"V100": (1, 20, 1.0)}})
-NODE = [Node("n", "V100", 4, 16, 240)]  # proportional share: 4 cores, 60 GB per GPU
+NODE = [Node("n", "V100", 4, 16, 240)]  # proportional share: 4 cores, 60 GiB per GPU
 
 
 def test_peers_grow_into_idle_cores_and_shrink_back_to_their_floor_to_admit_a_job():
@@ -202,7 +202,7 @@ def test_random_steps_never_overcommit_never_go_below_a_floor_and_settle(seed):
             for p in parts:
                 shape = alloc.cluster.shape(p.node)
                 floor = [min(x, y) for x, y in zip(shape.proportional(p.gpus), _hinted(table, job, p))]
-                assert p.cpu_m >= floor[0] - 1 and p.mem_mb >= floor[1] - 1, (job_id, p)
+                assert p.cpu_m >= floor[0] - 1 and p.mem_mib >= floor[1] - 1, (job_id, p)
     assert alloc.rebalance(jobs) == [] or alloc.rebalance(jobs) == []  # settles within one more step
 
 

@@ -17,7 +17,7 @@ from hetplan.allocator.extender import (
 from hetplan.hints import HintStore
 from servers import TOKEN, Server
 from allocator_helpers import (
-    fixture, hints_frame, make_plan,
+    T4, fixture, hint_set, hints_frame, make_plan, v100,
 )
 
 
@@ -30,7 +30,8 @@ def _fixture_nodes_file(path: Path) -> Path:
     for c in map(node_candidate, items):
         if c.shape is not None:
             nodes.append({"name": c.name, "gpu_type": c.shape.gpu_type, "gpus": c.shape.gpus,
-                          "cpus": c.shape.cpu_m / 1000, "mem_gb": c.shape.mem_mb / 1000, "labels": {"pool": "fixture"}})
+                          "cpus": c.shape.cpu_m / 1000, "mem_gb": c.shape.mem_mib / 1024,
+                          "labels": {"pool": "fixture"}})
     path.write_text(json.dumps(nodes))
     return path
 
@@ -70,7 +71,8 @@ def test_health_openapi_and_metrics(client):
     assert 'hetplan_allocator_rejections_total{reason="too-big"}' in text
     assert "# TYPE hetplan_allocator_decision_seconds histogram" in text
     assert 'hetplan_allocator_http_requests_total{method="POST",route="/v1/allocate",status="200"}' in text
-    assert "hetplan_allocator_gpus 21" in text
+    assert "# TYPE hetplan_allocator_gpus gauge\nhetplan_allocator_gpus 21.0\n" in text  # prometheus-client's floats
+    assert f'hetplan_allocator_hints_info{{version="{health["hint_version"]}"}} 1.0' in text
 
 
 def test_allocate_release_over_http(client):
@@ -294,3 +296,63 @@ def test_shrinks_and_regrowth_come_back_as_actions_over_http(tmp_path):
             assert {a["job_id"]: a["cpus"] for a in c.get("/v1/allocations").json()} == {"r1": 9.0}
     finally:
         srv.stop()
+
+
+# --- one allocator protocol: the service on an in-memory Allocator ------------------------------------------------
+
+
+def test_both_allocators_implement_the_protocol_the_service_is_typed_against(tmp_path):
+    from hetplan.allocator import Allocator, AllocatorAPI, DurableAllocator
+    memory = Allocator([v100("v1")], "hint", hint_set())
+    with DurableAllocator(tmp_path / "a.db", "proportional") as durable:
+        for a, synchronous, strict in [(memory, "OFF", False), (durable, "FULL", False)]:
+            assert isinstance(a, AllocatorAPI)
+            assert (a.synchronous, a.policy.strict, a.hint_source.last_error) == (synchronous, strict, None)
+            assert a.running_jobs() == []
+
+
+def test_the_service_serves_an_in_memory_allocator_in_gib_on_a_real_uvicorn():
+    import uvicorn
+
+    from hetplan.allocator import Allocator, get_policy
+    from hetplan.allocator.service import ServiceSettings, create_app
+    from servers import free_port
+    alloc = Allocator([v100("v1"), T4], get_policy("hint", strict=True), hint_set())
+    app = create_app(ServiceSettings(token=TOKEN, tick_seconds=0), allocator=alloc)
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 30
+        while not server.started and time.monotonic() < deadline:
+            time.sleep(0.05)
+        with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=10) as c:
+            listed = c.get("/v1/nodes").json()
+            assert listed["totals"]["mem_gb"] == 488 + 192 and listed["nodes"][0]["mem_gb"] == 488.0
+            a = c.post("/v1/allocate", json={"job_id": "j", "model": "res50", "num_gpus": 1}).json()["allocation"]
+            assert (a["node"], a["cpus"], a["mem_gb"]) == ("v1", 9.0, 60.0)  # the hint's 60 GiB, exactly
+            assert alloc.cluster.allocation("j").mem_mib == 60 * 1024
+            assert c.get("/v1/nodes").json()["totals"]["free_mem_gb"] == 488 + 192 - 60
+            assert c.get("/v1/hints").json()["last_error"] is None
+            text = c.get("/metrics").text
+            assert 'hetplan_allocator_decisions_total{outcome="allocated",policy="hint"} 1.0' in text
+            assert "hetplan_allocator_free_mem_gb 620.0\n" in text  # GiB
+            spec = c.get("/openapi.json").json()["components"]["schemas"]
+            for model, field in [("AllocationOut", "mem_gb"), ("NodeIn", "mem_gb"), ("NodeOut", "free_mem_gb"),
+                                 ("HintRow", "mem_gb_per_gpu")]:
+                assert "GiB" in spec[model]["properties"][field]["description"], (model, field)
+    finally:
+        server.should_exit = True
+        thread.join(timeout=15)
+
+
+def test_each_app_counts_in_a_registry_of_its_own():
+    from hetplan.allocator.metrics import Metrics
+    first, second = Metrics(), Metrics()
+    first.observe_release(True)
+    first.observe_http("GET", "/healthz", 200, 0.001)
+    assert 'hetplan_allocator_releases_total{found="true"} 1.0' in first.render()
+    assert 'hetplan_allocator_http_requests_total{method="GET",route="/healthz",status="200"} 1.0' in first.render()
+    assert "found=" not in second.render() and "route=" not in second.render()
+    assert "hetplan_allocator_http_request_seconds_count 0.0" in second.render()

@@ -22,8 +22,8 @@ from hetplan.sim.setups import knee_hints, nodes_from_counts
 from hetplan.sim.truth import TruthCurves
 from hetplan.sim.workload import prepare_workload, with_load
 
-# A tiny literal truth: model "m" on a V100 at 1, 3, 6 cores per GPU (62.5 GB): 50, 100, 200 samples/s, so
-# the reference allocation (3 cores, 62.5 GB) runs at speed 1 and 6 cores at speed 2. "flat" ignores cores.
+# A tiny literal truth: model "m" on a V100 at 1, 3, 6 cores per GPU (62.5 GiB): 50, 100, 200 samples/s, so
+# the reference allocation (3 cores, 62.5 GiB) runs at speed 1 and 6 cores at speed 2. "flat" ignores cores.
 TINY = pd.DataFrame({
     "model": ["m"] * 3 + ["flat"] * 3, "gpu_type": "V100", "num_gpus": 1,
     "cpus_per_gpu": [1.0, 3.0, 6.0] * 2, "mem_gb_per_gpu": 62.5,
@@ -55,19 +55,19 @@ def run(truth, jobs, nodes, scheduler="fifo", policy="proportional", hints=None,
 
 def test_truth_interpolates_between_grid_points_and_clamps_outside(tiny_truth):
     speed = tiny_truth.speed
-    assert speed("m", "V100", 1, 3000, 62500) == pytest.approx(1.0)      # the reference allocation
-    assert speed("m", "V100", 1, 6000, 62500) == pytest.approx(2.0)      # a grid point
-    assert speed("m", "V100", 1, 4500, 62500) == pytest.approx(1.5)      # halfway 3 -> 6 cores
+    assert speed("m", "V100", 1, 3000, 64000) == pytest.approx(1.0)      # the reference allocation
+    assert speed("m", "V100", 1, 6000, 64000) == pytest.approx(2.0)      # a grid point
+    assert speed("m", "V100", 1, 4500, 64000) == pytest.approx(1.5)      # halfway 3 -> 6 cores
     assert speed("m", "V100", 1, 24000, 500000) == pytest.approx(2.0)    # above the grid: its edge
-    assert speed("m", "V100", 1, 500, 62500) == pytest.approx(0.25)      # below: linear towards zero
-    assert speed("m", "V100", 2, 12000, 125000) == pytest.approx(2.0)    # per GPU: 6 cores, 62.5 GB each
+    assert speed("m", "V100", 1, 500, 64000) == pytest.approx(0.25)      # below: linear towards zero
+    assert speed("m", "V100", 2, 12000, 128000) == pytest.approx(2.0)    # per GPU: 6 cores, 62.5 GiB each
 
 
 def test_truth_fills_unmeasured_cells_from_the_points_they_dominate():
     sparse = pd.DataFrame({"model": "m", "gpu_type": "V100", "num_gpus": 1, "cpus_per_gpu": [3.0, 6.0, 3.0],
                            "mem_gb_per_gpu": [62.5, 20.0, 20.0], "throughput": [100.0, 80.0, 40.0]})
     truth = TruthCurves.from_profiles(PROFILES.validate(sparse, "<sparse>"))
-    assert truth.speed("m", "V100", 1, 6000, 62500) == pytest.approx(1.0)  # (6, 62.5) unmeasured: best below
+    assert truth.speed("m", "V100", 1, 6000, 64000) == pytest.approx(1.0)  # (6, 62.5) unmeasured: best below
 
 
 def test_truth_without_a_reference_point_is_refused():
@@ -88,9 +88,9 @@ def test_a_share_the_truth_has_no_throughput_for_stops_with_a_clear_error():
     gap = pd.DataFrame({"model": "m", "gpu_type": "V100", "num_gpus": 1, "cpus_per_gpu": [3.0, 1.0],
                         "mem_gb_per_gpu": [62.5, 100.0], "throughput": [100.0, 40.0]})
     truth = TruthCurves.from_profiles(PROFILES.validate(gap, "<gap>"))
-    assert truth.gaps == ["m on V100 at 1 cores, 62.5 GB"]  # nothing measured at or below it
+    assert truth.gaps == ["m on V100 at 1 cores, 62.5 GiB"]  # nothing measured at or below it
     workload = prepare_workload(trace(("a", "m", 1, 0, 10.0)), truth.models)
-    with pytest.raises(SimulationError, match="no throughput with 1 cores and 62.5 GB"):
+    with pytest.raises(SimulationError, match="no throughput with 1 cores and 62.5 GiB"):
         simulate(workload.jobs, [Node("n", "V100", 1, 1, 62.5)], truth, "proportional")
 
 
@@ -104,8 +104,8 @@ def test_round_boundaries_never_fall_behind_the_clock(tiny_truth):
 
 def test_derived_truth_reproduces_the_published_v100_speedups():
     truth = TruthCurves.from_profiles(build_reference().derived)
-    assert truth.speed("res18", "V100", 1, 9000, 62500) == pytest.approx(2.4)  # Synergy: res18 2.4x at 9 cores
-    assert truth.speed("transformer", "V100", 1, 1000, 62500) == pytest.approx(1.0)
+    assert truth.speed("res18", "V100", 1, 9000, 64000) == pytest.approx(2.4)  # Synergy: res18 2.4x at 9 cores
+    assert truth.speed("transformer", "V100", 1, 1000, 64000)  # 62.5 GiB == pytest.approx(1.0)
 
 
 # ---------------------------------------------------------------------- hand-computed JCTs
@@ -244,7 +244,7 @@ def test_random_traces_keep_every_invariant(scheduler, policy):
     done = out[~too_big]
     assert (done["finish_s"] >= done["start_s"]).all() and (done["start_s"] >= done["arrival_s"] - 1e-9).all()
     # no job ran faster than its model's best speed on this cluster (a whole node's cores and RAM per GPU)
-    best = {m: max(truth.speed(m, n.gpu_type, 1, round(n.cpus * 1000 / n.gpus), round(n.mem_gb * 1000 / n.gpus))
+    best = {m: max(truth.speed(m, n.gpu_type, 1, round(n.cpus * 1000 / n.gpus), round(n.mem_gb * 1024 / n.gpus))
                    for n in HETERO) for m in truth.models}
     assert (done["mean_speed"] <= done["sim_model"].map(best) * (1 + 1e-9)).all()
     assert (done["wait_s"] >= done["queue_s"] - 1e-6).all()
@@ -268,6 +268,7 @@ class NeverPolicy:
     """A policy that places nothing: the simulator must stop with an error, not spin over empty rounds."""
 
     name = "never"
+    strict = False
     rounds = None
 
     def place(self, job, state, hints):

@@ -17,10 +17,10 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Protocol
 
-from hetplan.allocator.spec import Allocation, Node, Shape
+from hetplan.allocator.spec import Allocation, Node, Shape, mib_to_gib
 
 Need = Callable[[Shape], tuple[int, int]]
-"""Cores (millicores) and RAM (MB) a job needs on a node of a given shape."""
+"""Cores (millicores) and RAM (MiB) a job needs on a node of a given shape."""
 GpuTypes = str | Collection[str] | None
 """Where to search: one GPU type, several, or None for all."""
 
@@ -39,7 +39,7 @@ class Free:
 
     gpus: int
     cpu_m: int
-    mem_mb: int
+    mem_mib: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,7 +49,7 @@ class Fit:
     node: str
     gpu_type: str
     cpu_m: int
-    mem_mb: int
+    mem_mib: int
 
 
 class ClusterView(Protocol):
@@ -73,7 +73,7 @@ class _NodeState:
         self.ordinal = ordinal
         self.free_gpus = self.shape.gpus
         self.free_cpu = self.shape.cpu_m
-        self.free_mem = self.shape.mem_mb
+        self.free_mem = self.shape.mem_mib
         self.jobs: set[str] = set()
 
     def key(self) -> tuple[int, int, int, str]:
@@ -150,15 +150,15 @@ class Cluster:
         return {t: self._free_by_type[t] for t in self._shapes_by_type}
 
     def totals(self) -> dict[str, int]:
-        """Capacity and free capacity summed over all nodes (GPUs, millicores, MB)."""
-        out = {"gpus": 0, "cpu_m": 0, "mem_mb": 0, "free_gpus": 0, "free_cpu_m": 0, "free_mem_mb": 0}
+        """Capacity and free capacity summed over all nodes (GPUs, millicores, MiB)."""
+        out = {"gpus": 0, "cpu_m": 0, "mem_mib": 0, "free_gpus": 0, "free_cpu_m": 0, "free_mem_mib": 0}
         for s in self._states.values():
             out["gpus"] += s.shape.gpus
             out["cpu_m"] += s.shape.cpu_m
-            out["mem_mb"] += s.shape.mem_mb
+            out["mem_mib"] += s.shape.mem_mib
             out["free_gpus"] += s.free_gpus
             out["free_cpu_m"] += s.free_cpu
-            out["free_mem_mb"] += s.free_mem
+            out["free_mem_mib"] += s.free_mem
         return out
 
     def snapshot(self) -> dict:
@@ -179,14 +179,14 @@ class Cluster:
             u = used[a.node]
             u[0] += a.gpus
             u[1] += a.cpu_m
-            u[2] += a.mem_mb
+            u[2] += a.mem_mib
             if job not in self._states[a.node].jobs:
                 problems.append(f"{job} missing from node {a.node}'s job set")
         for name, s in self._states.items():
             g, c, m = used[name]
-            if g > s.shape.gpus or c > s.shape.cpu_m or m > s.shape.mem_mb:
+            if g > s.shape.gpus or c > s.shape.cpu_m or m > s.shape.mem_mib:
                 problems.append(f"{name} overcommitted: used {g} GPUs, {c}m cores, {m} MB of {s.shape}")
-            if (s.free_gpus, s.free_cpu, s.free_mem) != (s.shape.gpus - g, s.shape.cpu_m - c, s.shape.mem_mb - m):
+            if (s.free_gpus, s.free_cpu, s.free_mem) != (s.shape.gpus - g, s.shape.cpu_m - c, s.shape.mem_mib - m):
                 problems.append(f"{name} free capacity out of step with its allocations")
             buckets = self._index.get(s.shape, [])
             bucket = buckets[s.free_gpus] if s.free_gpus < len(buckets) else []
@@ -228,7 +228,7 @@ class Cluster:
             if shape.gpus < gpus:
                 continue
             cpu, mem = need(shape)
-            if cpu > shape.cpu_m or mem > shape.mem_mb:
+            if cpu > shape.cpu_m or mem > shape.mem_mib:
                 continue
             buckets = self._index[shape]
             for k in range(gpus, shape.gpus + 1):
@@ -395,11 +395,11 @@ class Cluster:
         if shape.gpu_type != old.gpu_type:
             raise StateError(f"node {node.name!r} runs {len(state.jobs)} allocations on {old.gpu_type}; "
                              f"cannot change its GPU type to {shape.gpu_type}")
-        used = (old.gpus - state.free_gpus, old.cpu_m - state.free_cpu, old.mem_mb - state.free_mem)
-        if used[0] > shape.gpus or used[1] > shape.cpu_m or used[2] > shape.mem_mb:
+        used = (old.gpus - state.free_gpus, old.cpu_m - state.free_cpu, old.mem_mib - state.free_mem)
+        if used[0] > shape.gpus or used[1] > shape.cpu_m or used[2] > shape.mem_mib:
             raise StateError(f"node {node.name!r} has {used[0]} GPUs, {used[1] / 1000:g} cores and "
-                             f"{used[2] / 1000:g} GB in use; cannot shrink to {shape.gpus} GPUs, "
-                             f"{shape.cpu_m / 1000:g} cores, {shape.mem_mb / 1000:g} GB")
+                             f"{mib_to_gib(used[2]):g} GiB in use; cannot shrink to {shape.gpus} GPUs, "
+                             f"{shape.cpu_m / 1000:g} cores, {mib_to_gib(shape.mem_mib):g} GiB")
 
     def update_node(self, node: Node) -> None:
         """Replace a node's description (capacity, labels), keeping its allocations and its place in the order."""
@@ -407,7 +407,7 @@ class Cluster:
         self.check_update(node)
         state = self._states[node.name]
         old = state.shape
-        used = (old.gpus - state.free_gpus, old.cpu_m - state.free_cpu, old.mem_mb - state.free_mem)
+        used = (old.gpus - state.free_gpus, old.cpu_m - state.free_cpu, old.mem_mib - state.free_mem)
         self._remove_from_index(state, leaving=True)
         self._node_gpus[old.gpus] -= 1
         if not self._node_gpus[old.gpus]:
@@ -416,7 +416,7 @@ class Cluster:
         state.shape = node.shape
         state.free_gpus = state.shape.gpus - used[0]
         state.free_cpu = state.shape.cpu_m - used[1]
-        state.free_mem = state.shape.mem_mb - used[2]
+        state.free_mem = state.shape.mem_mib - used[2]
         self._node_gpus[state.shape.gpus] += 1
         self._insert(state)
 
@@ -459,16 +459,16 @@ class Cluster:
             raise OvercommitError(f"{a.job_id}: already allocated on {self._allocations[a.job_id].node}")
         if a.gpu_type != state.shape.gpu_type:
             raise OvercommitError(f"{a.job_id}: node {a.node} has {state.shape.gpu_type}, not {a.gpu_type}")
-        if a.gpus < 1 or a.cpu_m < 0 or a.mem_mb < 0:
+        if a.gpus < 1 or a.cpu_m < 0 or a.mem_mib < 0:
             raise OvercommitError(f"{a.job_id}: needs at least one GPU and non-negative cores and RAM")
-        if a.gpus > state.free_gpus or a.cpu_m > state.free_cpu or a.mem_mb > state.free_mem:
+        if a.gpus > state.free_gpus or a.cpu_m > state.free_cpu or a.mem_mib > state.free_mem:
             raise OvercommitError(
                 f"{a.job_id}: node {a.node} has {state.free_gpus} GPUs, {state.free_cpu}m cores, {state.free_mem} MB "
-                f"free; asked {a.gpus} GPUs, {a.cpu_m}m cores, {a.mem_mb} MB")
+                f"free; asked {a.gpus} GPUs, {a.cpu_m}m cores, {a.mem_mib} MiB")
         self._remove_from_index(state)
         state.free_gpus -= a.gpus
         state.free_cpu -= a.cpu_m
-        state.free_mem -= a.mem_mb
+        state.free_mem -= a.mem_mib
         state.jobs.add(a.job_id)
         self._allocations[a.job_id] = a
         self._insert(state)
@@ -484,7 +484,7 @@ class Cluster:
         self._remove_from_index(state)
         state.free_gpus += a.gpus
         state.free_cpu += a.cpu_m
-        state.free_mem += a.mem_mb
+        state.free_mem += a.mem_mib
         state.jobs.discard(job_id)
         self._insert(state)
         if self._journal is not None:

@@ -41,6 +41,9 @@ class Allocator:
         self._gangs: dict[str, tuple[str, ...]] = {}  # job id -> the ids of its parts, for jobs running as gangs
         self._touched: set[str] = set()  # nodes whose allocations changed since the last rebalance
 
+    synchronous = "OFF"
+    """Nothing is written: a change is in memory only (`AllocatorAPI.synchronous`)."""
+
     @property
     def hints(self) -> HintSet:
         return self.hint_source.current()
@@ -77,11 +80,16 @@ class Allocator:
             if a.node not in self.cluster or self.cluster.allocation(a.job_id) is not None:
                 return False
             free = self.cluster.free(a.node)
-            if a.gpus > free.gpus or a.cpu_m > free.cpu_m or a.mem_mb > free.mem_mb:
+            if a.gpus > free.gpus or a.cpu_m > free.cpu_m or a.mem_mib > free.mem_mib:
                 return False
             self.cluster.apply(a)
             self._touched.add(a.node)
             return True
+
+    def running_jobs(self) -> list[Job]:
+        """The jobs holding resources, in the order they got them: the service's priority order for rebalancing."""
+        with self.lock:
+            return [Job(a.job_id, a.model, a.gpus) for a in self.cluster.allocations()]
 
     def touched(self) -> set[str]:
         """The nodes changed since the last applied step that re-sized them."""

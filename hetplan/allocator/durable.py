@@ -5,6 +5,9 @@ memory and returned. A crash before the commit loses a decision nobody was told 
 loses nothing, and the restart re-applies every committed allocation through `Cluster.apply`, so a database
 that would overcommit a node is refused at start-up rather than served. `synchronous=FULL` (the default)
 makes each commit survive power loss, not only a process crash.
+
+Units: a node's `cpus` (cores) and `mem_gb` (GiB) as given; an allocation's `cpu_m` (millicores) and `mem_mib`
+(MiB, 1 GiB = 1024 MiB). Schema 1 counted allocations' memory in 1000-MB units and is refused, not converted.
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ from hetplan.hints import HintSet
 
 log = logging.getLogger(__name__)
 
-SCHEMA_VERSION = "1"
+SCHEMA_VERSION = "2"  # 2: memory in MiB (`allocations.mem_mib`), nodes' mem_gb in GiB; 1: 1000-MB units
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS nodes (
@@ -46,7 +49,7 @@ CREATE TABLE IF NOT EXISTS allocations (
     gpu_type TEXT NOT NULL,
     gpus INTEGER NOT NULL,
     cpu_m INTEGER NOT NULL,
-    mem_mb INTEGER NOT NULL,
+    mem_mib INTEGER NOT NULL,
     hint_version TEXT,
     policy TEXT NOT NULL,
     share TEXT NOT NULL,
@@ -57,7 +60,8 @@ CREATE TABLE IF NOT EXISTS allocations (
 
 
 class DurableAllocator:
-    """An `Allocator` whose every change is committed to SQLite before it is applied and returned."""
+    """An `Allocator` whose every change is committed to SQLite before it is applied and returned; the same
+    `AllocatorAPI` (`hetplan.allocator.protocol`)."""
 
     def __init__(self, path: str | os.PathLike[str], policy: Policy | str = "hint",
                  hints: HintSet | HintSource | None = None, synchronous: str = "FULL") -> None:
@@ -67,15 +71,16 @@ class DurableAllocator:
         self.synchronous = synchronous.upper()
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+        try:
+            _check_schema(self._db, self.path)  # before anything is written to it
+        except BaseException:
+            self._db.close()
+            raise
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute(f"PRAGMA synchronous={synchronous.upper()}")
         self._db.execute("PRAGMA busy_timeout=5000")
         self._db.executescript(_SCHEMA)
-        found = self._db.execute("SELECT value FROM meta WHERE key='schema'").fetchone()
-        if found is None:
-            self._db.execute("INSERT INTO meta VALUES ('schema', ?)", (SCHEMA_VERSION,))
-        elif found[0] != SCHEMA_VERSION:
-            raise StateError(f"{self.path}: allocator database schema {found[0]}, this hetplan reads {SCHEMA_VERSION}")
+        self._db.execute("INSERT OR IGNORE INTO meta VALUES ('schema', ?)", (SCHEMA_VERSION,))
         self.core = Allocator(Cluster(), policy, hints)
         self._restore()
 
@@ -108,7 +113,7 @@ class DurableAllocator:
         for name, gpu_type, gpus, cpus, mem_gb, labels in self._db.execute(
                 "SELECT name, gpu_type, gpus, cpus, mem_gb, labels FROM nodes ORDER BY seq"):
             cluster.add_node(Node(name, gpu_type, int(gpus), cpus, mem_gb, json.loads(labels)))
-        rows = self._db.execute("SELECT job_id, model, node, gpu_type, gpus, cpu_m, mem_mb, hint_version, policy, "
+        rows = self._db.execute("SELECT job_id, model, node, gpu_type, gpus, cpu_m, mem_mib, hint_version, policy, "
                                 "share, rank FROM allocations ORDER BY seq").fetchall()
         for row in rows:
             cluster.apply(Allocation(*row))  # refuses (OvercommitError) a database that would overcommit
@@ -124,9 +129,7 @@ class DurableAllocator:
             return decision
 
     def running_jobs(self) -> list[Job]:
-        """The jobs holding resources, in the order they got them: the service's priority order for rebalancing."""
-        with self.core.lock:
-            return [Job(a.job_id, a.model, a.gpus) for a in self.core.cluster.allocations()]
+        return self.core.running_jobs()
 
     def rebalance(self, order: list[Job], preempt: bool = False, move: bool = True,
                   nodes: list[str] | None = None) -> list[Action]:
@@ -194,8 +197,31 @@ class DurableAllocator:
         self.close()
 
 
+def check_database(path: str | os.PathLike[str]) -> None:
+    """Raise `StateError` (one line: the file and what to do) if `path` holds an allocator database of another
+    schema; a missing file or a new database passes. Reads only."""
+    path = Path(path)
+    if not path.exists():
+        return
+    db = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    try:
+        _check_schema(db, path)
+    finally:
+        db.close()
+
+
+def _check_schema(db: sqlite3.Connection, path: Path) -> None:
+    has_meta = db.execute("SELECT 1 FROM sqlite_master WHERE type='table' AND name='meta'").fetchone()
+    found = db.execute("SELECT value FROM meta WHERE key='schema'").fetchone() if has_meta else None
+    if found is not None and found[0] != SCHEMA_VERSION:
+        units = " (memory in 1000-MB units, not GiB)" if found[0] == "1" else ""
+        raise StateError(f"{path}: allocator database schema {found[0]}{units}, this hetplan reads schema "
+                         f"{SCHEMA_VERSION}; move the file aside (or pass another --db) and re-add the nodes "
+                         f"(hetplan serve --nodes/--from-plan or POST /v1/nodes); running jobs must allocate again")
+
+
 def _insert(a: Allocation) -> tuple[str, tuple]:
-    return ("INSERT INTO allocations (job_id, model, node, gpu_type, gpus, cpu_m, mem_mb, hint_version, policy, "
+    return ("INSERT INTO allocations (job_id, model, node, gpu_type, gpus, cpu_m, mem_mib, hint_version, policy, "
             "share, rank, created_at) VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
-            (a.job_id, a.model, a.node, a.gpu_type, a.gpus, a.cpu_m, a.mem_mb, a.hint_version, a.policy, a.share,
+            (a.job_id, a.model, a.node, a.gpu_type, a.gpus, a.cpu_m, a.mem_mib, a.hint_version, a.policy, a.share,
              a.rank, time.time()))

@@ -38,11 +38,12 @@ from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationError
 
 from hetplan.allocator.cluster import Free
 from hetplan.allocator.policies import hinted_need
-from hetplan.allocator.spec import Shape
+from hetplan.allocator.spec import Shape, mib_to_gib
 from hetplan.gpus import UnknownGpuError, canonical_gpu
 from hetplan.hints.index import HintEntry, HintSet
 
 GPU_RESOURCE = "nvidia.com/gpu"
+BYTES_PER_MIB = 2**20
 GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
 GPU_MEMORY_LABEL = "nvidia.com/gpu.memory"
 MODEL_KEY = "hetplan.io/model"
@@ -252,7 +253,8 @@ def node_candidate(raw: dict[str, Any]) -> Candidate:
     A GPU product hetplan does not know is kept as an opaque GPU type (`canonical_gpu`): the node is judged like
     any node of a type the class has no hint for (passes, scores 0). A node with allocatable GPUs but no product
     label (or one that is no GPU name at all) cannot be judged: it is `neutral`. Memory is converted to the
-    allocator's unit (`hetplan.allocator.spec`: mem_mb, 1 GB = 10^9 bytes).
+    allocator's unit (`hetplan.allocator.spec`: whole MiB, 2^20 bytes, rounded down: a node never
+    offers more than it has).
     """
     name = str(((raw.get("metadata") or {}) if isinstance(raw, dict) else {}).get("name", ""))
     try:
@@ -265,7 +267,7 @@ def node_candidate(raw: dict[str, Any]) -> Candidate:
     try:
         gpus = _whole(resources.get(GPU_RESOURCE, 0), GPU_RESOURCE)
         cpu_m = int(parse_quantity(resources.get("cpu", 0)) * 1000)
-        mem_mb = int(parse_quantity(resources.get("memory", 0)) / 1_000_000)
+        mem_mib = int(parse_quantity(resources.get("memory", 0)) / BYTES_PER_MIB)
     except ValueError as exc:
         return Candidate(name, None, None, f"bad allocatable: {exc}")
     product = labels.get(GPU_PRODUCT_LABEL)
@@ -282,9 +284,9 @@ def node_candidate(raw: dict[str, Any]) -> Candidate:
     except UnknownGpuError:
         return Candidate(name, None, None, f"{GPU_PRODUCT_LABEL}={product[:100]!r} is no GPU type name, not judged",
                          neutral=True)
-    if cpu_m < 1 or mem_mb < 1:
+    if cpu_m < 1 or mem_mib < 1:
         return Candidate(name, None, None, "no allocatable cpu or memory")
-    return Candidate(name, Shape(gpu_type, gpus, cpu_m, mem_mb))
+    return Candidate(name, Shape(gpu_type, gpus, cpu_m, mem_mib))
 
 
 def _entry(entries: Sequence[HintEntry], gpu_type: str) -> HintEntry | None:
@@ -339,9 +341,9 @@ def filter_nodes(pod: PodClass, candidates: Iterable[Candidate], hints: HintSet,
             prop_cpu, prop_mem = shape.proportional(g)
             want_cpu, want_mem = hinted_need(entry, g)(shape) if entry else (prop_cpu, prop_mem)
             floor_cpu, floor_mem = min(prop_cpu, want_cpu), min(prop_mem, want_mem)
-            if free.cpu_m < floor_cpu or free.mem_mb < floor_mem:
-                failed[c.name] = (f"{free.cpu_m / 1000:g} cores and {free.mem_mb / 1000:g} GB free; the class needs "
-                                  f"at least {floor_cpu / 1000:g} cores and {floor_mem / 1000:g} GB")
+            if free.cpu_m < floor_cpu or free.mem_mib < floor_mem:
+                failed[c.name] = (f"{free.cpu_m / 1000:g} cores and {mib_to_gib(free.mem_mib):g} GiB free; the class "
+                                  f"needs at least {floor_cpu / 1000:g} cores and {mib_to_gib(floor_mem):g} GiB")
                 continue
         passed.append(c.name)
     return FilterOutcome(passed, failed, unresolvable)
@@ -362,7 +364,7 @@ def score_nodes(pod: PodClass, candidates: Iterable[Candidate], hints: HintSet) 
             score = math.ceil(MAX_SCORE * (len(ranks) - position) / len(ranks))
             if c.free is not None:
                 cpu, mem = hinted_need(entry, pod.gpus)(c.shape)
-                if c.free.gpus < pod.gpus or c.free.cpu_m < cpu or c.free.mem_mb < mem:
+                if c.free.gpus < pod.gpus or c.free.cpu_m < cpu or c.free.mem_mib < mem:
                     score = max(score // 2, 1) if c.free.gpus >= pod.gpus else 0
         out.append((c.name, max(0, min(MAX_SCORE, score))))
     return out

@@ -1,118 +1,97 @@
-"""Prometheus text exposition, by hand: counters and histograms for decisions, releases and HTTP requests."""
+"""The service's Prometheus metrics, through `prometheus-client`: counters and histograms for decisions, releases
+and HTTP requests, and gauges of the cluster state read at scrape time.
+
+Every `Metrics` has its own `CollectorRegistry` (none of the library's global one), so two applications in one
+process (test servers, a benchmark) never count into each other. Names, types and labels (the contract that
+dashboards and docs rely on), prefix `hetplan_allocator_`:
+
+- `decisions_total{policy,outcome}`, `rejections_total{reason}`, `allocations_total{share}`,
+  `releases_total{found}`, `http_requests_total{method,route,status}`: counters;
+- `decision_seconds`, `http_request_seconds`: histograms;
+- `nodes`, `allocations`, `gpus`, `free_gpus`, `free_cpus`, `free_mem_gb` (GiB), `hints_info{version}`: gauges.
+
+The library also writes a `<counter>_created` gauge per counter and histogram (when the series started).
+"""
 
 from __future__ import annotations
 
-import threading
-from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Callable, Iterator
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
 
 from hetplan.allocator.spec import Allocation, Decision
 
+PREFIX = "hetplan_allocator"
 DECISION_BUCKETS = (0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1)
 HTTP_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"  # what `generate_latest` writes
+
+Gauges = dict[str, tuple[str, float]]
+"""Gauge name (without the prefix) -> (help text, value)."""
+State = Callable[[], tuple[Gauges, dict[str, str]]]
+"""Read at each scrape: the gauges, and the labels of `hints_info`."""
 
 
-def _label_value(value: object) -> str:
-    return str(value).replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+class _StateCollector(Collector):
+    def __init__(self, state: State) -> None:
+        self.state = state
 
-
-def _labels(pairs: Iterable[tuple[str, object]]) -> str:
-    inner = ",".join(f'{k}="{_label_value(v)}"' for k, v in pairs)
-    return "{" + inner + "}" if inner else ""
-
-
-class Histogram:
-    def __init__(self, buckets: tuple[float, ...]) -> None:
-        self.buckets = buckets
-        self.counts = [0] * len(buckets)
-        self.total = 0.0
-        self.count = 0
-
-    def observe(self, value: float) -> None:
-        for i, bound in enumerate(self.buckets):
-            if value <= bound:
-                self.counts[i] += 1
-                break
-        self.total += value
-        self.count += 1
-
-    def lines(self, name: str) -> list[str]:
-        out, running = [], 0
-        for bound, n in zip(self.buckets, self.counts):
-            running += n
-            out.append(f'{name}_bucket{{le="{bound:g}"}} {running}')
-        out.append(f'{name}_bucket{{le="+Inf"}} {self.count}')
-        out.append(f"{name}_sum {self.total:.9g}")
-        out.append(f"{name}_count {self.count}")
-        return out
+    def collect(self) -> Iterator[Metric]:
+        gauges, info = self.state()
+        for name, (text, value) in gauges.items():
+            yield GaugeMetricFamily(f"{PREFIX}_{name}", text, value=value)
+        hints = GaugeMetricFamily(f"{PREFIX}_hints_info", "The hint version in force (1 for the version label).",
+                                  labels=sorted(info))
+        hints.add_metric([info[k] for k in sorted(info)], 1)
+        yield hints
 
 
 class Metrics:
-    """What the service counts. Thread-safe; `render` gives the Prometheus text format (0.0.4)."""
-
-    PREFIX = "hetplan_allocator"
+    """What the service counts, in a registry of its own. Thread-safe (the library's metrics are)."""
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self.decisions: Counter[tuple[str, str]] = Counter()  # (policy, outcome)
-        self.rejections: Counter[str] = Counter()  # reason
-        self.shares: Counter[str] = Counter()  # share of allocations
-        self.releases: Counter[str] = Counter()  # "true" found / "false" unknown job
-        self.decision_seconds = Histogram(DECISION_BUCKETS)
-        self.http_requests: Counter[tuple[str, str, int]] = Counter()  # (method, route, status)
-        self.http_seconds = Histogram(HTTP_BUCKETS)
+        # the state collector names its gauges only when scraped (their values come from the allocator then)
+        self.registry = CollectorRegistry(support_collectors_without_names=True)
+        r = self.registry
+        self.decisions = Counter(f"{PREFIX}_decisions", "Allocation decisions, by policy and outcome.",
+                                 ["policy", "outcome"], registry=r)
+        self.rejections = Counter(f"{PREFIX}_rejections", "Rejected allocation requests, by reason.", ["reason"],
+                                  registry=r)
+        self.shares = Counter(f"{PREFIX}_allocations",
+                              "Allocations, by share given (hinted, reduced, proportional).", ["share"], registry=r)
+        self.releases = Counter(f"{PREFIX}_releases", "Release requests, by whether the job held an allocation.",
+                                ["found"], registry=r)
+        self.decision_seconds = Histogram(f"{PREFIX}_decision_seconds",
+                                          "Time to decide and durably record one allocation.",
+                                          buckets=DECISION_BUCKETS, registry=r)
+        self.http_requests = Counter(f"{PREFIX}_http_requests", "HTTP requests, by method, route and status.",
+                                     ["method", "route", "status"], registry=r)
+        self.http_seconds = Histogram(f"{PREFIX}_http_request_seconds",
+                                      "HTTP request latency, first byte in to last byte out.",
+                                      buckets=HTTP_BUCKETS, registry=r)
+
+    def watch(self, state: State) -> None:
+        """Expose the gauges `state` returns at every scrape (the cluster's nodes, GPUs, ..., the hint version)."""
+        self.registry.register(_StateCollector(state))
 
     def observe_decision(self, decision: Decision, seconds: float) -> None:
-        with self._lock:
-            if isinstance(decision, Allocation):
-                self.decisions[(decision.policy, "allocated")] += 1
-                self.shares[decision.share] += 1
-            else:
-                self.decisions[(decision.policy, "rejected")] += 1
-                self.rejections[decision.reason.value] += 1
-            self.decision_seconds.observe(seconds)
+        if isinstance(decision, Allocation):
+            self.decisions.labels(decision.policy, "allocated").inc()
+            self.shares.labels(decision.share).inc()
+        else:
+            self.decisions.labels(decision.policy, "rejected").inc()
+            self.rejections.labels(decision.reason.value).inc()
+        self.decision_seconds.observe(seconds)
 
     def observe_release(self, found: bool) -> None:
-        with self._lock:
-            self.releases["true" if found else "false"] += 1
+        self.releases.labels("true" if found else "false").inc()
 
     def observe_http(self, method: str, route: str, status: int, seconds: float) -> None:
-        with self._lock:
-            self.http_requests[(method, route, status)] += 1
-            self.http_seconds.observe(seconds)
+        self.http_requests.labels(method, route, str(status)).inc()
+        self.http_seconds.observe(seconds)
 
-    def render(self, gauges: dict[str, tuple[str, float]], info: dict[str, str]) -> str:
-        p = self.PREFIX
-        lines: list[str] = []
-
-        def head(name: str, kind: str, text: str) -> None:
-            lines.append(f"# HELP {p}_{name} {text}")
-            lines.append(f"# TYPE {p}_{name} {kind}")
-
-        with self._lock:
-            head("decisions_total", "counter", "Allocation decisions, by policy and outcome.")
-            for (policy, outcome), n in sorted(self.decisions.items()):
-                lines.append(f"{p}_decisions_total{_labels([('policy', policy), ('outcome', outcome)])} {n}")
-            head("rejections_total", "counter", "Rejected allocation requests, by reason.")
-            for reason, n in sorted(self.rejections.items()):
-                lines.append(f"{p}_rejections_total{_labels([('reason', reason)])} {n}")
-            head("allocations_total", "counter", "Allocations, by share given (hinted, reduced, proportional).")
-            for share, n in sorted(self.shares.items()):
-                lines.append(f"{p}_allocations_total{_labels([('share', share)])} {n}")
-            head("releases_total", "counter", "Release requests, by whether the job held an allocation.")
-            for found, n in sorted(self.releases.items()):
-                lines.append(f"{p}_releases_total{_labels([('found', found)])} {n}")
-            head("decision_seconds", "histogram", "Time to decide and durably record one allocation.")
-            lines.extend(f"{p}_{line}" for line in self.decision_seconds.lines("decision_seconds"))
-            head("http_requests_total", "counter", "HTTP requests, by method, route and status.")
-            for (method, route, status), n in sorted(self.http_requests.items()):
-                lines.append(f"{p}_http_requests_total"
-                             f"{_labels([('method', method), ('route', route), ('status', status)])} {n}")
-            head("http_request_seconds", "histogram", "HTTP request latency, first byte in to last byte out.")
-            lines.extend(f"{p}_{line}" for line in self.http_seconds.lines("http_request_seconds"))
-        for name, (text, value) in gauges.items():
-            head(name, "gauge", text)
-            lines.append(f"{p}_{name} {value:g}")
-        head("hints_info", "gauge", "The hint version in force (1 for the version label).")
-        lines.append(f"{p}_hints_info{_labels(sorted(info.items()))} 1")
-        return "\n".join(lines) + "\n"
+    def render(self) -> str:
+        """The Prometheus text format (0.0.4, `CONTENT_TYPE`)."""
+        return generate_latest(self.registry).decode()

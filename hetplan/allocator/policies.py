@@ -24,7 +24,7 @@ from typing import Protocol
 
 from hetplan.allocator.cluster import ClusterView, Fit, Need
 from hetplan.allocator.rebalance import CoAdaptive
-from hetplan.allocator.spec import Allocation, Decision, Job, Reason, Rejection, Share, to_milli_up
+from hetplan.allocator.spec import Allocation, Decision, Job, Reason, Rejection, Share, to_mib_up, to_milli_up
 from hetplan.hints.index import HintEntry, HintSet
 
 
@@ -33,6 +33,8 @@ class Policy(Protocol):
     with a reason. It reads `state` and `hints` only."""
 
     name: str
+    strict: bool
+    """Only the GPU types a class's hints list (the extender's filter follows it); False for the baselines."""
     rounds: CoAdaptive | None
     """The round policy `Allocator.rebalance` runs; None: placement only, a job keeps its place until it ends."""
 
@@ -44,12 +46,12 @@ def proportional_need(gpus: int) -> Need:
 
 
 def hinted_need(entry: HintEntry, gpus: int) -> Need:
-    cpu, mem = to_milli_up(entry.cpus_per_gpu * gpus), to_milli_up(entry.mem_gb_per_gpu * gpus)
+    cpu, mem = to_milli_up(entry.cpus_per_gpu * gpus), to_mib_up(entry.mem_gb_per_gpu * gpus)
     return lambda shape: (cpu, mem)
 
 
 def _allocation(job: Job, fit: Fit, hints: HintSet, policy: str, share: Share, rank: int | None) -> Allocation:
-    return Allocation(job.job_id, job.model, fit.node, fit.gpu_type, job.num_gpus, fit.cpu_m, fit.mem_mb,
+    return Allocation(job.job_id, job.model, fit.node, fit.gpu_type, job.num_gpus, fit.cpu_m, fit.mem_mib,
                       hints.version, policy, share, rank)
 
 
@@ -112,6 +114,7 @@ class _ProportionalShare(ABC):
     """Baselines that give the GPU-proportional share; subclasses say how a node is searched for."""
 
     name = ""
+    strict = False
     rounds = None
 
     def place(self, job: Job, state: ClusterView, hints: HintSet) -> Decision:

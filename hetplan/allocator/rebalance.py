@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from hetplan.allocator.cluster import Cluster
-from hetplan.allocator.spec import Allocation, Job, Share, to_milli_up
+from hetplan.allocator.spec import Allocation, Job, Share, to_mib_up, to_milli_up
 from hetplan.hints.index import HintSet
 
 Target = dict[str, tuple[Allocation, ...]]
@@ -72,7 +72,7 @@ def diff(current: Mapping[str, tuple[Allocation, ...]], target: Target) -> list[
             actions.append(Action("start", job_id, (), after))
         elif [a.node for a in before] != [a.node for a in after]:
             actions.append(Action("migrate", job_id, before, after))
-        elif [(a.cpu_m, a.mem_mb) for a in before] != [(a.cpu_m, a.mem_mb) for a in after]:
+        elif [(a.cpu_m, a.mem_mib) for a in before] != [(a.cpu_m, a.mem_mib) for a in after]:
             actions.append(Action("resize", job_id, before, after))
     return actions
 
@@ -286,7 +286,7 @@ class _Step:
             if node is None:
                 return False
             return self._put(job, ((node, g),), gpu_type)
-        self._commit(job, (self._allocation(job, job.job_id, fit.node, gpu_type, g, fit.cpu_m, fit.mem_mb, share),))
+        self._commit(job, (self._allocation(job, job.job_id, fit.node, gpu_type, g, fit.cpu_m, fit.mem_mib, share),))
         return True
 
     def _tune(self, job: Job, gpu_type: str) -> str | None:
@@ -295,12 +295,12 @@ class _Step:
             shape = self.cluster.shape(name)
             floor = self._floor(job, gpu_type)(shape)
             free = self.cluster.free(name)
-            spare = [free.cpu_m, free.mem_mb]
+            spare = [free.cpu_m, free.mem_mib]
             peers = self._movable_on(name)
             for a in peers:
                 f = self._floor_of(a)
                 spare[0] += a.cpu_m - min(f[0], a.cpu_m)
-                spare[1] += a.mem_mb - min(f[1], a.mem_mb)
+                spare[1] += a.mem_mib - min(f[1], a.mem_mib)
             if spare[0] >= floor[0] and spare[1] >= floor[1]:
                 for a in peers:
                     self._shrink(a)
@@ -336,14 +336,14 @@ class _Step:
             want = self._scaled(self._want(job, gpu_type)(shape), gpus, job.num_gpus)
             floor = self._scaled(self._floor(job, gpu_type)(shape), gpus, job.num_gpus)
             free = self.cluster.free(name)
-            if free.cpu_m < floor[0] or free.mem_mb < floor[1]:
+            if free.cpu_m < floor[0] or free.mem_mib < floor[1]:
                 for a in self._movable_on(name):
                     self._shrink(a)
                 free = self.cluster.free(name)
-            if free.gpus < gpus or free.cpu_m < floor[0] or free.mem_mb < floor[1]:
+            if free.gpus < gpus or free.cpu_m < floor[0] or free.mem_mib < floor[1]:
                 self.cluster.undo_to(mark)
                 return False
-            cpu, mem = min(want[0], free.cpu_m), min(want[1], free.mem_mb)
+            cpu, mem = min(want[0], free.cpu_m), min(want[1], free.mem_mib)
             share: Share = ("hinted" if (cpu, mem) == want else "reduced") if hinted else "proportional"
             part_id = f"{job.job_id}{GANG_SEP}{k}" if gang else job.job_id
             a = self._allocation(job, part_id, name, gpu_type, gpus, cpu, mem, share)
@@ -360,7 +360,7 @@ class _Step:
         mark = self.cluster.mark()
         for a in before:
             free = self.cluster.free(a.node) if a.node in self.cluster else None
-            if free is None or a.gpus > free.gpus or a.cpu_m > free.cpu_m or a.mem_mb > free.mem_mb:
+            if free is None or a.gpus > free.gpus or a.cpu_m > free.cpu_m or a.mem_mib > free.mem_mib:
                 self.cluster.undo_to(mark)
                 return False
             self.cluster.apply(a)
@@ -375,7 +375,7 @@ class _Step:
     def _want(self, job: Job, gpu_type: str):
         for e in self.hints.lookup(job.model, job.num_gpus):
             if e.gpu_type == gpu_type:
-                cpu, mem = to_milli_up(e.cpus_per_gpu * job.num_gpus), to_milli_up(e.mem_gb_per_gpu * job.num_gpus)
+                cpu, mem = to_milli_up(e.cpus_per_gpu * job.num_gpus), to_mib_up(e.mem_gb_per_gpu * job.num_gpus)
                 return lambda shape: (cpu, mem)
         g = job.num_gpus
         return lambda shape: shape.proportional(g)
@@ -415,8 +415,8 @@ class _Step:
 
     def _shrink(self, a: Allocation) -> None:
         floor = self._floor_of(a)
-        if a.cpu_m > floor[0] or a.mem_mb > floor[1]:
-            self._resize(a, min(a.cpu_m, floor[0]), min(a.mem_mb, floor[1]))
+        if a.cpu_m > floor[0] or a.mem_mib > floor[1]:
+            self._resize(a, min(a.cpu_m, floor[0]), min(a.mem_mib, floor[1]))
 
     def _grow(self, node: str) -> None:
         """Jobs on `node` grow in priority order into its free cores and RAM, up to their hinted share."""
@@ -426,16 +426,16 @@ class _Step:
             want = self._want_of(a)
             free = self.cluster.free(node)
             cpu = max(a.cpu_m, min(want[0], a.cpu_m + free.cpu_m))
-            mem = max(a.mem_mb, min(want[1], a.mem_mb + free.mem_mb))
-            if (cpu, mem) != (a.cpu_m, a.mem_mb):
+            mem = max(a.mem_mib, min(want[1], a.mem_mib + free.mem_mib))
+            if (cpu, mem) != (a.cpu_m, a.mem_mib):
                 self._resize(a, cpu, mem)
 
-    def _resize(self, a: Allocation, cpu_m: int, mem_mb: int) -> None:
+    def _resize(self, a: Allocation, cpu_m: int, mem_mib: int) -> None:
         self.cluster.release(a.job_id)
         job = self._job_of(a)
         want = self._want_of(a)
-        share: Share = a.share if a.share == "proportional" else ("hinted" if (cpu_m, mem_mb) == want else "reduced")
-        new = Allocation(a.job_id, a.model, a.node, a.gpu_type, a.gpus, cpu_m, mem_mb, self.hints.version,
+        share: Share = a.share if a.share == "proportional" else ("hinted" if (cpu_m, mem_mib) == want else "reduced")
+        new = Allocation(a.job_id, a.model, a.node, a.gpu_type, a.gpus, cpu_m, mem_mib, self.hints.version,
                          self.policy.name, share, a.rank)
         self.cluster.apply(new)
         self.touched.add(a.node)
@@ -445,10 +445,10 @@ class _Step:
 
     # ------------------------------------------------------------------ bookkeeping
 
-    def _allocation(self, job: Job, part_id: str, node: str, gpu_type: str, gpus: int, cpu_m: int, mem_mb: int,
+    def _allocation(self, job: Job, part_id: str, node: str, gpu_type: str, gpus: int, cpu_m: int, mem_mib: int,
                     share: Share) -> Allocation:
         rank = next((e.rank for e in self.hints.lookup(job.model, job.num_gpus) if e.gpu_type == gpu_type), None)
-        return Allocation(part_id, job.model, node, gpu_type, gpus, cpu_m, mem_mb, self.hints.version,
+        return Allocation(part_id, job.model, node, gpu_type, gpus, cpu_m, mem_mib, self.hints.version,
                           self.policy.name, share, rank)
 
     def _commit(self, job: Job, parts: tuple[Allocation, ...]) -> None:

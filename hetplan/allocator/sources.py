@@ -22,6 +22,9 @@ log = logging.getLogger(__name__)
 
 
 class HintSource(Protocol):
+    last_error: str | None
+    """Why the newest table could not be loaded (the previous one stays in force); None when it could."""
+
     def current(self) -> HintSet:
         """The hint table in force now (cheap: called on every decision)."""
         ...
@@ -36,6 +39,7 @@ class StaticHints:
 
     def __init__(self, hints: HintSet | None = None) -> None:
         self._hints = hints if hints is not None else HintSet.empty()
+        self.last_error: str | None = None  # a fixed table never fails to load
 
     def current(self) -> HintSet:
         return self._hints

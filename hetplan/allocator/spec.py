@@ -1,8 +1,13 @@
 """The allocator's vocabulary: nodes, jobs, and the two kinds of decision (an allocation or a rejection).
 
-Capacity is accounted in whole milli-units so that sums never drift: cores in millicores (`cpu_m`, as
-Kubernetes writes `500m`), memory in megabytes (`mem_mb`, 1 GB = 1000 MB, as the hint table's `mem_gb`).
-The float views (`cpus`, `mem_gb`) are for people and JSON.
+Capacity is accounted in whole units so that sums never drift: cores in millicores (`cpu_m`, as Kubernetes
+writes `500m`), memory in mebibytes (`mem_mib`, 1 GiB = 1024 MiB). Memory is GiB everywhere in hetplan: the
+catalog (SkyPilot's MemoryGiB), profiles and hint tables (`mem_gb_per_gpu`), Kueue quotas and the HTTP API's
+`mem_gb` fields all mean GiB (2^30 bytes); the allocator's integer MiB is the same unit, finer. The float views
+(`cpus`, `mem_gb`, in GiB) are for people and JSON.
+
+Rounding: a node's capacity is rounded down (`to_milli`, `to_mib`: a node never claims more than it has), a
+request up (`to_milli_up`, `to_mib_up`: a job never gets less than it asked for).
 """
 
 from __future__ import annotations
@@ -24,14 +29,32 @@ the class has no hint for, or a heterogeneity-agnostic policy)."""
 MAX_NAME = 253  # a Kubernetes object name
 
 
-def to_milli(value: float) -> int:
-    """Cores or GB as whole milli-units, rounded down (a node never claims more than it has)."""
-    return int(math.floor(float(value) * 1000 + 1e-6))
+MIB_PER_GIB = 1024
 
 
-def to_milli_up(value: float) -> int:
-    """A request as whole milli-units, rounded up (a job never gets less than it asked for)."""
-    return int(math.ceil(float(value) * 1000 - 1e-6))
+def to_milli(cores: float) -> int:
+    """Cores as whole millicores, rounded down (a node never claims more than it has)."""
+    return int(math.floor(float(cores) * 1000 + 1e-6))
+
+
+def to_milli_up(cores: float) -> int:
+    """A request of cores as whole millicores, rounded up (a job never gets less than it asked for)."""
+    return int(math.ceil(float(cores) * 1000 - 1e-6))
+
+
+def to_mib(gib: float) -> int:
+    """GiB as whole MiB, rounded down (a node never claims more than it has)."""
+    return int(math.floor(float(gib) * MIB_PER_GIB + 1e-6))
+
+
+def to_mib_up(gib: float) -> int:
+    """A request of GiB as whole MiB, rounded up (a job never gets less than it asked for)."""
+    return int(math.ceil(float(gib) * MIB_PER_GIB - 1e-6))
+
+
+def mib_to_gib(mib: int) -> float:
+    """Whole MiB as the GiB float the API and people read."""
+    return mib / MIB_PER_GIB
 
 
 def _check_name(name: object, what: str) -> str:
@@ -47,16 +70,16 @@ class Shape:
     gpu_type: str
     gpus: int
     cpu_m: int
-    mem_mb: int
+    mem_mib: int
 
     def proportional(self, gpus: int) -> tuple[int, int]:
         """The GPU-proportional share of `gpus` GPUs: cores and RAM times gpus / node GPUs (rounded down)."""
-        return self.cpu_m * gpus // self.gpus, self.mem_mb * gpus // self.gpus
+        return self.cpu_m * gpus // self.gpus, self.mem_mib * gpus // self.gpus
 
 
 @dataclass(frozen=True, slots=True)
 class Node:
-    """A GPU node: name, canonical GPU type, GPUs, cores and RAM (GB), labels."""
+    """A GPU node: name, canonical GPU type, GPUs, cores and RAM (`mem_gb`, GiB), labels."""
 
     name: str
     gpu_type: str
@@ -70,16 +93,16 @@ class Node:
         object.__setattr__(self, "gpu_type", canonical_gpu(self.gpu_type))  # unknown: an opaque type
         if isinstance(self.gpus, bool) or not isinstance(self.gpus, int) or self.gpus < 1:
             raise ValueError(f"node {self.name}: gpus must be a whole number >= 1, got {self.gpus!r}")
-        for what in ("cpus", "mem_gb"):
+        for what, whole, least in (("cpus", to_milli, "0.001"), ("mem_gb", to_mib, "1/1024 (GiB)")):
             value = getattr(self, what)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
-                    or to_milli(value) < 1:
-                raise ValueError(f"node {self.name}: {what} must be a finite number >= 0.001, got {value!r}")
+                    or whole(value) < 1:
+                raise ValueError(f"node {self.name}: {what} must be a finite number >= {least}, got {value!r}")
         object.__setattr__(self, "labels", MappingProxyType({str(k): str(v) for k, v in dict(self.labels).items()}))
 
     @property
     def shape(self) -> Shape:
-        return Shape(self.gpu_type, self.gpus, to_milli(self.cpus), to_milli(self.mem_gb))
+        return Shape(self.gpu_type, self.gpus, to_milli(self.cpus), to_mib(self.mem_gb))
 
     def to_dict(self) -> dict:
         return {"name": self.name, "gpu_type": self.gpu_type, "gpus": self.gpus, "cpus": self.cpus,
@@ -111,7 +134,7 @@ class Allocation:
     gpu_type: str
     gpus: int
     cpu_m: int
-    mem_mb: int
+    mem_mib: int
     hint_version: str | None
     policy: str
     share: Share
@@ -123,7 +146,8 @@ class Allocation:
 
     @property
     def mem_gb(self) -> float:
-        return self.mem_mb / 1000
+        """RAM given, in GiB."""
+        return mib_to_gib(self.mem_mib)
 
     def to_dict(self) -> dict:
         return {"job_id": self.job_id, "model": self.model, "node": self.node, "gpu_type": self.gpu_type,

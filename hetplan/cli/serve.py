@@ -78,10 +78,24 @@ def serve(
                                    tick_seconds=tick)
     except ValidationError as exc:
         raise _fail("; ".join(err["msg"] for err in exc.errors())) from None
+    _check_db(settings.db)
     if seed:
         _seed_nodes(settings.db, seed, settings.synchronous)
     uvicorn.run(create_app(settings), host=host, port=port, log_level=log_level, access_log=False,
                 workers=1, timeout_graceful_shutdown=5)
+
+
+def _check_db(db: Path) -> None:
+    """Refuse, in one line, a database this hetplan cannot read (an older schema) before uvicorn starts."""
+    import sqlite3
+
+    from hetplan.allocator import StateError
+    from hetplan.allocator.durable import check_database
+
+    try:
+        check_database(db)
+    except (StateError, sqlite3.Error) as exc:
+        raise _fail(str(exc)) from None
 
 
 def _seed_nodes(db: Path, seed: list[Node], synchronous: str) -> None:

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 import pandas as pd
 
-from hetplan.allocator.spec import Node, to_milli
+from hetplan.allocator.spec import Node, to_mib, to_milli
 from hetplan.codesign import plan_workload, workload_from_trace
 from hetplan.codesign.candidates import HINT, STATUS_QUO
 from hetplan.codesign.plan import WorkloadPlan
@@ -194,7 +194,7 @@ def gpu_hours_per_job(jobs: pd.DataFrame, truth: TruthCurves, nodes: Sequence[No
         speeds, weights = [], []
         for (gpu, gpus, cpus, mem), weight in shapes.items():
             if gpus >= num_gpus:
-                share_cpu, share_mem = to_milli(cpus) * num_gpus // gpus, to_milli(mem) * num_gpus // gpus
+                share_cpu, share_mem = to_milli(cpus) * num_gpus // gpus, to_mib(mem) * num_gpus // gpus
                 speeds.append(truth.speed(str(model), gpu, int(num_gpus), share_cpu, share_mem))
                 weights.append(weight)
             elif gang and per_type[gpu] >= num_gpus:  # per GPU, at one GPU's proportional share

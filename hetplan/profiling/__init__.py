@@ -22,8 +22,8 @@ Profile records (`hetplan.contracts.PROFILES`), one per point: `num_gpus=1`, `th
 reported), `gpu_util` and `power_w` (means over the measured windows, NVML), plus the conditions:
 `cpu_enforced`, `mem_enforced`, `enforcement` (in words), `cores` (ids), `workers`, `measured_s`,
 `cpu_used` (cores the workload kept busy), `background_cpu` (cores' worth of time other processes took
-on the same cores: a contended measurement when large; the harness warns), `gpu_mem_gb`, `gpu_name`,
-`driver`, `cpu_model`, `host_cores`, `workload`.
+on the same cores: a contended measurement when large; the harness warns), `gpu_mem_gb` (GPU memory used,
+GiB), `gpu_name`, `driver`, `cpu_model`, `host_cores`, `workload`.
 
 ## The progress protocol (for your own training command)
 Print, on stdout, one line per progress update and flush it:

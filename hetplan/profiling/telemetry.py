@@ -67,7 +67,7 @@ def detect_gpu(index: int = 0) -> GpuProbe:
             return GpuProbe(None, f"no GPU at NVML index {index} ({count} found)")
         handle = nvml.nvmlDeviceGetHandleByIndex(index)
         name = _text(nvml.nvmlDeviceGetName(handle))
-        memory_gb = nvml.nvmlDeviceGetMemoryInfo(handle).total / 1e9
+        memory_gb = nvml.nvmlDeviceGetMemoryInfo(handle).total / 2**30  # GiB, as every memory figure in hetplan
         try:
             gpu_type: str | None = normalize_gpu(name, memory_gb)
         except UnknownGpuError:
@@ -169,7 +169,7 @@ def _read(nvml: Any, handle: Any) -> tuple[float | None, float | None, float | N
     values: list[float | None] = []
     for read in (
         lambda: float(nvml.nvmlDeviceGetUtilizationRates(handle).gpu),
-        lambda: nvml.nvmlDeviceGetMemoryInfo(handle).used / 1e9,
+        lambda: nvml.nvmlDeviceGetMemoryInfo(handle).used / 2**30,  # GiB
         lambda: nvml.nvmlDeviceGetPowerUsage(handle) / 1000.0,
     ):
         try:

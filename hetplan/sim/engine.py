@@ -38,7 +38,7 @@ import pandas as pd
 from hetplan.allocator import Allocator
 from hetplan.allocator.policies import Policy, get_policy
 from hetplan.allocator.rebalance import GANG_SEP, Action
-from hetplan.allocator.spec import Allocation, Job, Node
+from hetplan.allocator.spec import MIB_PER_GIB, Allocation, Job, Node, mib_to_gib
 from hetplan.hints import HintSet
 from hetplan.sim.truth import TruthCurves
 
@@ -175,7 +175,8 @@ class Simulator:
         ]
         self.by_id = {job.request.job_id: job for job in self.jobs}
         totals = allocator.cluster.totals()
-        self.capacity = {"gpus": totals["gpus"], "cpus": totals["cpu_m"] / 1000, "mem_gb": totals["mem_mb"] / 1000}
+        self.capacity = {"gpus": totals["gpus"], "cpus": totals["cpu_m"] / 1000,
+                         "mem_gb": mib_to_gib(totals["mem_mib"])}
         self.free_gpus = totals["free_gpus"]
         self.largest = allocator.cluster.max_gpus()
         self.used = [0, 0, 0]  # GPUs, millicores, MB
@@ -413,13 +414,13 @@ class Simulator:
         job.last = now
 
     def _speed(self, job: _Job, parts: tuple[Allocation, ...]) -> float:
-        speeds = [self.truth.speed(job.truth_model, a.gpu_type, a.gpus, a.cpu_m, a.mem_mb) for a in parts]
+        speeds = [self.truth.speed(job.truth_model, a.gpu_type, a.gpus, a.cpu_m, a.mem_mib) for a in parts]
         speed = min(speeds) * (self.config.gang_scaling if len(parts) > 1 else 1.0)
         if not speed > 0:
             a = parts[speeds.index(min(speeds))]
             raise SimulationError(f"{job.request.job_id}: the truth gives {job.truth_model} on {a.gpu_type} no "
-                                  f"throughput with {a.cpus:g} cores and {a.mem_gb:g} GB (nothing measured at or below "
-                                  f"that share): the job would never finish")
+                                  f"throughput with {a.cpus:g} cores and {a.mem_gb:g} GiB (nothing measured at or "
+                                  f"below that share): the job would never finish")
         return speed
 
     def _start(self, job: _Job, parts: tuple[Allocation, ...], now: float, pause: float | None = None) -> None:
@@ -479,7 +480,7 @@ class Simulator:
     def _use(self, a: Allocation, sign: int) -> None:
         self.used[0] += sign * a.gpus
         self.used[1] += sign * a.cpu_m
-        self.used[2] += sign * a.mem_mb
+        self.used[2] += sign * a.mem_mib
         self.free_gpus -= sign * a.gpus
 
     # ------------------------------------------------------------------ invariants and results
@@ -496,10 +497,10 @@ class Simulator:
         problems = cluster.check()
         totals = cluster.totals()
         in_use = [totals["gpus"] - totals["free_gpus"], totals["cpu_m"] - totals["free_cpu_m"],
-                  totals["mem_mb"] - totals["free_mem_mb"]]
+                  totals["mem_mib"] - totals["free_mem_mib"]]
         if in_use != self.used:
             problems.append(f"simulator counts {self.used} in use, the cluster {in_use}")
-        if any(u > c for u, c in zip(in_use, (totals["gpus"], totals["cpu_m"], totals["mem_mb"]))):
+        if any(u > c for u, c in zip(in_use, (totals["gpus"], totals["cpu_m"], totals["mem_mib"]))):
             problems.append(f"more in use than exists: {in_use} of {totals}")
         parts = sum(len(job.parts) for job in self.running.values())
         if len(cluster.allocations()) != parts:
@@ -540,7 +541,8 @@ class Simulator:
 
     def _timeline_frame(self) -> pd.DataFrame:
         t = np.array(self.timeline, dtype=float).reshape(-1, 5)
-        return pd.DataFrame({"time_s": t[:, 0], "gpus": t[:, 1], "cpus": t[:, 2] / 1000, "mem_gb": t[:, 3] / 1000,
+        return pd.DataFrame({"time_s": t[:, 0], "gpus": t[:, 1], "cpus": t[:, 2] / 1000,
+                             "mem_gb": t[:, 3] / MIB_PER_GIB,
                              "waiting": t[:, 4].astype(int)})
 
 

@@ -16,7 +16,7 @@ being assumed away. Per (model, GPU type) the points form a grid over cores and 
   its speed relative to the reference allocation is the per-GPU ratio.
 
 Progress is measured in *reference seconds*: a trace's `duration_s` is the job's run time on the reference
-allocation (a V100 with the GPU-proportional share of Synergy's servers, 3 cores and 62.5 GB per GPU), and a
+allocation (a V100 with the GPU-proportional share of Synergy's servers, 3 cores and 62.5 GiB per GPU), and a
 job running at speed s completes s reference seconds per second.
 """
 
@@ -29,6 +29,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from hetplan.allocator.spec import MIB_PER_GIB
 from hetplan.contracts.table import ContractError, Problem
 from hetplan.gpus import REFERENCE
 
@@ -105,7 +106,7 @@ class TruthCurves:
         model profiled on other GPU types only); profiles-as-truth never need it."""
         self.grids = grids
         self.models = frozenset(m for m, _ in grids)
-        self.gaps = [f"{m} on {g} at {grid.cpus[a]:g} cores, {grid.mem_gb[b]:g} GB"
+        self.gaps = [f"{m} on {g} at {grid.cpus[a]:g} cores, {grid.mem_gb[b]:g} GiB"
                      for (m, g), grid in sorted(grids.items()) for a, b in zip(*np.nonzero(grid.values <= 0))]
         """Grid cells with no throughput (nothing measured at or below them)."""
         self._reference: dict[str, float] = {}
@@ -121,7 +122,7 @@ class TruthCurves:
             self._reference[model] = value
         if missing:
             raise ContractError([Problem("<truth curves>", f"no {REFERENCE[0]} throughput at the reference "
-                                         f"allocation ({REFERENCE[1]:g} cores, {REFERENCE[2]:g} GB) for "
+                                         f"allocation ({REFERENCE[1]:g} cores, {REFERENCE[2]:g} GiB) for "
                                          f"{', '.join(missing)}: trace durations cannot be converted")])
 
     @classmethod
@@ -160,15 +161,16 @@ class TruthCurves:
         """Per-GPU throughput of `model` on the reference allocation."""
         return self._reference[model]
 
-    def speed(self, model: str, gpu_type: str, gpus: int, cpu_m: int, mem_mb: int) -> float:
-        """Reference seconds per second for a job of `gpus` GPUs given `cpu_m` millicores and `mem_mb` MB."""
-        key = (model, gpu_type, gpus, cpu_m, mem_mb)
+    def speed(self, model: str, gpu_type: str, gpus: int, cpu_m: int, mem_mib: int) -> float:
+        """Reference seconds per second for a job of `gpus` GPUs given `cpu_m` millicores and `mem_mib` MiB
+        (profiles' `mem_gb_per_gpu` are GiB: 1024 MiB each)."""
+        key = (model, gpu_type, gpus, cpu_m, mem_mib)
         value = self._cache.get(key)
         if value is None:
             grid = self.grids.get((model, gpu_type))
             if grid is None:
                 raise KeyError(f"truth has no curve for {model} on {gpu_type}")
-            value = grid.at(cpu_m / 1000 / gpus, mem_mb / 1000 / gpus) / self._reference[model]
+            value = grid.at(cpu_m / 1000 / gpus, mem_mib / MIB_PER_GIB / gpus) / self._reference[model]
             self._cache[key] = value
         return value
 

@@ -1,0 +1,102 @@
+"""The allocator as an HTTP service (FastAPI): allocation API, node admin, hints, health, metrics, K8s extender.
+
+Run it with `hetplan serve` (one process: the state lives in memory and in SQLite, so never run several
+workers on one database). Every request body is size-limited before it is parsed and validated with
+pydantic; a bad body gets a 4xx naming what is wrong and changes nothing. Admin endpoints (node changes,
+hint reload, tick) need `Authorization: Bearer <token>`; without a configured token they are disabled (403).
+
+With the co-adaptive `hint` policy the allocator also re-sizes and moves running jobs (`Allocator.rebalance`):
+on a release (the freed node's jobs grow), on an allocation that only fits if peers shrink (TUNE), and on a
+periodic tick (moves to faster GPU types). Every such change is an *action*, returned with the request that
+caused it and kept in a numbered log (`GET /v1/actions?since=N`) that a controller applies to the pods
+(docs/kubernetes.md).
+
+Layout: `create_app` composes one router per concern, each a function of the app's `ServiceContext` (no global
+state): `allocation` (allocate, release, actions, tick, allocations), `nodes` (node admin), `hints`, `ops`
+(healthz, metrics) and `extender` (`/filter`, `/prioritize`); `bodies` holds the request and response models,
+`middleware` the body limit and request metrics, `settings` the `ServiceSettings`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI
+from starlette.concurrency import run_in_threadpool
+
+from hetplan.allocator.core import NodeChanges
+from hetplan.allocator.durable import DurableAllocator
+from hetplan.allocator.nodes_io import load_nodes
+from hetplan.allocator.policies import get_policy
+from hetplan.allocator.protocol import AllocatorAPI
+from hetplan.allocator.service import allocation, extender, hints, nodes, ops
+from hetplan.allocator.service.context import ServiceContext
+from hetplan.allocator.service.middleware import BodyLimit, RequestMetrics
+from hetplan.allocator.service.settings import TOKEN_ENV, ServiceSettings
+from hetplan.allocator.sources import StoreHints
+from hetplan.hints import HintStore, default_store_root
+
+__all__ = ["TOKEN_ENV", "ServiceSettings", "app_from_env", "create_app"]
+
+log = logging.getLogger(__name__)
+
+
+def create_app(settings: ServiceSettings | None = None, allocator: AllocatorAPI | None = None) -> FastAPI:
+    """The FastAPI application. Given no allocator, it opens one from `settings` at start-up and closes it after."""
+    settings = settings or ServiceSettings()
+    ctx = ServiceContext(settings)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        if allocator is not None:
+            ctx.allocator = allocator
+            yield
+            return
+        store = HintStore(settings.store if settings.store is not None else default_store_root())
+        source = StoreHints(store, poll_seconds=settings.hint_poll_seconds)
+        policy = get_policy(settings.policy, strict=True) if settings.strict else get_policy(settings.policy)
+        opened = DurableAllocator(settings.db, policy, source, synchronous=settings.synchronous)
+        if settings.nodes is not None:
+            seed = load_nodes(settings.nodes)
+            opened.change_nodes(NodeChanges(upsert=seed))
+            log.info("upserted %d nodes from %s", len(seed), settings.nodes)
+        ctx.allocator = opened
+        gc.freeze()  # the loaded state is long-lived: keep it out of every future collection (shorter GC pauses)
+        log.info("allocator ready: %d nodes, %d allocations, policy %s, hints %s", len(opened.cluster),
+                 len(opened.cluster.allocations()), opened.policy.name, opened.hints.version)
+        ticker = asyncio.create_task(_tick_forever()) if settings.tick_seconds > 0 and opened.policy.rounds else None
+        try:
+            yield
+        finally:
+            if ticker is not None:
+                ticker.cancel()
+            opened.close()
+
+    async def _tick_forever() -> None:
+        while True:
+            await asyncio.sleep(settings.tick_seconds)
+            try:
+                await run_in_threadpool(allocation.rebalance_tick, ctx)
+            except Exception:  # a failed tick must not stop the next one; the state is unchanged (all or nothing)
+                log.exception("rebalancing tick failed")
+
+    app = FastAPI(title="hetplan allocator", version="1", lifespan=lifespan,
+                  description="Hint-driven GPU job placement: allocation API, node admin, hints, Kubernetes "
+                              "scheduler extender (`/filter`, `/prioritize`). RAM is GiB (2^30 bytes) in every "
+                              "body, `mem_gb` fields included.")
+    app.add_middleware(BodyLimit, default=settings.max_body_bytes,
+                       prefixes={"/filter": settings.max_extender_body_bytes,
+                                 "/prioritize": settings.max_extender_body_bytes})
+    app.add_middleware(RequestMetrics, metrics=ctx.metrics)
+    for concern in (allocation, nodes, hints, ops, extender):
+        app.include_router(concern.router(ctx))
+    return app
+
+
+def app_from_env() -> FastAPI:
+    """`uvicorn --factory hetplan.allocator.service:app_from_env`: settings from the environment."""
+    return create_app(ServiceSettings.from_env())

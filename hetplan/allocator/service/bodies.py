@@ -1,0 +1,176 @@
+"""Request and response bodies of the HTTP API, and the numbered action log. RAM is GiB in every body (the
+`mem_gb` field names are kept for compatibility)."""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Sequence
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, model_validator
+
+from hetplan.allocator.rebalance import Action
+from hetplan.allocator.spec import Allocation, Node
+
+Name = Field(min_length=1, max_length=253, pattern=r"^\S(.*\S)?$")
+
+
+class AllocateRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    job_id: str = Name
+    model: str = Name
+    num_gpus: StrictInt = Field(ge=1, le=1024)
+
+
+class ReleaseRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    job_id: str = Name
+
+
+class AllocationOut(BaseModel):
+    job_id: str
+    model: str
+    node: str
+    gpu_type: str
+    gpus: int
+    cpus: float
+    mem_gb: float = Field(description="RAM given, in GiB (2^30 bytes; the field keeps its name for compatibility)")
+    hint_version: str | None
+    policy: str
+    share: str
+    rank: int | None
+
+
+class ActionOut(BaseModel):
+    """A change to a running job the allocator decided: `resize` (same node, other cores/RAM), `migrate`
+    (other node: checkpoint, evict, re-create), `start` or `stop`. `before`/`after`: one allocation per node."""
+
+    seq: int = Field(description="position in the action log (GET /v1/actions?since=...)")
+    at: float = Field(description="when it was decided (Unix seconds)")
+    kind: Literal["start", "stop", "migrate", "resize"]
+    job_id: str
+    before: list[AllocationOut]
+    after: list[AllocationOut]
+
+
+class ActionsResponse(BaseModel):
+    latest: int = Field(description="the newest action's seq (0: none yet); pass it as `since` next time")
+    actions: list[ActionOut]
+
+
+class AllocateResponse(BaseModel):
+    status: Literal["allocated", "rejected"]
+    job_id: str
+    hint_version: str | None
+    allocation: AllocationOut | None = None
+    replayed: bool = Field(False, description="true when the job id was already allocated (idempotent retry)")
+    reason: str | None = None
+    message: str | None = None
+    actions: list[ActionOut] = Field([], description="peers re-sized to make room for this job")
+
+
+class ReleaseResponse(BaseModel):
+    job_id: str
+    released: bool = Field(description="false when the job held no allocation (releasing twice is harmless)")
+    allocation: AllocationOut | None = None
+    actions: list[ActionOut] = Field([], description="the freed node's jobs grown into what it left")
+
+
+class NodeIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    name: str = Name
+    gpu_type: str = Field(min_length=1, max_length=100)
+    gpus: StrictInt = Field(ge=1, le=1024)
+    cpus: float = Field(gt=0, le=1e6, allow_inf_nan=False)
+    mem_gb: float = Field(gt=0, le=1e9, allow_inf_nan=False,
+                          description="RAM in GiB (2^30 bytes; the field keeps its name for compatibility)")
+    labels: dict[str, str] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _valid_node(self) -> NodeIn:
+        self.to_node()  # raises ValueError (unknown GPU type, ...) -> 422
+        return self
+
+    def to_node(self) -> Node:
+        return Node(self.name, self.gpu_type, self.gpus, self.cpus, self.mem_gb, self.labels)
+
+
+class NodeOut(BaseModel):
+    name: str
+    gpu_type: str
+    gpus: int
+    cpus: float
+    mem_gb: float = Field(description="RAM in GiB (2^30 bytes)")
+    labels: dict[str, str]
+    free_gpus: int
+    free_cpus: float
+    free_mem_gb: float = Field(description="free RAM in GiB (2^30 bytes)")
+    jobs: list[str]
+
+
+class NodesResponse(BaseModel):
+    nodes: list[NodeOut]
+    totals: dict[str, float] = Field(description="nodes, gpus, free_gpus, cpus, free_cpus, mem_gb and free_mem_gb "
+                                                 "(RAM in GiB) summed over all nodes")
+
+
+class NodeChangesIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    upsert: list[NodeIn] = Field(default_factory=list, max_length=100_000)
+    remove: list[str] = Field(default_factory=list, max_length=100_000)
+    force: bool = Field(False, description="removing a busy node releases its allocations instead of refusing")
+
+
+class NodeChangesResponse(BaseModel):
+    upserted: int
+    removed: int
+    evicted: list[str]
+
+
+class HintRow(BaseModel):
+    model: str
+    num_gpus: int
+    gpu_type: str
+    rank: int
+    cpus_per_gpu: float
+    mem_gb_per_gpu: float = Field(description="RAM per GPU in GiB (2^30 bytes), as in the hint table")
+    expected_throughput: float
+    normalized_throughput: float
+
+
+class HintsResponse(BaseModel):
+    version: str | None
+    classes: int
+    rows: list[HintRow]
+    last_error: str | None = None
+
+
+def allocation_out(a: Allocation) -> AllocationOut:
+    return AllocationOut(**a.to_dict())
+
+
+class ActionLog:
+    """The last `size` actions, numbered from 1 in the order they were applied."""
+
+    def __init__(self, size: int) -> None:
+        self._entries: deque[ActionOut] = deque(maxlen=size)
+        self._seq = 0
+
+    def record(self, actions: Sequence[Action]) -> list[ActionOut]:
+        now = time.time()
+        out = []
+        for action in actions:
+            self._seq += 1
+            out.append(ActionOut(seq=self._seq, at=now, kind=action.kind, job_id=action.job_id,
+                                 before=[allocation_out(a) for a in action.before],
+                                 after=[allocation_out(a) for a in action.after]))
+        self._entries.extend(out)
+        return out
+
+    @property
+    def latest(self) -> int:
+        return self._seq
+
+    def since(self, seq: int) -> ActionsResponse:
+        return ActionsResponse(latest=self._seq, actions=[a for a in self._entries if a.seq > seq])

@@ -1,0 +1,54 @@
+"""What the routers of one application share: its settings, metrics, action log, the allocator, the admin check.
+
+One `ServiceContext` per `create_app` call: nothing is global, so several apps (test servers) never mix state.
+"""
+
+from __future__ import annotations
+
+import hmac
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from fastapi import Depends, HTTPException
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from starlette.concurrency import run_in_threadpool
+
+from hetplan.allocator.metrics import Metrics
+from hetplan.allocator.protocol import AllocatorAPI
+from hetplan.allocator.service.bodies import ActionLog
+from hetplan.allocator.service.settings import TOKEN_ENV, ServiceSettings
+
+T = TypeVar("T")
+
+
+class ServiceContext:
+    """The per-application state the routers read; `allocator` is set at start-up (the lifespan)."""
+
+    def __init__(self, settings: ServiceSettings) -> None:
+        self.settings = settings
+        self.metrics = Metrics()
+        self.actions = ActionLog(settings.action_log)
+        self.allocator: AllocatorAPI | None = None
+        bearer = HTTPBearer(auto_error=False, description="The admin token (`hetplan serve --token`).")
+
+        def require_admin(credentials: HTTPAuthorizationCredentials | None = Depends(bearer)) -> None:
+            if settings.token is None:
+                raise HTTPException(403, f"admin endpoints are disabled: start the service with a token "
+                                         f"(--token or ${TOKEN_ENV})")
+            expected = settings.token.get_secret_value().encode()
+            if credentials is None or not hmac.compare_digest(credentials.credentials.encode(), expected):
+                raise HTTPException(401, "missing or wrong bearer token", headers={"WWW-Authenticate": "Bearer"})
+
+        self.admin = [Depends(require_admin)]
+        """The dependencies of an admin route: `Authorization: Bearer <token>` (403 without a configured token)."""
+
+    def alloc(self) -> AllocatorAPI:
+        assert self.allocator is not None, "the allocator is opened at start-up"
+        return self.allocator
+
+    async def durably(self, fn: Callable[..., T], *args: Any) -> T:
+        """Run a state change: inline when commits do not fsync (microseconds), else in a worker thread so that
+        an fsync never stalls the event loop."""
+        if self.alloc().synchronous in ("OFF", "NORMAL"):
+            return fn(*args)
+        return await run_in_threadpool(fn, *args)

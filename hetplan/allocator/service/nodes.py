@@ -1,0 +1,45 @@
+"""Routes of node admin: the nodes with their free capacity (RAM in GiB), and all-or-nothing node changes."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, HTTPException
+
+from hetplan.allocator.cluster import StateError
+from hetplan.allocator.core import NodeChanges
+from hetplan.allocator.service.bodies import NodeChangesIn, NodeChangesResponse, NodeOut, NodesResponse
+from hetplan.allocator.service.context import ServiceContext
+from hetplan.allocator.spec import mib_to_gib
+
+
+def router(ctx: ServiceContext) -> APIRouter:
+    api = APIRouter(tags=["nodes"])
+
+    @api.get("/v1/nodes", response_model=NodesResponse)
+    def nodes() -> NodesResponse:
+        a = ctx.alloc()
+        with a.lock:
+            cluster = a.cluster
+            out = []
+            for node in cluster.nodes():
+                free = cluster.free(node.name)
+                out.append(NodeOut(**node.to_dict(), free_gpus=free.gpus, free_cpus=free.cpu_m / 1000,
+                                   free_mem_gb=mib_to_gib(free.mem_mib), jobs=cluster.jobs_on(node.name)))
+            totals = cluster.totals()
+        return NodesResponse(nodes=out, totals={
+            "nodes": len(out), "gpus": totals["gpus"], "free_gpus": totals["free_gpus"],
+            "cpus": totals["cpu_m"] / 1000, "free_cpus": totals["free_cpu_m"] / 1000,
+            "mem_gb": mib_to_gib(totals["mem_mib"]), "free_mem_gb": mib_to_gib(totals["free_mem_mib"])})
+
+    @api.post("/v1/nodes", response_model=NodeChangesResponse, tags=["admin"], dependencies=ctx.admin,
+              responses={409: {"description": "a change was refused"}})
+    def change_nodes(body: NodeChangesIn) -> NodeChangesResponse:
+        """Add, update and remove nodes, all or nothing (admin)."""
+        changes = NodeChanges(upsert=[n.to_node() for n in body.upsert], remove=list(body.remove), force=body.force)
+        try:
+            evicted = ctx.alloc().change_nodes(changes)
+        except StateError as exc:
+            raise HTTPException(409, str(exc)) from None
+        return NodeChangesResponse(upserted=len(changes.upsert), removed=len(changes.remove),
+                                   evicted=[e.job_id for e in evicted])
+
+    return api
