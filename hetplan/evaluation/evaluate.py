@@ -198,7 +198,7 @@ def gpu_hours_per_job(jobs: pd.DataFrame, truth: TruthCurves, nodes: Sequence[No
                 speeds.append(truth.speed(str(model), gpu, int(num_gpus), share_cpu, share_mem))
                 weights.append(weight)
             elif gang and per_type[gpu] >= num_gpus:  # per GPU, at one GPU's proportional share
-                speeds.append(truth.speed(str(model), gpu, 1, to_milli(cpus) // gpus, to_milli(mem) // gpus)
+                speeds.append(truth.speed(str(model), gpu, 1, to_milli(cpus) // gpus, to_mib(mem) // gpus)
                               * GANG_SCALING)
                 weights.append(weight)
         if speeds:
