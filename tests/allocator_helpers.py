@@ -62,3 +62,14 @@ def rejected(decision) -> Rejection:
 def fixture(name: str) -> dict:
     return json.loads((FIXTURES / name).read_text())
 
+
+
+def run_concurrently(worker, n: int) -> None:
+    """Run `worker(t)` for t in range(n) on n threads at once and wait for all of them."""
+    import threading
+
+    threads = [threading.Thread(target=worker, args=(t,)) for t in range(n)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()

@@ -6,7 +6,6 @@ import sqlite3
 import subprocess
 import sys
 import textwrap
-import threading
 
 import pytest
 
@@ -14,9 +13,7 @@ from hetplan.allocator import (
     Allocation, Allocator, DurableAllocator, Job, Node, NodeChanges, OvercommitError, StateError,
 )
 from hetplan.allocator.durable import check_database
-from allocator_helpers import (
-    T4, allocated, hint_set, v100,
-)
+from allocator_helpers import T4, allocated, hint_set, run_concurrently, v100
 
 
 # --- durability ---------------------------------------------------------------------------------------------------
@@ -107,11 +104,7 @@ def test_many_threads_in_process_never_overcommit_and_lose_no_release(tmp_path):
                 mine.discard(victim)
         held[t] = mine
 
-    threads = [threading.Thread(target=worker, args=(t,)) for t in range(8)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    run_concurrently(worker, 8)
     assert problems == [] and alloc.cluster.check() == []
     assert {a.job_id for a in alloc.cluster.allocations()} == set().union(*held.values())
     alloc.close()

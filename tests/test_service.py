@@ -16,9 +16,7 @@ from hetplan.allocator.extender import (
 )
 from hetplan.hints import HintStore
 from servers import TOKEN, Server
-from allocator_helpers import (
-    T4, fixture, hint_set, hints_frame, make_plan, v100,
-)
+from allocator_helpers import T4, fixture, hint_set, hints_frame, make_plan, run_concurrently, v100
 
 
 # --- the HTTP service on a real uvicorn ------------------------------------------------------------------------
@@ -215,11 +213,7 @@ def test_many_clients_at_once_never_overcommit_and_lose_no_release(server):
                     mine.discard(victim)
         kept[t] = mine
 
-    threads = [threading.Thread(target=worker, args=(t,)) for t in range(12)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    run_concurrently(worker, 12)
     with httpx.Client(base_url=server.url, timeout=10) as c:
         allocations, nodes = state(c)
         assert problems == []
