@@ -150,9 +150,15 @@ class _Step:
                 movers.append(job)
         for job in movers:  # priority order
             self._place(job, assigned.get(job.job_id))
+        failed: set[tuple[str, int]] = set()  # classes that found no place: nothing is freed while backfilling
         for job in admitted + left_out:  # backfill, a preempted or unplaced job its old place first
-            if job.job_id not in self.placed:
-                self._restore(job) or self._place(job, None)
+            if job.job_id in self.placed or self._restore(job):
+                continue
+            key = (job.model, job.num_gpus)
+            if key in failed or job.num_gpus > sum(self.cluster.free_gpus_by_type().values()):
+                continue
+            if not self._place(job, None):
+                failed.add(key)
         for node in sorted(self.touched):
             if node in self.cluster:
                 self._grow(node)
@@ -213,28 +219,29 @@ class _Step:
             self._improve([j for j in admitted if j.job_id in assigned], assigned, room)
         return assigned
 
-    def _value(self, job: Job, gpu_type: str) -> float:
-        """A job's normalised speed on a type, less the migration cost over the horizon if it runs elsewhere now."""
-        speed = self.policy.speeds(job, self.hints, self.types)[gpu_type]
+    def _values(self, job: Job) -> dict[str, float]:
+        """A job's normalised speed per type, less the migration cost over the horizon on every type but the
+        one it runs on now."""
+        speeds = self.policy.speeds(job, self.hints, self.types)
         parts = self.current.get(job.job_id, ())
-        if parts and parts[0].gpu_type != gpu_type:
-            horizon = self.policy.horizon_s
-            return speed * (1.0 - min(self.policy.migration_s / horizon, 1.0)) if horizon > 0 else 0.0
-        return speed
+        if not parts:
+            return speeds
+        horizon = self.policy.horizon_s
+        keep = 1.0 - min(self.policy.migration_s / horizon, 1.0) if horizon > 0 else 0.0
+        return {t: v if t == parts[0].gpu_type else v * keep for t, v in speeds.items()}
 
     def _improve(self, jobs: list[Job], assigned: dict[str, str], room: dict[str, int]) -> None:
         """Moves into free GPUs, then pairwise swaps of equal-sized jobs, while each gains more than it costs."""
         eps = 1e-9
+        value = {job.job_id: self._values(job) for job in jobs}
         moves = []
         for job in jobs:
-            now = assigned[job.job_id]
-            for t in self.types:
-                gain = self._value(job, t) - self._value(job, now)
-                if t != now and gain > eps:
-                    moves.append((-gain, self.rank[job.job_id], job, t))
+            v, now = value[job.job_id], assigned[job.job_id]
+            moves.extend((v[now] - v[t], self.rank[job.job_id], job, t) for t in self.types
+                         if t != now and v[t] - v[now] > eps)
         for _, _, job, t in sorted(moves, key=lambda m: m[:2]):
-            now = assigned[job.job_id]
-            if room[t] >= job.num_gpus and self._value(job, t) - self._value(job, now) > eps:
+            v, now = value[job.job_id], assigned[job.job_id]
+            if room[t] >= job.num_gpus and v[t] - v[now] > eps:
                 assigned[job.job_id] = t
                 room[t] -= job.num_gpus
                 room[now] += job.num_gpus
@@ -246,11 +253,11 @@ class _Step:
                 if x >= y:
                     continue
                 for g in sorted({g for (t, g) in by_type if t == x} & {g for (t, g) in by_type if t == y}):
-                    on_x = sorted(by_type[(x, g)], key=lambda j: self._value(j, x) - self._value(j, y))
-                    on_y = sorted(by_type[(y, g)], key=lambda j: self._value(j, y) - self._value(j, x))
+                    on_x = sorted(by_type[(x, g)], key=lambda j: value[j.job_id][x] - value[j.job_id][y])
+                    on_y = sorted(by_type[(y, g)], key=lambda j: value[j.job_id][y] - value[j.job_id][x])
                     for i, j in zip(on_x, on_y):
-                        gain = (self._value(i, y) + self._value(j, x)) - (self._value(i, x) + self._value(j, y))
-                        if gain <= eps:
+                        vi, vj = value[i.job_id], value[j.job_id]
+                        if (vi[y] + vj[x]) - (vi[x] + vj[y]) <= eps:
                             break
                         assigned[i.job_id], assigned[j.job_id] = y, x
 

@@ -98,7 +98,7 @@ class _Job:
 
     __slots__ = ("idx", "request", "model", "truth_model", "gpus", "arrival", "work", "remaining", "attained", "last",
                  "speed", "parts", "paused_until", "start", "finish", "run_s", "preemptions", "migrations", "resizes",
-                 "version", "gpu_type", "gpu_types", "share")
+                 "version", "gpu_type", "gpu_types", "share", "off_best")
 
     def __init__(self, idx: int, request: Job, truth_model: str, arrival: float, work: float) -> None:
         self.idx = idx
@@ -124,6 +124,7 @@ class _Job:
         self.gpu_type = ""
         self.gpu_types: list[str] = []  # every GPU type it ran on, in order
         self.share = ""
+        self.off_best = False  # running on a GPU type its hints rank below another the cluster has
 
 
 Priority = Callable[[_Job, float], tuple]
@@ -186,6 +187,8 @@ class Simulator:
         self.timeline: list[tuple[float, int, int, int, int]] = []
         self.last_round = -math.inf
         self.changed = False  # something started or stopped since the last round (co-adaptive rounds only)
+        self.off_best = 0  # running jobs not on their fastest GPU type (co-adaptive rounds only)
+        self.gpu_type_names = allocator.cluster.gpu_types()
         self.now = 0.0
         self.counts = {"jobs": len(self.jobs), "completed": 0, "rejected_too_big": 0, "starts": 0,
                        "kept": 0, "preemptions": 0, "migrations": 0, "resizes": 0, "gangs": 0, "rounds": 0,
@@ -359,11 +362,11 @@ class Simulator:
         return sorted((*self.priority(job, now - job.last), job.idx) for job in jobs)
 
     def _co_adaptive_round(self, now: float) -> None:
-        """Every job that waits or runs, in priority order, to the allocator's rebalance; when nothing waits on a
-        one-type cluster, only the jobs on nodes that changed (nothing else can improve)."""
+        """Every job that waits or runs, in priority order, to the allocator's rebalance; when nothing waits and
+        every running job is on its fastest GPU type, only the jobs on nodes that changed (no move can help)."""
         self.changed = False
         cluster = self.allocator.cluster
-        if self.queue or len(cluster.gpu_types()) > 1:
+        if self.queue or (self.off_best and len(self.gpu_type_names) > 1):
             ranked = self._ranked(self.running.values(), now)
             order = [self.jobs[entry[-1]].request for entry in heapq.merge(ranked, self.queue)]
         else:
@@ -432,6 +435,10 @@ class Simulator:
         job.parts, job.last = parts, now
         job.paused_until = now + pause
         job.gpu_type, job.share = parts[0].gpu_type, parts[0].share
+        if self.co_adaptive:
+            speeds = self.allocator.policy.rounds.speeds(job.request, self.allocator.hints, self.gpu_type_names)
+            job.off_best = speeds.get(job.gpu_type, 0.0) < max(speeds.values(), default=0.0) - 1e-9
+            self.off_best += job.off_best
         if not job.gpu_types or job.gpu_types[-1] != job.gpu_type:
             job.gpu_types.append(job.gpu_type)
         if math.isnan(job.start):
@@ -453,6 +460,8 @@ class Simulator:
             raise SimulationError(f"{job.request.job_id} stopped while not running")
         for a in job.parts:
             self._use(a, -1)
+        self.off_best -= job.off_best
+        job.off_best = False
         job.parts, job.speed = (), 0.0
         job.version += 1
         del self.running[job.idx]
