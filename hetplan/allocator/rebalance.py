@@ -188,7 +188,7 @@ class _Step:
         """Comparative advantage: each admitted job's GPU type (absent: none had GPUs left).
 
         Running jobs start on their type; newcomers pick by greedy regret in what is left; then (with
-        `preempt`) running jobs move up into free GPUs and pairs swap types, each only when the speed gained
+        `move`) running jobs move up into free GPUs and pairs swap types, each only when the speed gained
         beats the migration cost, so the assignment never oscillates from one step to the next.
         """
         room = self.cluster.free_gpus_by_type()  # after the left-out jobs were released
