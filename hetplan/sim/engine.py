@@ -199,11 +199,12 @@ class Simulator:
 
     def run(self) -> SimResult:
         arrivals = sorted((j for j in self.jobs), key=lambda j: (j.arrival, j.idx))
-        too_big = [j for j in arrivals if not self._could_run(j)]
+        limit = max(self.allocator.cluster.gpus_by_type()[0].values(), default=0)  # one GPU type's GPUs (gangs)
+        too_big = [j for j in arrivals if j.gpus > limit]
         for job in too_big:
             self.status[job.idx] = "rejected_too_big"
         self.counts["rejected_too_big"] = len(too_big)
-        arrivals = [j for j in arrivals if self._could_run(j)]
+        arrivals = [j for j in arrivals if j.gpus <= limit]
         self.truth.require({j.truth_model for j in arrivals}, self.allocator.cluster.gpu_types())
         self._record(arrivals[0].arrival if arrivals else 0.0)
         nxt = 0
@@ -232,13 +233,6 @@ class Simulator:
                 self._check()
         self._check(final=True)
         return SimResult(self._job_frame(), self._timeline_frame(), self.capacity, dict(self.counts))
-
-    def _could_run(self, job: _Job) -> bool:
-        """A job fits one node, or runs as a gang over nodes of one GPU type that has the GPUs (every policy)."""
-        if job.gpus <= self.largest:
-            return True
-        total, _ = self.allocator.cluster.gpus_by_type()
-        return job.gpus <= max(total.values(), default=0)
 
     def _next_finish(self) -> float:
         while self.finishes:
