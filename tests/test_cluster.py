@@ -10,8 +10,7 @@ from hetplan.allocator import (
     Allocation, Allocator, Cluster, DurableAllocator, Job, Node, Rejection,
     StateError,
 )
-from hetplan.allocator.policies import hinted_need
-from hetplan.allocator.spec import to_mib_up, to_milli_up
+from hetplan.allocator.policies import floor_need, want_need
 from hetplan.hints import HintSet
 from allocator_helpers import (
     allocated, v100,
@@ -35,7 +34,8 @@ PROPERTY_HINTS = HintSet.from_frame(pd.DataFrame([
                                ("transformer", 8, "V100", 1, 1, 61)]]))
 
 allocate_op = st.tuples(st.just("allocate"), st.sampled_from(JOBS), st.sampled_from(MODELS),
-                        st.sampled_from([1, 1, 1, 2, 2, 4, 8, 9]))
+                        st.sampled_from([0, 0.25, 0.5, 0.7, 1, 1, 1, 2, 2, 4, 8, 9]),
+                        st.sampled_from([None, None, 0.5, 3, 20, 200]), st.sampled_from([None, None, 2, 90, 2000]))
 operations = st.one_of(
     # shapes vary by fractions of a core and of a GiB, so that cores or RAM bind, not only GPUs
     st.tuples(st.just("upsert"), st.sampled_from(NAMES), st.sampled_from(SHAPES), st.integers(0, 8),
@@ -60,10 +60,37 @@ def _expected_best(cluster: Cluster, g: int, need, types=None):
     return best[1] if best else None
 
 
+def _check_partial(cluster: Cluster, job: Job, decision) -> None:
+    """A GPU share or CPU-only job: at least its floor, on a shared device with room when one fits, and never
+    rejected while some node could take it."""
+    need = floor_need(job)
+
+    def devices(name: str) -> list[int]:  # devices that could take the share now
+        if not job.gpu_milli:
+            return [-1]
+        free = cluster.free(name)
+        shared = cluster.shared_devices(name)
+        return [d for d, taken in shared.items() if taken + job.gpu_milli <= 1000] + ([-2] if free.gpus else [])
+
+    fits = {n.name: devices(n.name) for n in cluster.nodes()
+            if cluster.free(n.name).cpu_m >= need(n.shape)[0] and cluster.free(n.name).mem_mib >= need(n.shape)[1]}
+    fits = {name: d for name, d in fits.items() if d}
+    if not fits:
+        assert isinstance(decision, Rejection), (decision, job)
+        return
+    a = allocated(decision)
+    assert a.node in fits and (a.cpu_m, a.mem_mib) == need(cluster.node(a.node).shape)
+    assert (a.gpus, a.gpu_milli, a.request_cpu_m, a.request_mem_mib) == (0, job.gpu_milli, job.cpu_m, job.mem_mib)
+    if job.gpu_milli and any(d >= 0 for devices in fits.values() for d in devices):  # packs before it opens one
+        assert a.device in cluster.shared_devices(a.node), (a, fits)
+
+
 def _check_decision(policy: str, cluster: Cluster, job: Job, decision) -> None:
     """Every decision is right, checked against a brute-force scan of the state it was made on."""
+    if not job.whole:
+        return _check_partial(cluster, job, decision)
     g = job.num_gpus
-    prop = lambda shape: shape.proportional(g)  # noqa: E731
+    prop = floor_need(job)
     entries = PROPERTY_HINTS.lookup(job.model, g)
     if policy == "first-fit":
         expected = next((n.name for n in cluster.nodes() if cluster.free(n.name).gpus >= g and
@@ -79,7 +106,7 @@ def _check_decision(policy: str, cluster: Cluster, job: Job, decision) -> None:
     else:
         expected = None
         for entry in entries:
-            expected = _expected_best(cluster, g, hinted_need(entry, g), {entry.gpu_type})
+            expected = _expected_best(cluster, g, want_need(entry, job), {entry.gpu_type})
             if expected is not None:
                 assert allocated(decision).share == "hinted" and decision.rank == entry.rank
                 break
@@ -92,8 +119,7 @@ def _check_decision(policy: str, cluster: Cluster, job: Job, decision) -> None:
             entry = next((e for e in entries if e.gpu_type == node.gpu_type), None) if policy == "hint" else None
             floor = prop(node.shape)
             if entry is not None:
-                floor = (min(floor[0], to_milli_up(entry.cpus_per_gpu * g)),
-                         min(floor[1], to_mib_up(entry.mem_gb_per_gpu * g)))
+                floor = tuple(min(f, w) for f, w in zip(floor, want_need(entry, job)(node.shape)))
             assert not (free.gpus >= g and free.cpu_m >= floor[0] and free.mem_mib >= floor[1]), (decision, node)
 
 
@@ -114,7 +140,7 @@ def _run(alloc, ops, policy: str, check: bool) -> list:
             except StateError as exc:  # unknown node, or busy without force
                 log.append(("refused", str(exc)))
         elif kind == "allocate":
-            job = Job(op[1], op[2], op[3])
+            job = Job.request(*op[1:])
             fresh = alloc.cluster.allocation(job.job_id) is None
             if check and fresh:
                 before = Cluster()  # a copy of the state the policy saw, for the brute-force check
@@ -130,6 +156,8 @@ def _run(alloc, ops, policy: str, check: bool) -> list:
             log.append(alloc.release(op[1]))
         if check:
             assert alloc.cluster.check() == []
+            assert all(a.cpu_m >= (a.request_cpu_m or 0) and a.mem_mib >= (a.request_mem_mib or 0)
+                       for a in alloc.cluster.allocations()), "an allocation below its own request"
     return log
 
 

@@ -90,11 +90,36 @@ def test_allocate_release_over_http(client):
                                                                         "allocation": None, "actions": []}
 
 
+def test_pods_as_they_come_shares_cpu_only_and_own_requests_over_http(client):
+    asked = [{"job_id": "p-half", "model": "bert", "num_gpus": 0.5, "cpus": 2, "mem_gb": 6},
+             {"job_id": "p-quarter", "model": "bert", "num_gpus": 0.25},
+             {"job_id": "p-cpu", "model": "etl", "num_gpus": 0, "cpus": 4, "mem_gb": 16},
+             {"job_id": "p-own", "model": "res50", "num_gpus": 1, "cpus": 30.5, "mem_gb": 0}]
+    got = {}
+    for body in asked:
+        answer = client.post("/v1/allocate", json=body).json()
+        assert answer["status"] == "allocated", answer
+        got[body["job_id"]] = answer["allocation"]
+        assert client.post("/v1/allocate", json=body).json()["replayed"]
+    half, quarter = got["p-half"], got["p-quarter"]
+    assert (half["gpus"], half["gpu_share"], half["cpus"], half["mem_gb"]) == (0, 0.5, 2.0, 6.0)
+    assert (half["requested_cpus"], half["requested_mem_gb"]) == (2.0, 6.0)
+    assert (quarter["node"], quarter["device"]) == (half["node"], half["device"])  # packed onto one device
+    assert quarter["requested_cpus"] is None and quarter["cpus"] > 0  # no request: its slice of the share
+    assert (got["p-cpu"]["gpus"], got["p-cpu"]["gpu_share"], got["p-cpu"]["cpus"]) == (0, None, 4.0)
+    assert got["p-own"]["cpus"] == 30.5  # above its hinted share: the request wins
+    for job_id in got:
+        assert client.post("/v1/release", json={"job_id": job_id}).json()["released"]
+
+
 @pytest.mark.parametrize(("path", "payload", "status", "reason"), [
-    ("/v1/allocate", {"job_id": "x", "model": "res50", "num_gpus": 0}, 422, "greater than or equal to 1"),
+    ("/v1/allocate", {"job_id": "x", "model": "res50", "num_gpus": -1}, 422, "greater than or equal to 0"),
+    ("/v1/allocate", {"job_id": "x", "model": "res50", "num_gpus": 1.5}, 422, "must be a whole number"),
+    ("/v1/allocate", {"job_id": "x", "model": "res50", "num_gpus": 0.0001}, 422, "from 0.001 to 0.999"),
+    ("/v1/allocate", {"job_id": "x", "model": "res50", "num_gpus": 1, "cpus": -2}, 422, "greater than or equal to 0"),
     ("/v1/allocate", {"job_id": "x", "model": "res50"}, 422, "Field required"),
     ("/v1/allocate", {"job_id": "x", "model": "res50", "num_gpus": "1"}, 422, "valid integer"),
-    ("/v1/allocate", {"job_id": "x", "model": "res50", "num_gpus": 1, "cpus": 99}, 422, "Extra inputs"),
+    ("/v1/allocate", {"job_id": "x", "model": "res50", "num_gpus": 1, "gpu_type": "A100"}, 422, "Extra inputs"),
     ("/v1/allocate", {"job_id": " ", "model": "res50", "num_gpus": 1}, 422, "should match pattern"),
     ("/v1/allocate", b'{"job_id": "x", ', 422, "JSON decode error"),
     ("/v1/allocate", [], 422, "valid dictionary"),
@@ -249,9 +274,11 @@ def test_a_killed_server_restarts_with_the_same_state(tmp_path):
     srv = Server(tmp_path, store, _fixture_nodes_file(tmp_path / "nodes.json"), ("--synchronous", "NORMAL")).start()
     try:
         with httpx.Client(base_url=srv.url, timeout=10) as c:
-            for i, (model, gpus) in enumerate([("res50", 2), ("transformer", 1), ("vgg", 4), ("res50", 1)]):
-                assert c.post("/v1/allocate", json={"job_id": f"k{i}", "model": model, "num_gpus": gpus}).json()[
-                    "status"] == "allocated"
+            for i, (model, gpus, own) in enumerate([("res50", 2, {}), ("transformer", 1, {}), ("vgg", 4, {}),
+                                                    ("res50", 1, {"cpus": 3}), ("bert", 0.5, {"mem_gb": 7.5}),
+                                                    ("bert", 0.25, {}), ("etl", 0, {"cpus": 2, "mem_gb": 4})]):
+                body = {"job_id": f"k{i}", "model": model, "num_gpus": gpus, **own}
+                assert c.post("/v1/allocate", json=body).json()["status"] == "allocated"
             c.post("/v1/release", json={"job_id": "k1"})
             before = state(c)
         srv.stop(signal.SIGKILL)

@@ -6,18 +6,23 @@ back. Policies only read, through the `ClusterView` protocol, so a decision is a
 Index: nodes are grouped by `Shape` (GPU type, GPUs, cores, RAM when empty); inside a shape, by the number of
 free GPUs; inside that, a list sorted by (free cores, free RAM, arrival order). Finding the best fit for a
 request is then a bisection per (shape, free-GPU count), whatever the number of nodes.
+
+GPU shares (`Allocation.gpu_milli`, a pod asking 0.25 GPU) live on a node's *shared devices*: a device holds
+shares only, never more than 1000 thousandths in all, and stops counting as a free GPU from its first share
+to its last. A share never spans devices. Nodes with shared devices are kept in a set per GPU type, which a
+share search scans (shares pack onto them before opening a free device).
 """
 
 from __future__ import annotations
 
 from bisect import bisect_left, insort
 from collections import Counter
-from collections.abc import Callable, Collection, Iterable, Iterator
+from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Protocol
 
-from hetplan.allocator.spec import Allocation, Node, Shape, mib_to_gib
+from hetplan.allocator.spec import MILLI_PER_GPU, Allocation, Node, Shape, mib_to_gib
 
 Need = Callable[[Shape], tuple[int, int]]
 """Cores (millicores) and RAM (MiB) a job needs on a node of a given shape."""
@@ -50,6 +55,7 @@ class Fit:
     gpu_type: str
     cpu_m: int
     mem_mib: int
+    device: int | None = None  # for a GPU share: the shared device's slot
 
 
 class ClusterView(Protocol):
@@ -62,10 +68,14 @@ class ClusterView(Protocol):
     def largest_share(self, gpu_type: GpuTypes, gpus: int, want: Need, floor: Need) -> Fit | None: ...
     def first_fit(self, gpus: int, need: Need) -> Fit | None: ...
     def fitting(self, gpu_type: GpuTypes, gpus: int, need: Need) -> list[Fit]: ...
+    def share_fit(self, gpu_type: GpuTypes, milli: int, need: Need) -> Fit | None: ...
+    def names(self) -> Sequence[str]: ...
+    def fit_on(self, name: str, gpus: int, need: Need) -> Fit | None: ...
+    def could_hold(self, gpus: int, cpu_m: int, mem_mib: int) -> bool: ...
 
 
 class _NodeState:
-    __slots__ = ("node", "shape", "ordinal", "free_gpus", "free_cpu", "free_mem", "jobs")
+    __slots__ = ("node", "shape", "ordinal", "free_gpus", "free_cpu", "free_mem", "jobs", "shared")
 
     def __init__(self, node: Node, ordinal: int) -> None:
         self.node = node
@@ -75,6 +85,7 @@ class _NodeState:
         self.free_cpu = self.shape.cpu_m
         self.free_mem = self.shape.mem_mib
         self.jobs: set[str] = set()
+        self.shared: dict[int, int] = {}  # shared device slot -> thousandths of it taken
 
     def key(self) -> tuple[int, int, int, str]:
         return (self.free_cpu, self.free_mem, self.ordinal, self.node.name)
@@ -91,6 +102,8 @@ class Cluster:
         self._shapes_by_type: dict[str, list[Shape]] = {}
         self._node_gpus: Counter[int] = Counter()
         self._free_by_type: Counter[str] = Counter()
+        self._sharing: dict[str, set[str]] = {}  # GPU type -> nodes with shared devices
+        self._names: list[str] = []  # sorted
         self._next_ordinal = 0
         self._journal: list[tuple[bool, Allocation]] | None = None  # (applied?, allocation) while in a trial
         for node in nodes:
@@ -119,6 +132,13 @@ class Cluster:
         if state is None:
             raise StateError(f"unknown node {name!r}")
         return Free(state.free_gpus, state.free_cpu, state.free_mem)
+
+    def shared_devices(self, name: str) -> dict[int, int]:
+        """A node's shared devices: slot -> thousandths of it taken by GPU shares."""
+        state = self._states.get(name)
+        if state is None:
+            raise StateError(f"unknown node {name!r}")
+        return dict(state.shared)
 
     def jobs_on(self, name: str) -> list[str]:
         state = self._states.get(name)
@@ -164,7 +184,8 @@ class Cluster:
     def snapshot(self) -> dict:
         """Everything that defines the state, comparable with `==` (node order, free capacity, allocations)."""
         return {
-            "nodes": [(s.node.to_dict(), (s.free_gpus, s.free_cpu, s.free_mem)) for s in self._states.values()],
+            "nodes": [(s.node.to_dict(), (s.free_gpus, s.free_cpu, s.free_mem), dict(sorted(s.shared.items())))
+                      for s in self._states.values()],
             "allocations": {job: a.to_dict() for job, a in sorted(self._allocations.items())},
         }
 
@@ -172,6 +193,7 @@ class Cluster:
         """Invariant violations (empty when sound): free = capacity - allocated >= 0, and the indexes agree."""
         problems: list[str] = []
         used: dict[str, list[int]] = {name: [0, 0, 0] for name in self._states}
+        shares: dict[str, Counter[int]] = {name: Counter() for name in self._states}
         for job, a in self._allocations.items():
             if a.node not in used:
                 problems.append(f"{job} is on unknown node {a.node}")
@@ -180,9 +202,16 @@ class Cluster:
             u[0] += a.gpus
             u[1] += a.cpu_m
             u[2] += a.mem_mib
+            if a.gpu_milli:
+                shares[a.node][a.device] += a.gpu_milli
             if job not in self._states[a.node].jobs:
                 problems.append(f"{job} missing from node {a.node}'s job set")
         for name, s in self._states.items():
+            if dict(shares[name]) != s.shared or any(v > MILLI_PER_GPU for v in s.shared.values()):
+                problems.append(f"{name} shared devices out of step: {s.shared}, counted {dict(shares[name])}")
+            if bool(s.shared) != (name in self._sharing.get(s.shape.gpu_type, ())):
+                problems.append(f"{name} missing from (or stale in) the set of sharing nodes")
+            used[name][0] += len(s.shared)
             g, c, m = used[name]
             if g > s.shape.gpus or c > s.shape.cpu_m or m > s.shape.mem_mib:
                 problems.append(f"{name} overcommitted: used {g} GPUs, {c}m cores, {m} MB of {s.shape}")
@@ -303,6 +332,38 @@ class Cluster:
                         fits.append(Fit(name, shape.gpu_type, cpu, mem))
         return fits
 
+    def share_fit(self, gpu_type: GpuTypes, milli: int, need: Need) -> Fit | None:
+        """A node for a share of one GPU (`milli` thousandths) with `need` free: the shared device with the
+        least room that still holds it (tightest packing, then the earlier node), else a free device of the
+        best-fit node (the lowest free slot). Scans the nodes that already share a device."""
+        types = self._shapes_by_type if gpu_type is None else ([gpu_type] if isinstance(gpu_type, str) else gpu_type)
+        best: tuple[int, int, int, int] | None = None
+        found: Fit | None = None
+        for t in types:
+            for name in self._sharing.get(t, ()):
+                s = self._states[name]
+                cpu, mem = need(s.shape)
+                if s.free_cpu < cpu or s.free_mem < mem:
+                    continue
+                for device, taken in s.shared.items():
+                    room = MILLI_PER_GPU - taken
+                    if room >= milli:
+                        candidate = (room - milli, s.free_cpu - cpu, s.ordinal, device)
+                        if best is None or candidate < best:
+                            best, found = candidate, Fit(name, t, cpu, mem, device)
+        if found is not None:
+            return found
+        fit = self.best_fit(gpu_type, 1, need)
+        if fit is None:
+            return None
+        shared = self._states[fit.node].shared
+        return Fit(fit.node, fit.gpu_type, fit.cpu_m, fit.mem_mib, next(d for d in range(len(shared) + 1)
+                                                                         if d not in shared))
+
+    def could_hold(self, gpus: int, cpu_m: int, mem_mib: int) -> bool:
+        """Whether some node, empty, has `gpus` GPUs (>= 1 for a share: pass 1), `cpu_m` and `mem_mib`."""
+        return any(shape.gpus >= gpus and shape.cpu_m >= cpu_m and shape.mem_mib >= mem_mib for shape in self._index)
+
     def with_free_gpus(self, gpu_type: GpuTypes, gpus: int) -> list[str]:
         """Nodes with at least `gpus` free GPUs, whatever their free cores and RAM (fewest free GPUs first)."""
         out: list[tuple[int, int, str]] = []
@@ -317,6 +378,20 @@ class Cluster:
             return self._states[name].shape
         except KeyError:
             raise StateError(f"unknown node {name!r}") from None
+
+    def names(self) -> Sequence[str]:
+        """Node names, sorted (a read-only view: do not change it)."""
+        return self._names
+
+    def fit_on(self, name: str, gpus: int, need: Need) -> Fit | None:
+        """The node `name` if it has `gpus` free GPUs and `need` free, else None."""
+        state = self._states[name]
+        if state.free_gpus < gpus:
+            return None
+        cpu, mem = need(state.shape)
+        if state.free_cpu >= cpu and state.free_mem >= mem:
+            return Fit(name, state.shape.gpu_type, cpu, mem)
+        return None
 
     def first_fit(self, gpus: int, need: Need) -> Fit | None:
         """The first node (in joining order) with `gpus` free GPUs and `need` free."""
@@ -381,6 +456,7 @@ class Cluster:
         state = _NodeState(node, self._next_ordinal)
         self._next_ordinal += 1
         self._states[node.name] = state
+        insort(self._names, node.name)
         self._node_gpus[state.shape.gpus] += 1
         self._insert(state)
 
@@ -396,7 +472,8 @@ class Cluster:
             raise StateError(f"node {node.name!r} runs {len(state.jobs)} allocations on {old.gpu_type}; "
                              f"cannot change its GPU type to {shape.gpu_type}")
         used = (old.gpus - state.free_gpus, old.cpu_m - state.free_cpu, old.mem_mib - state.free_mem)
-        if used[0] > shape.gpus or used[1] > shape.cpu_m or used[2] > shape.mem_mib:
+        if used[0] > shape.gpus or used[1] > shape.cpu_m or used[2] > shape.mem_mib \
+                or any(device >= shape.gpus for device in state.shared):
             raise StateError(f"node {node.name!r} has {used[0]} GPUs, {used[1] / 1000:g} cores and "
                              f"{mib_to_gib(used[2]):g} GiB in use; cannot shrink to {shape.gpus} GPUs, "
                              f"{shape.cpu_m / 1000:g} cores, {mib_to_gib(shape.mem_mib):g} GiB")
@@ -439,6 +516,7 @@ class Cluster:
         self.check_remove(name, force)
         evicted = [self.release(job) for job in sorted(self._states[name].jobs)]
         state = self._states.pop(name)
+        del self._names[bisect_left(self._names, name)]
         self._remove_from_index(state, leaving=True)
         self._node_gpus[state.shape.gpus] -= 1
         if not self._node_gpus[state.shape.gpus]:
@@ -459,13 +537,16 @@ class Cluster:
             raise OvercommitError(f"{a.job_id}: already allocated on {self._allocations[a.job_id].node}")
         if a.gpu_type != state.shape.gpu_type:
             raise OvercommitError(f"{a.job_id}: node {a.node} has {state.shape.gpu_type}, not {a.gpu_type}")
-        if a.gpus < 1 or a.cpu_m < 0 or a.mem_mib < 0:
-            raise OvercommitError(f"{a.job_id}: needs at least one GPU and non-negative cores and RAM")
-        if a.gpus > state.free_gpus or a.cpu_m > state.free_cpu or a.mem_mib > state.free_mem:
+        if a.gpus < 0 or a.cpu_m < 0 or a.mem_mib < 0:
+            raise OvercommitError(f"{a.job_id}: needs non-negative GPUs, cores and RAM")
+        opens = self._check_share(a, state)
+        if a.gpus + opens > state.free_gpus or a.cpu_m > state.free_cpu or a.mem_mib > state.free_mem:
             raise OvercommitError(
-                f"{a.job_id}: node {a.node} has {state.free_gpus} GPUs, {state.free_cpu}m cores, {state.free_mem} MB "
-                f"free; asked {a.gpus} GPUs, {a.cpu_m}m cores, {a.mem_mib} MiB")
+                f"{a.job_id}: node {a.node} has {state.free_gpus} GPUs, {state.free_cpu}m cores, {state.free_mem} "
+                f"MiB free; asked {a.gpus + opens} GPUs, {a.cpu_m}m cores, {a.mem_mib} MiB")
         self._remove_from_index(state)
+        if a.gpu_milli:
+            self._share(state, a.device, a.gpu_milli)
         state.free_gpus -= a.gpus
         state.free_cpu -= a.cpu_m
         state.free_mem -= a.mem_mib
@@ -482,6 +563,8 @@ class Cluster:
             return None
         state = self._states[a.node]
         self._remove_from_index(state)
+        if a.gpu_milli:
+            self._share(state, a.device, -a.gpu_milli)
         state.free_gpus += a.gpus
         state.free_cpu += a.cpu_m
         state.free_mem += a.mem_mib
@@ -490,6 +573,40 @@ class Cluster:
         if self._journal is not None:
             self._journal.append((False, a))
         return a
+
+    @staticmethod
+    def _check_share(a: Allocation, state: _NodeState) -> int:
+        """For a GPU share: `OvercommitError` unless its device can take it; 1 if it opens a free device."""
+        if not a.gpu_milli:
+            return 0
+        if a.gpus or not 0 < a.gpu_milli < MILLI_PER_GPU or a.device is None or not 0 <= a.device < state.shape.gpus:
+            raise OvercommitError(f"{a.job_id}: a GPU share needs gpus=0, 1-999 thousandths and a device slot "
+                                  f"0..{state.shape.gpus - 1}; got {a.gpus}, {a.gpu_milli}, {a.device}")
+        taken = state.shared.get(a.device)
+        if taken is None:
+            return 1
+        if taken + a.gpu_milli > MILLI_PER_GPU:
+            raise OvercommitError(f"{a.job_id}: device {a.device} of node {a.node} has {MILLI_PER_GPU - taken} "
+                                  f"thousandths free; asked {a.gpu_milli}")
+        return 0
+
+    def _share(self, state: _NodeState, device: int | None, milli: int) -> None:
+        """Take (`milli` > 0) or give back a share of a shared device; a device opens and closes whole."""
+        assert device is not None
+        taken = state.shared.get(device, 0) + milli
+        if taken and device not in state.shared:
+            state.free_gpus -= 1
+        elif not taken:
+            state.free_gpus += 1
+        if taken:
+            state.shared[device] = taken
+        else:
+            del state.shared[device]
+        sharing = self._sharing.setdefault(state.shape.gpu_type, set())
+        if state.shared:
+            sharing.add(state.node.name)
+        else:
+            sharing.discard(state.node.name)
 
     # ------------------------------------------------------------------ index upkeep
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import threading
 from collections import Counter
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from hetplan.allocator.cluster import Cluster, OvercommitError, StateError
 from hetplan.allocator.policies import Policy, get_policy
@@ -65,10 +65,10 @@ class Allocator:
         with self.lock:
             existing = self.cluster.allocation(job.job_id)
             if existing is not None:
-                if (existing.model, existing.gpus) == (job.model, job.num_gpus):
+                if (existing.model, existing.gpus, existing.gpu_milli) == (job.model, job.num_gpus, job.gpu_milli):
                     return existing
                 return Rejection(job.job_id, Reason.CONFLICT,
-                                 f"job id already allocated for ({existing.model}, {existing.gpus} GPUs) on "
+                                 f"job id already allocated for ({existing.model}, {existing.job().gpus:g} GPUs) on "
                                  f"{existing.node}", existing.hint_version, self.policy.name)
             return self.policy.place(job, self.cluster, self.hint_source.current())
 
@@ -76,20 +76,19 @@ class Allocator:
         """Re-apply a released allocation if its node still has room for it (and the job holds none);
         preemptive schedulers use this to keep a job where it ran. False, and nothing changes, otherwise."""
         with self.lock:
-            a = allocation
-            if a.node not in self.cluster or self.cluster.allocation(a.job_id) is not None:
+            try:
+                self.cluster.apply(allocation)
+            except OvercommitError:
                 return False
-            free = self.cluster.free(a.node)
-            if a.gpus > free.gpus or a.cpu_m > free.cpu_m or a.mem_mib > free.mem_mib:
-                return False
-            self.cluster.apply(a)
-            self._touched.add(a.node)
+            self._touched.add(allocation.node)
             return True
 
     def running_jobs(self) -> list[Job]:
-        """The jobs holding resources, in the order they got them: the service's priority order for rebalancing."""
+        """The jobs holding resources, in the order they got them: the service's priority order for rebalancing.
+        A gang is one job (all its GPUs)."""
         with self.lock:
-            return [Job(a.job_id, a.model, a.gpus) for a in self.cluster.allocations()]
+            return [replace(parts[0].job(), job_id=job_id, num_gpus=sum(a.gpus for a in parts))
+                    for job_id, parts in self.running().items()]
 
     def touched(self) -> set[str]:
         """The nodes changed since the last applied step that re-sized them."""

@@ -7,7 +7,8 @@ that would overcommit a node is refused at start-up rather than served. `synchro
 makes each commit survive power loss, not only a process crash.
 
 Units: a node's `cpus` (cores) and `mem_gb` (GiB) as given; an allocation's `cpu_m` (millicores) and `mem_mib`
-(MiB, 1 GiB = 1024 MiB). Schema 1 counted allocations' memory in 1000-MB units and is refused, not converted.
+(MiB, 1 GiB = 1024 MiB). Schema 1 counted allocations' memory in 1000-MB units and is refused, not converted;
+schema 2 (no GPU shares, no own requests) is upgraded in place on open.
 """
 
 from __future__ import annotations
@@ -29,7 +30,16 @@ from hetplan.hints import HintSet
 
 log = logging.getLogger(__name__)
 
-SCHEMA_VERSION = "2"  # 2: memory in MiB (`allocations.mem_mib`), nodes' mem_gb in GiB; 1: 1000-MB units
+SCHEMA_VERSION = "3"  # 3: + GPU shares and own requests; 2: memory in MiB, nodes' mem_gb in GiB; 1: 1000-MB units
+_UPGRADES = {  # from schema -> the statements that take it to SCHEMA_VERSION
+    "2": ["ALTER TABLE allocations ADD COLUMN gpu_milli INTEGER NOT NULL DEFAULT 0",
+          "ALTER TABLE allocations ADD COLUMN device INTEGER",
+          "ALTER TABLE allocations ADD COLUMN request_cpu_m INTEGER",
+          "ALTER TABLE allocations ADD COLUMN request_mem_mib INTEGER",
+          f"UPDATE meta SET value = '{SCHEMA_VERSION}' WHERE key = 'schema'"],
+}
+_COLUMNS = ("job_id, model, node, gpu_type, gpus, cpu_m, mem_mib, hint_version, policy, share, rank, gpu_milli, "
+            "device, request_cpu_m, request_mem_mib")
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS nodes (
@@ -54,7 +64,11 @@ CREATE TABLE IF NOT EXISTS allocations (
     policy TEXT NOT NULL,
     share TEXT NOT NULL,
     rank INTEGER,
-    created_at REAL NOT NULL
+    created_at REAL NOT NULL,
+    gpu_milli INTEGER NOT NULL DEFAULT 0,
+    device INTEGER,
+    request_cpu_m INTEGER,
+    request_mem_mib INTEGER
 );
 """
 
@@ -72,7 +86,10 @@ class DurableAllocator:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
         try:
-            _check_schema(self._db, self.path)  # before anything is written to it
+            found = _check_schema(self._db, self.path)  # before anything is written to it
+            if found in _UPGRADES:
+                self._db.executescript("BEGIN IMMEDIATE;\n" + ";\n".join(_UPGRADES[found]) + ";\nCOMMIT;")
+                log.info("%s: allocator database upgraded from schema %s to %s", self.path, found, SCHEMA_VERSION)
         except BaseException:
             self._db.close()
             raise
@@ -113,8 +130,7 @@ class DurableAllocator:
         for name, gpu_type, gpus, cpus, mem_gb, labels in self._db.execute(
                 "SELECT name, gpu_type, gpus, cpus, mem_gb, labels FROM nodes ORDER BY seq"):
             cluster.add_node(Node(name, gpu_type, int(gpus), cpus, mem_gb, json.loads(labels)))
-        rows = self._db.execute("SELECT job_id, model, node, gpu_type, gpus, cpu_m, mem_mib, hint_version, policy, "
-                                "share, rank FROM allocations ORDER BY seq").fetchall()
+        rows = self._db.execute(f"SELECT {_COLUMNS} FROM allocations ORDER BY seq").fetchall()
         for row in rows:
             cluster.apply(Allocation(*row))  # refuses (OvercommitError) a database that would overcommit
         log.info("restored %d nodes and %d allocations from %s", len(cluster), len(rows), self.path)
@@ -210,18 +226,19 @@ def check_database(path: str | os.PathLike[str]) -> None:
         db.close()
 
 
-def _check_schema(db: sqlite3.Connection, path: Path) -> None:
+def _check_schema(db: sqlite3.Connection, path: Path) -> str | None:
+    """The database's schema (None: a new one); `StateError` for one this hetplan can neither read nor upgrade."""
     has_meta = db.execute("SELECT 1 FROM sqlite_master WHERE type='table' AND name='meta'").fetchone()
     found = db.execute("SELECT value FROM meta WHERE key='schema'").fetchone() if has_meta else None
-    if found is not None and found[0] != SCHEMA_VERSION:
+    if found is not None and found[0] != SCHEMA_VERSION and found[0] not in _UPGRADES:
         units = " (memory in 1000-MB units, not GiB)" if found[0] == "1" else ""
         raise StateError(f"{path}: allocator database schema {found[0]}{units}, this hetplan reads schema "
                          f"{SCHEMA_VERSION}; move the file aside (or pass another --db) and re-add the nodes "
                          f"(hetplan serve --nodes/--from-plan or POST /v1/nodes); running jobs must allocate again")
+    return None if found is None else found[0]
 
 
 def _insert(a: Allocation) -> tuple[str, tuple]:
-    return ("INSERT INTO allocations (job_id, model, node, gpu_type, gpus, cpu_m, mem_mib, hint_version, policy, "
-            "share, rank, created_at) VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
+    return (f"INSERT INTO allocations ({_COLUMNS}, created_at) VALUES ({', '.join('?' * 16)})",
             (a.job_id, a.model, a.node, a.gpu_type, a.gpus, a.cpu_m, a.mem_mib, a.hint_version, a.policy, a.share,
-             a.rank, time.time()))
+             a.rank, a.gpu_milli, a.device, a.request_cpu_m, a.request_mem_mib, time.time()))

@@ -11,6 +11,12 @@
   (seeded) among those that fit, so the result does not depend on the order nodes joined.
 - `first-fit`: the first node (joining order) with the GPUs and the GPU-proportional share free.
 
+A job's own request (`Job.cpu_m`/`mem_mib`, a pod's `requests`) is a floor everywhere: the baselines give the
+request where one is stated (as Kubernetes does) and the GPU-proportional share where not; `hint` gives the
+larger of the hinted share and the request, degrading no lower than the request. GPU shares (below one GPU)
+and CPU-only jobs are placed alike by every policy (`place_partial`): their request (a share's GPU-proportional
+slice where none is stated), a share on the fullest shared device that holds it, else on a free device.
+
 Policies never change the state; the mechanism (`Allocator`) applies the allocation (or, for rounds, the
 target) they return.
 """
@@ -24,7 +30,9 @@ from typing import Protocol
 
 from hetplan.allocator.cluster import ClusterView, Fit, Need
 from hetplan.allocator.rebalance import CoAdaptive
-from hetplan.allocator.spec import Allocation, Decision, Job, Reason, Rejection, Share, to_mib_up, to_milli_up
+from hetplan.allocator.spec import (
+    MILLI_PER_GPU, Allocation, Decision, Job, Reason, Rejection, Share, mib_to_gib, to_mib_up, to_milli_up,
+)
 from hetplan.hints.index import HintEntry, HintSet
 
 
@@ -41,33 +49,65 @@ class Policy(Protocol):
     def place(self, job: Job, state: ClusterView, hints: HintSet) -> Decision: ...
 
 
-def proportional_need(gpus: int) -> Need:
-    return lambda shape: shape.proportional(gpus)
-
-
 def hinted_need(entry: HintEntry, gpus: int) -> Need:
     cpu, mem = to_milli_up(entry.cpus_per_gpu * gpus), to_mib_up(entry.mem_gb_per_gpu * gpus)
     return lambda shape: (cpu, mem)
 
 
+def floor_need(job: Job) -> Need:
+    """The job's own request where stated, else its GPU-proportional share (a GPU share's slice of one GPU's)."""
+    if job.whole:
+        return lambda shape: job.floor(*shape.proportional(job.num_gpus))
+    milli = job.gpu_milli
+    return lambda shape: job.floor(shape.cpu_m * milli // (MILLI_PER_GPU * shape.gpus),
+                                   shape.mem_mib * milli // (MILLI_PER_GPU * shape.gpus))
+
+
+def want_need(entry: HintEntry, job: Job) -> Need:
+    """The hinted share raised to the job's own request."""
+    hinted = hinted_need(entry, job.num_gpus)
+    return lambda shape: job.want(*hinted(shape))
+
+
 def _allocation(job: Job, fit: Fit, hints: HintSet, policy: str, share: Share, rank: int | None) -> Allocation:
     return Allocation(job.job_id, job.model, fit.node, fit.gpu_type, job.num_gpus, fit.cpu_m, fit.mem_mib,
-                      hints.version, policy, share, rank)
+                      hints.version, policy, share, rank, job.gpu_milli, fit.device, job.cpu_m, job.mem_mib)
 
 
 def _too_big(job: Job, state: ClusterView, hints: HintSet, policy: str) -> Rejection | None:
+    gpus = max(job.num_gpus, 1 if job.gpu_milli else 0)
+    cpu, mem = job.cpu_m or 0, job.mem_mib or 0
     largest = state.max_gpus()
-    if job.num_gpus <= largest:
+    if len(state) == 0:
+        message = "the cluster has no nodes"
+    elif gpus > largest:
+        message = f"needs {gpus} GPUs on one node; the largest node has {largest}"
+    elif (cpu or mem) and job.num_gpus <= largest and not state.could_hold(gpus, cpu, mem):
+        message = (f"asks {cpu / 1000:g} cores and {mib_to_gib(mem):g} GiB with {job.gpus:g} GPUs; no node has "
+                   "that much")
+    else:
         return None
-    message = ("the cluster has no nodes" if len(state) == 0 else
-               f"needs {job.num_gpus} GPUs on one node; the largest node has {largest}")
     return Rejection(job.job_id, Reason.TOO_BIG, message, hints.version, policy)
 
 
 def _no_capacity(job: Job, hints: HintSet, policy: str, where: str) -> Rejection:
-    gpus = f"{job.num_gpus} free GPU{'s' if job.num_gpus > 1 else ''}"
-    return Rejection(job.job_id, Reason.NO_CAPACITY,
-                     f"no node has {gpus}{where} with at least the GPU-proportional share free", hints.version, policy)
+    gpus = f"{job.gpus:g} free GPU{'s' if job.gpus > 1 else ''}" if job.gpus else "room"
+    least = "its own request" if job.cpu_m is not None or job.mem_mib is not None else "the GPU-proportional share"
+    return Rejection(job.job_id, Reason.NO_CAPACITY, f"no node has {gpus}{where} with at least {least} free",
+                     hints.version, policy)
+
+
+def place_partial(job: Job, state: ClusterView, hints: HintSet, policy: str) -> Decision:
+    """A GPU share or a CPU-only job (`not job.whole`): its floor (`floor_need`), a share packed onto the shared
+    device with the least room that holds it, a CPU-only job on the best-fit node (fewest free GPUs first)."""
+    rejected = _too_big(job, state, hints, policy)
+    if rejected is not None:
+        return rejected
+    need = floor_need(job)
+    fit = state.share_fit(None, job.gpu_milli, need) if job.gpu_milli else state.best_fit(None, 0, need)
+    if fit is None:
+        return _no_capacity(job, hints, policy, " of a GPU" if job.gpu_milli else "")
+    return _allocation(job, fit, hints, policy, "proportional", None)
 
 
 class HintPolicy:
@@ -81,23 +121,25 @@ class HintPolicy:
         self.rounds = CoAdaptive(migration_s, horizon_s, self.name, strict) if co_adaptive else None
 
     def place(self, job: Job, state: ClusterView, hints: HintSet) -> Decision:
+        if not job.whole:
+            return place_partial(job, state, hints, self.name)
         rejected = _too_big(job, state, hints, self.name)
         if rejected is not None:
             return rejected
         g = job.num_gpus
         entries = hints.lookup(job.model, g)
+        floor = floor_need(job)
         if not entries:
-            fit = state.best_fit(None, g, proportional_need(g))
+            fit = state.best_fit(None, g, floor)
             if fit is None:
                 return _no_capacity(job, hints, self.name, " (no hint for the class)")
             return _allocation(job, fit, hints, self.name, "proportional", None)
         for entry in entries:
-            fit = state.best_fit(entry.gpu_type, g, hinted_need(entry, g))
+            fit = state.best_fit(entry.gpu_type, g, want_need(entry, job))
             if fit is not None:
                 return _allocation(job, fit, hints, self.name, "hinted", entry.rank)
-        floor = proportional_need(g)
         for entry in entries:
-            fit = state.largest_share(entry.gpu_type, g, hinted_need(entry, g), floor)
+            fit = state.largest_share(entry.gpu_type, g, want_need(entry, job), floor)
             if fit is not None:
                 return _allocation(job, fit, hints, self.name, "reduced", entry.rank)
         listed = {e.gpu_type for e in entries}
@@ -118,6 +160,8 @@ class _ProportionalShare(ABC):
     rounds = None
 
     def place(self, job: Job, state: ClusterView, hints: HintSet) -> Decision:
+        if not job.whole:
+            return place_partial(job, state, hints, self.name)
         rejected = _too_big(job, state, hints, self.name)
         if rejected is not None:
             return rejected
@@ -132,16 +176,29 @@ class _ProportionalShare(ABC):
 
 
 class ProportionalPolicy(_ProportionalShare):
-    """GPU-proportional share on a fitting node drawn at random (seeded; among fits sorted by name, so the
-    draw does not depend on join order): the heterogeneity- and sensitivity-agnostic baseline."""
+    """GPU-proportional share on a fitting node drawn uniformly at random (seeded; over the nodes sorted by
+    name, so the draw does not depend on join order): the heterogeneity- and sensitivity-agnostic baseline.
+
+    Rejection sampling: up to `tries` nodes drawn from all of them, the first that fits wins; when all miss
+    (a nearly full cluster), one draw among every fitting node. Both are uniform over the fitting nodes, and
+    a decision costs O(tries) at any size until the cluster is nearly full."""
 
     name = "proportional"
 
-    def __init__(self, seed: int = 0) -> None:
+    def __init__(self, seed: int = 0, tries: int = 32) -> None:
         self._rng = random.Random(seed)
+        self.tries = tries
 
     def _search(self, job: Job, state: ClusterView):
-        fits = state.fitting(None, job.num_gpus, proportional_need(job.num_gpus))
+        need = floor_need(job)
+        names = state.names()
+        if not names:
+            return None
+        for _ in range(self.tries):
+            fit = state.fit_on(names[self._rng.randrange(len(names))], job.num_gpus, need)
+            if fit is not None:
+                return fit
+        fits = state.fitting(None, job.num_gpus, need)
         return self._rng.choice(sorted(fits, key=lambda f: f.node)) if fits else None
 
 
@@ -151,7 +208,7 @@ class FirstFitPolicy(_ProportionalShare):
     name = "first-fit"
 
     def _search(self, job: Job, state: ClusterView):
-        return state.first_fit(job.num_gpus, proportional_need(job.num_gpus))
+        return state.first_fit(job.num_gpus, floor_need(job))
 
 
 POLICIES: dict[str, Callable[..., Policy]] = {

@@ -23,14 +23,17 @@ One step, given every job that wants to run (running and waiting) in priority or
 5. **Re-sizing**: on every node touched since the last step, jobs grow in priority order into free cores and
    RAM up to their hinted share.
 
-A job's **floor** is min(hinted share, GPU-proportional share): nobody gets less than the proportional share
-unless its own hinted share is smaller (then it has its plateau anyway).
+A job's **floor** is its own request where it stated one (`Job.cpu_m`/`mem_mib`), else min(hinted share,
+GPU-proportional share): nobody gets less than the proportional share unless its own hinted share is smaller
+(then it has its plateau anyway). What a job **wants** is its hinted share raised to its request.
+
+GPU shares and CPU-only jobs (`not Job.whole`) are left out of rounds: they stay where `place` put them.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from hetplan.allocator.cluster import Cluster
@@ -94,6 +97,7 @@ class CoAdaptive:
         """Where every job of `order` (priority order) should run after this step; `current` says where the
         running ones are, `touched` which nodes changed since the last step (they get re-sized). `preempt`:
         running jobs may be stopped for higher-priority ones; `move`: they may change GPU type."""
+        order = [job for job in order if job.whole]  # the others, if running, stay as they are
         with cluster.trial():
             return _Step(self, order, cluster, hints, current, set(touched), preempt, move).run()
 
@@ -382,14 +386,15 @@ class _Step:
     def _want(self, job: Job, gpu_type: str):
         for e in self.hints.lookup(job.model, job.num_gpus):
             if e.gpu_type == gpu_type:
-                cpu, mem = to_milli_up(e.cpus_per_gpu * job.num_gpus), to_mib_up(e.mem_gb_per_gpu * job.num_gpus)
+                cpu, mem = job.want(to_milli_up(e.cpus_per_gpu * job.num_gpus),
+                                    to_mib_up(e.mem_gb_per_gpu * job.num_gpus))
                 return lambda shape: (cpu, mem)
         g = job.num_gpus
-        return lambda shape: shape.proportional(g)
+        return lambda shape: job.floor(*shape.proportional(g))
 
     def _floor(self, job: Job, gpu_type: str):
         want, g = self._want(job, gpu_type), job.num_gpus
-        return lambda shape: tuple(min(w, p) for w, p in zip(want(shape), shape.proportional(g)))
+        return lambda shape: job.floor(*(min(w, p) for w, p in zip(want(shape), shape.proportional(g))))
 
     def _floor_of(self, a: Allocation) -> tuple[int, int]:
         job = self._job_of(a)
@@ -442,8 +447,8 @@ class _Step:
         job = self._job_of(a)
         want = self._want_of(a)
         share: Share = a.share if a.share == "proportional" else ("hinted" if (cpu_m, mem_mib) == want else "reduced")
-        new = Allocation(a.job_id, a.model, a.node, a.gpu_type, a.gpus, cpu_m, mem_mib, self.hints.version,
-                         self.policy.name, share, a.rank)
+        new = replace(a, cpu_m=cpu_m, mem_mib=mem_mib, hint_version=self.hints.version, policy=self.policy.name,
+                      share=share)
         self.cluster.apply(new)
         self.touched.add(a.node)
         parts = self.placed.get(job.job_id)
@@ -456,7 +461,7 @@ class _Step:
                     share: Share) -> Allocation:
         rank = next((e.rank for e in self.hints.lookup(job.model, job.num_gpus) if e.gpu_type == gpu_type), None)
         return Allocation(part_id, job.model, node, gpu_type, gpus, cpu_m, mem_mib, self.hints.version,
-                          self.policy.name, share, rank)
+                          self.policy.name, share, rank, request_cpu_m=job.cpu_m, request_mem_mib=job.mem_mib)
 
     def _commit(self, job: Job, parts: tuple[Allocation, ...]) -> None:
         for a in parts:

@@ -109,19 +109,91 @@ class Node:
                 "mem_gb": self.mem_gb, "labels": dict(self.labels)}
 
 
+MILLI_PER_GPU = 1000
+MAX_GPUS = 1024
+
+
+def gpu_request(num_gpus: object, what: str = "num_gpus") -> tuple[int, int]:
+    """A pod's GPU request as (whole GPUs, share of one GPU in thousandths).
+
+    The rule: 0 is a CPU-only job; a number below 1 is a share of **one** device (GPU sharing, in steps of
+    0.001: a share never spans devices, and the shares on a device never add up to more than one GPU); 1 and
+    above must be whole (whole devices, never shared). Raises `ValueError` naming `what` otherwise.
+    """
+    if isinstance(num_gpus, bool) or not isinstance(num_gpus, (int, float)) or not math.isfinite(num_gpus) \
+            or num_gpus < 0 or num_gpus > MAX_GPUS:
+        raise ValueError(f"{what} must be a number from 0 to {MAX_GPUS}, got {num_gpus!r}")
+    if num_gpus >= 1:
+        if num_gpus != int(num_gpus):
+            raise ValueError(f"{what} above 1 must be a whole number (a share is of one GPU), got {num_gpus!r}")
+        return int(num_gpus), 0
+    milli = round(num_gpus * MILLI_PER_GPU)
+    if num_gpus > 0 and not 1 <= milli < MILLI_PER_GPU:
+        raise ValueError(f"{what}: a GPU share must be from 0.001 to 0.999, got {num_gpus!r}")
+    return 0, milli
+
+
 @dataclass(frozen=True, slots=True)
 class Job:
-    """A request: a job id (the idempotency key) and its class (model, GPUs)."""
+    """A request: a job id (the idempotency key), its class (model, GPUs) and optionally its own cores/RAM.
+
+    GPUs: `num_gpus` whole GPUs (>= 1), or with `num_gpus=0` a share of one GPU (`gpu_milli`, 1-999
+    thousandths) or nothing (CPU-only; see `gpu_request` for the rule). `cpu_m`/`mem_mib`: the job's own
+    request (a Kubernetes pod's `requests`), a floor: it gets at least that, its hinted share where the node
+    allows; None: no request (the hinted or GPU-proportional share decides).
+    """
 
     job_id: str
     model: str
     num_gpus: int
+    gpu_milli: int = 0
+    cpu_m: int | None = None
+    mem_mib: int | None = None
 
     def __post_init__(self) -> None:
         _check_name(self.job_id, "job_id")
         _check_name(self.model, "model")
-        if isinstance(self.num_gpus, bool) or not isinstance(self.num_gpus, int) or self.num_gpus < 1:
-            raise ValueError(f"job {self.job_id}: num_gpus must be a whole number >= 1, got {self.num_gpus!r}")
+        if isinstance(self.num_gpus, bool) or not isinstance(self.num_gpus, int) or not 0 <= self.num_gpus <= MAX_GPUS:
+            raise ValueError(f"job {self.job_id}: num_gpus must be a whole number from 0 to {MAX_GPUS}, "
+                             f"got {self.num_gpus!r}")
+        if isinstance(self.gpu_milli, bool) or not isinstance(self.gpu_milli, int) \
+                or not 0 <= self.gpu_milli < MILLI_PER_GPU or (self.gpu_milli and self.num_gpus):
+            raise ValueError(f"job {self.job_id}: gpu_milli must be 1-999 with num_gpus=0 (a share of one GPU), "
+                             f"or 0, got {self.gpu_milli!r} with num_gpus={self.num_gpus}")
+        for what in ("cpu_m", "mem_mib"):
+            value = getattr(self, what)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
+                raise ValueError(f"job {self.job_id}: {what} must be a whole number >= 0 or None, got {value!r}")
+
+    @classmethod
+    def request(cls, job_id: str, model: str, num_gpus: float, cpus: float | None = None,
+                mem_gb: float | None = None) -> Job:
+        """A job as a pod asks: `num_gpus` 0, a share below 1 or whole; its own `cpus` and `mem_gb` (GiB)."""
+        whole, milli = gpu_request(num_gpus)
+        for what, value in (("cpus", cpus), ("mem_gb", mem_gb)):
+            if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
+                                      or not math.isfinite(value) or not 0 <= value <= 1e9):
+                raise ValueError(f"job {job_id}: {what} must be a finite number >= 0, got {value!r}")
+        return cls(job_id, model, whole, milli, None if cpus is None else to_milli_up(cpus),
+                   None if mem_gb is None else to_mib_up(mem_gb))
+
+    @property
+    def whole(self) -> bool:
+        """Whole GPUs: the jobs hints, co-adaptive rounds and gangs are for (shares and CPU-only jobs are not)."""
+        return self.num_gpus >= 1
+
+    @property
+    def gpus(self) -> float:
+        """The GPUs asked for, as a number (0.25 for a quarter of one GPU)."""
+        return self.num_gpus or self.gpu_milli / MILLI_PER_GPU
+
+    def floor(self, cpu_m: int, mem_mib: int) -> tuple[int, int]:
+        """The job's own request where it stated one, the given share where not."""
+        return (cpu_m if self.cpu_m is None else self.cpu_m, mem_mib if self.mem_mib is None else self.mem_mib)
+
+    def want(self, cpu_m: int, mem_mib: int) -> tuple[int, int]:
+        """The given share (a hinted one), raised to the job's own request where it is larger."""
+        return max(cpu_m, self.cpu_m or 0), max(mem_mib, self.mem_mib or 0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,10 +211,18 @@ class Allocation:
     policy: str
     share: Share
     rank: int | None = None  # the hint rank of gpu_type for the job's class (None: not from a hint)
+    gpu_milli: int = 0  # a GPU share (with gpus=0): thousandths of the node's shared device `device`
+    device: int | None = None  # the shared device's slot on the node (0..gpus-1), the same for all who share it
+    request_cpu_m: int | None = None  # the job's own request (None: stated none), kept for re-sizing
+    request_mem_mib: int | None = None
 
     @property
     def cpus(self) -> float:
         return self.cpu_m / 1000
+
+    def job(self) -> Job:
+        """The request this allocation serves (for a gang part: the part's share of it)."""
+        return Job(self.job_id, self.model, self.gpus, self.gpu_milli, self.request_cpu_m, self.request_mem_mib)
 
     @property
     def mem_gb(self) -> float:
@@ -152,14 +232,18 @@ class Allocation:
     def to_dict(self) -> dict:
         return {"job_id": self.job_id, "model": self.model, "node": self.node, "gpu_type": self.gpu_type,
                 "gpus": self.gpus, "cpus": self.cpus, "mem_gb": self.mem_gb, "hint_version": self.hint_version,
-                "policy": self.policy, "share": self.share, "rank": self.rank}
+                "policy": self.policy, "share": self.share, "rank": self.rank,
+                "gpu_share": self.gpu_milli / MILLI_PER_GPU if self.gpu_milli else None, "device": self.device,
+                "requested_cpus": None if self.request_cpu_m is None else self.request_cpu_m / 1000,
+                "requested_mem_gb": None if self.request_mem_mib is None else mib_to_gib(self.request_mem_mib)}
 
 
 class Reason(str, Enum):
     """Why a job was not placed. Ordered from 'never fits here' to 'ask again later'."""
 
     TOO_BIG = "too-big"
-    """No node of the cluster could ever hold the job (more GPUs than any node has, or no nodes at all)."""
+    """No node of the cluster could ever hold the job (more GPUs, or more of its own cores/RAM request, than
+    any node has; or no nodes at all)."""
     CONFLICT = "conflict"
     """The job id is already allocated, for a different class: job ids are idempotency keys."""
     NO_CAPACITY = "no-capacity"

@@ -23,7 +23,7 @@ def allocate_job(ctx: ServiceContext, job: Job) -> tuple[Decision, bool, list[Ac
         if isinstance(decision, Allocation) or decision.reason is not Reason.NO_CAPACITY or not a.policy.rounds:
             return decision, replayed, []
         # TUNE: shrink the jobs on nodes with the GPUs free toward their floors if that makes room
-        peers = [Job(p.job_id, p.model, p.gpus) for node in a.cluster.with_free_gpus(None, job.num_gpus)
+        peers = [p.job() for node in a.cluster.with_free_gpus(None, job.num_gpus)
                  for p in map(a.cluster.allocation, a.cluster.jobs_on(node)) if p is not None]
         actions = a.rebalance(peers + [job], preempt=False, move=False, nodes=[])
         placed = next((x.after[0] for x in actions if x.job_id == job.job_id and len(x.after) == 1), None)
@@ -38,7 +38,7 @@ def release_job(ctx: ServiceContext, job_id: str) -> tuple[Allocation | None, li
         released = a.release(job_id)
         if released is None or not a.policy.rounds:
             return released, []
-        peers = [Job(p.job_id, p.model, p.gpus) for p in map(a.cluster.allocation, a.cluster.jobs_on(released.node))
+        peers = [p.job() for p in map(a.cluster.allocation, a.cluster.jobs_on(released.node))
                  if p is not None]
         return released, ctx.actions.record(a.rebalance(peers, preempt=False, move=False, nodes=[released.node]))
 
@@ -56,7 +56,7 @@ def router(ctx: ServiceContext) -> APIRouter:
     @api.post("/v1/allocate", response_model=AllocateResponse)
     async def allocate(body: AllocateRequest) -> AllocateResponse:
         """Place a job (idempotent per job_id). A rejection is an answer, not an error: status 200."""
-        job = Job(body.job_id, body.model, body.num_gpus)
+        job = body.to_job()
         start = time.perf_counter()
         decision, replayed, actions = await ctx.durably(allocate_job, ctx, job)
         ctx.metrics.observe_decision(decision, time.perf_counter() - start)

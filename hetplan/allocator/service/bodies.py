@@ -8,10 +8,10 @@ from collections import deque
 from collections.abc import Sequence
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictInt, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt, model_validator
 
 from hetplan.allocator.rebalance import Action
-from hetplan.allocator.spec import Allocation, Node
+from hetplan.allocator.spec import MAX_GPUS, Allocation, Job, Node
 
 Name = Field(min_length=1, max_length=253, pattern=r"^\S(.*\S)?$")
 
@@ -20,7 +20,24 @@ class AllocateRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
     job_id: str = Name
     model: str = Name
-    num_gpus: StrictInt = Field(ge=1, le=1024)
+    num_gpus: StrictInt | StrictFloat = Field(
+        ge=0, le=MAX_GPUS, allow_inf_nan=False,
+        description="0: CPU-only; below 1: a share of one GPU (steps of 0.001; shares never span devices and never "
+                    "add up to more than one GPU per device); 1 and above: whole GPUs")
+    cpus: StrictInt | StrictFloat | None = Field(
+        None, ge=0, le=1e6, allow_inf_nan=False,
+        description="the job's own CPU request (cores), a floor: it gets at least this, its hinted share where the "
+                    "node allows; absent: the hinted or GPU-proportional share")
+    mem_gb: StrictInt | StrictFloat | None = Field(
+        None, ge=0, le=1e9, allow_inf_nan=False, description="the job's own RAM request in GiB, a floor (as cpus)")
+
+    @model_validator(mode="after")
+    def _valid_request(self) -> AllocateRequest:
+        self.to_job()  # raises ValueError (1.5 GPUs, a share below 0.001) -> 422
+        return self
+
+    def to_job(self) -> Job:
+        return Job.request(self.job_id, self.model, self.num_gpus, self.cpus, self.mem_gb)
 
 
 class ReleaseRequest(BaseModel):
@@ -40,6 +57,11 @@ class AllocationOut(BaseModel):
     policy: str
     share: str
     rank: int | None
+    gpu_share: float | None = Field(None, description="for a GPU share: the fraction of one GPU (gpus is 0)")
+    device: int | None = Field(None, description="for a GPU share: the shared device's slot on the node, the same "
+                                                 "for every job sharing it")
+    requested_cpus: float | None = Field(None, description="the job's own CPU request, if it stated one")
+    requested_mem_gb: float | None = Field(None, description="the job's own RAM request in GiB, if it stated one")
 
 
 class ActionOut(BaseModel):
