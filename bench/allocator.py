@@ -27,11 +27,7 @@ import json
 import os
 import platform
 import random
-import signal
-import socket
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 from datetime import datetime, timezone
@@ -47,6 +43,8 @@ from hetplan.hints import HintSet, HintStore
 from hetplan.reference import default_profiles
 from hetplan.resources import upstream_path
 from hetplan.traces import import_trace
+
+from common import served
 
 SHAPES = {  # catalog shape -> share of the nodes
     "aws:p3.16xlarge": 0.25, "aws:p3.8xlarge": 0.10, "aws:p4d.24xlarge": 0.15, "aws:g4dn.12xlarge": 0.25,
@@ -268,12 +266,6 @@ def bench_placement(repeats: int) -> list[str]:
 # ------------------------------------------------------------------ HTTP
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 async def _load(port: int, total: int, rate: float, connections: int, jobs: pd.DataFrame) -> list[float]:
     pool: asyncio.Queue = asyncio.Queue()
     for _ in range(connections):
@@ -357,31 +349,12 @@ TICK_S = 1.0
 
 def _http_run(root: Path, store: Path, nodes_file: Path, mode: str, tag: str, total: int, rate: float,
               jobs: pd.DataFrame) -> tuple[np.ndarray, float]:
-    import httpx
-
-    port = _free_port()
-    cmd = [sys.executable, "-c", "from hetplan.cli import main; main()", "serve", "--port", str(port),
-           "--db", str(root / f"{tag}.db"), "--store", str(store), "--nodes", str(nodes_file), "--synchronous", mode,
-           "--tick", str(TICK_S)]
-    log = open(root / f"{tag}.log", "wb")
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                if time.monotonic() > deadline or proc.poll() is not None:
-                    raise RuntimeError((root / f"{tag}.log").read_text()) from None
-                time.sleep(0.1)
+    args = ["--db", str(root / f"{tag}.db"), "--store", str(store), "--nodes", str(nodes_file), "--synchronous", mode,
+            "--tick", str(TICK_S)]
+    with served(args, root / f"{tag}.log") as server:
         t0 = time.perf_counter()
-        latencies = asyncio.run(_load(port, total, rate, 32, jobs))
+        latencies = asyncio.run(_load(int(server.url.rsplit(":", 1)[1]), total, rate, 32, jobs))
         elapsed = time.perf_counter() - t0
-    finally:
-        os.kill(proc.pid, signal.SIGTERM)
-        proc.wait(timeout=30)
-        log.close()
     return np.array(latencies) * 1000, elapsed
 
 

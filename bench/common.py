@@ -5,6 +5,13 @@ from __future__ import annotations
 import hashlib
 import os
 import platform
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pandas as pd
@@ -46,3 +53,53 @@ def sim_fingerprint() -> str:
     for path in sorted((REPO / "hetplan" / "sim").glob("*.py")):
         digest.update(path.read_bytes())
     return digest.hexdigest()[:10]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Served:
+    """`hetplan serve` in a subprocess on 127.0.0.1 (stopped by its PID); `kill` + `start` for a crash test."""
+
+    def __init__(self, args: list[str], log: Path) -> None:
+        self.args, self.log = args, log
+        self.proc: subprocess.Popen | None = None
+        self.url = ""
+
+    def start(self) -> Served:
+        import httpx
+
+        port = free_port()
+        cmd = [sys.executable, "-c", "from hetplan.cli import main; main()", "serve", "--host", "127.0.0.1",
+               "--port", str(port), *self.args]
+        with self.log.open("ab") as log:
+            self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+        self.url = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                if httpx.get(f"{self.url}/healthz", timeout=1).status_code == 200:
+                    return self
+            except httpx.HTTPError:
+                if time.monotonic() > deadline or self.proc.poll() is not None:
+                    self.stop()
+                    raise RuntimeError(self.log.read_text()[-2000:]) from None
+                time.sleep(0.1)
+
+    def stop(self, sig: int = signal.SIGTERM) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            os.kill(self.proc.pid, sig)
+            self.proc.wait(timeout=30)
+        self.proc = None
+
+
+@contextmanager
+def served(args: list[str], log: Path) -> Iterator[Served]:
+    server = Served(args, log).start()
+    try:
+        yield server
+    finally:
+        server.stop()

@@ -37,6 +37,21 @@ def test_a_csv_as_the_catalog_spells_it_loads_with_unknown_gpu_types_kept_opaque
     assert nodes["openb-node-0023"] == Node("openb-node-0023", "V100-32GB", 8, 96.0, 768.0)
 
 
+def test_a_node_list_in_kubernetes_units_loads_as_alibabas_trace_writes_it(tmp_path):
+    path = tmp_path / "openb_node_list_gpu_node.csv"
+    path.write_text("sn,cpu_milli,memory_mib,gpu,model\nopenb-node-0022,128000,786432,8,G3\n"
+                    "openb-node-0025,32000,131072,4,V100M16\nopenb-node-0143,8000,32768,1,V100M16\n")
+    nodes = load_nodes(path)
+    assert nodes[0] == Node("openb-node-0022", "G3", 8, 128.0, 768.0)
+    assert [(n.gpus, n.cpus, n.mem_gb) for n in nodes[1:]] == [(4, 32.0, 128.0), (1, 8.0, 32.0)]
+    path.write_text("sn,cpu_milli,memory_mib,gpu,model\nn1,8000,32768,1,T4\nn2,8000,lots,1,T4\n")
+    with pytest.raises(NodeFileError, match=r"openb_node_list_gpu_node.csv:3:memory_mib: not a number"):
+        load_nodes(path)
+    path.write_text("sn,cpu_milli,memory_mib,gpu,model\nn1,8000,32768,0,T4\n")
+    with pytest.raises(NodeFileError, match=r"csv:2:gpu: must be a whole number from 1"):
+        load_nodes(path)
+
+
 def test_yaml_json_the_older_cpus_column_and_counts(tmp_path):
     (tmp_path / "a.yaml").write_text("nodes:\n  - {name: y, gpu_type: H100, gpus: 8, vcpus: 96, mem_gb: 1024,"
                                      " labels: {pool: p5}}\n  - {name: z, gpu_type: B200, gpus: 8, vcpus: 112,"

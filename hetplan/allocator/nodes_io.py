@@ -4,6 +4,8 @@ Node file columns/keys: `name,gpu_type,gpus,vcpus,mem_gb` (the catalog's and the
 read as `vcpus`), optional `count` (that many nodes named `<name>-1` ... `<name>-<count>`, so an owned-fleet
 file serves as is) and, in YAML/JSON, `labels`. Extra CSV columns (`price_per_hour`, `gpu_like`, ...) are
 ignored. `mem_gb` is **GiB**, the unit of the catalog and fleet files, handed unchanged to `Node.mem_gb`.
+A CSV in Kubernetes-style units is read as well, as Alibaba's GPU cluster trace writes its node list:
+`sn,cpu_milli,memory_mib,gpu,model` (name, millicores, MiB, GPUs, GPU model).
 A GPU type hetplan does not know is kept as an opaque type (`hetplan.gpus.canonical_gpu`), never refused.
 
 Every problem raises `NodeFileError` with one line naming the file, the row (the CSV line, header = 1; the YAML or
@@ -28,6 +30,7 @@ from hetplan.allocator.spec import Node
 MAX_NODES = 100_000  # as one `POST /v1/nodes` batch
 MAX_COUNT = 10_000  # nodes one row may stand for
 _KEYS = {"name", "gpu_type", "gpus", "vcpus", "cpus", "mem_gb", "count", "labels"}
+MILLI_COLUMNS = ("sn", "cpu_milli", "memory_mib", "gpu", "model")  # Alibaba cluster-trace-gpu-v2023 node lists
 
 
 class NodeFileError(ValueError):
@@ -45,6 +48,12 @@ def load_nodes(path: str | os.PathLike[str]) -> list[Node]:
     if suffix == ".csv":
         reader = csv.DictReader(io.StringIO(text))
         fields = set(reader.fieldnames or ())
+        if set(MILLI_COLUMNS) <= fields and not fields & {"name", "gpu_type", "gpus"}:
+            rows = ((str(line), _from_milli(f"{source}:{line}", row)) for line, row in enumerate(reader, start=2))
+            nodes = _collect(str(source), _parse_rows(str(source), rows, csv_file=True))
+            if not nodes:
+                raise NodeFileError(f"{source}: no nodes")
+            return nodes
         missing = [k for k in ("name", "gpu_type", "gpus", "mem_gb") if k not in fields]
         if "vcpus" not in fields and "cpus" not in fields:
             missing.insert(3, "vcpus")
@@ -151,6 +160,16 @@ def _parse_rows(source: str, rows: Iterable[tuple[str, Any]], csv_file: bool) ->
                 yield at, Node(node_name, gpu_type, gpus, cpus, mem_gb, labels)
             except ValueError as exc:
                 raise NodeFileError(f"{at}:{_field_of(str(exc))}: {exc}") from None
+
+
+def _from_milli(at: str, row: Mapping[str, Any]) -> dict[str, Any]:
+    """A `sn,cpu_milli,memory_mib,gpu,model` row as a node row (cores, GiB)."""
+    if None in row:
+        raise NodeFileError(f"{at}: more values than columns")
+    return {"name": _text(at, "sn", row["sn"]), "gpu_type": _text(at, "model", row["model"]),
+            "gpus": _whole(at, "gpu", row["gpu"], 1),
+            "vcpus": _number(at, "cpu_milli", row["cpu_milli"]) / 1000,
+            "mem_gb": _number(at, "memory_mib", row["memory_mib"]) / 1024}
 
 
 def _collect(source: str, parsed: Iterable[tuple[str, Node]]) -> list[Node]:

@@ -20,15 +20,25 @@ def allocate_job(ctx: ServiceContext, job: Job) -> tuple[Decision, bool, list[Ac
     with a.lock:
         replayed = a.cluster.allocation(job.job_id) is not None
         decision = a.allocate(job)
-        if isinstance(decision, Allocation) or decision.reason is not Reason.NO_CAPACITY or not a.policy.rounds:
+        if isinstance(decision, Allocation) or decision.reason is not Reason.NO_CAPACITY or not a.policy.rounds \
+                or not job.whole:
             return decision, replayed, []
         # TUNE: shrink the jobs on nodes with the GPUs free toward their floors if that makes room
         peers = [p.job() for node in a.cluster.with_free_gpus(None, job.num_gpus)
-                 for p in map(a.cluster.allocation, a.cluster.jobs_on(node)) if p is not None]
+                 for p in map(a.cluster.allocation, a.cluster.jobs_on(node)) if p is not None and _may_shrink(p)]
+        if not peers:
+            return decision, replayed, []
         actions = a.rebalance(peers + [job], preempt=False, move=False, nodes=[])
         placed = next((x.after[0] for x in actions if x.job_id == job.job_id and len(x.after) == 1), None)
         recorded = ctx.actions.record(actions)
         return (placed or decision), replayed, [r for r in recorded if r.job_id != job.job_id]
+
+
+def _may_shrink(a: Allocation) -> bool:
+    """Whether TUNE could take anything from `a`: a whole-GPU job holding more than its own request (or without
+    one, whose floor the round policy knows)."""
+    return a.gpus > 0 and (a.request_cpu_m is None or a.cpu_m > a.request_cpu_m or a.request_mem_mib is None
+                           or a.mem_mib > a.request_mem_mib)
 
 
 def release_job(ctx: ServiceContext, job_id: str) -> tuple[Allocation | None, list[ActionOut]]:
