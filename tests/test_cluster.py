@@ -10,7 +10,7 @@ from hetplan.allocator import (
     Allocation, Allocator, Cluster, DurableAllocator, Job, Node, Rejection,
     StateError,
 )
-from hetplan.allocator.policies import floor_need, want_need
+from hetplan.allocator.policies import floor_need, keep_gpus_fed, want_need
 from hetplan.hints import HintSet
 from allocator_helpers import (
     allocated, v100,
@@ -46,11 +46,11 @@ operations = st.one_of(
 )
 
 
-def _expected_best(cluster: Cluster, g: int, need, types=None):
+def _expected_best(cluster: Cluster, g: int, need, types=None, only=None):
     """Brute force over every node: the best fit the index must find (fewest free GPUs, cores, RAM, then order)."""
     best = None
     for order, node in enumerate(cluster.nodes()):
-        if types is not None and node.gpu_type not in types:
+        if (types is not None and node.gpu_type not in types) or (only is not None and node.name not in only):
             continue
         free = cluster.free(node.name)
         cpu, mem = need(node.shape)
@@ -101,8 +101,10 @@ def _check_decision(policy: str, cluster: Cluster, job: Job, decision) -> None:
                 and cluster.free(n.name).cpu_m >= prop(n.shape)[0] and cluster.free(n.name).mem_mib >= prop(n.shape)[1]}
         assert (allocated(decision).node in fits) if fits else isinstance(decision, Rejection), (decision, fits)
         return
-    elif not entries:
-        expected = _expected_best(cluster, g, prop)
+    elif not entries:  # best fit, first among nodes that keep their free GPUs' cores
+        guarded = {n.name for n in cluster.nodes() if cluster.free(n.name).cpu_m - prop(n.shape)[0]
+                   >= keep_gpus_fed(n.shape) * (cluster.free(n.name).gpus - g)}
+        expected = _expected_best(cluster, g, prop, only=guarded) or _expected_best(cluster, g, prop)
     else:
         expected = None
         for entry in entries:
@@ -219,6 +221,11 @@ def test_index_queries_equal_a_brute_force_scan(nodes, used, gpu_type, g, want, 
     want_m, floor_m = (want[0] * 500, want[1] * 500), (floor[0] * 500, floor[1] * 500)
     fit = cluster.best_fit(gpu_type, g, lambda shape: want_m)
     assert (fit.node if fit else None) == _brute_best_fit(cluster, gpu_type, g, *want_m)
+    fed = cluster.best_fit(gpu_type, g, lambda shape: want_m, reserve=lambda shape: 1000)  # 1 core per free GPU
+    feeding = {n.name for n in cluster.nodes()
+               if cluster.free(n.name).cpu_m - want_m[0] >= 1000 * (cluster.free(n.name).gpus - g)}
+    assert (fed.node if fed else None) == _expected_best(cluster, g, lambda shape: want_m,
+                                                         None if gpu_type is None else {gpu_type}, feeding)
     share = cluster.largest_share(gpu_type, g, lambda shape: want_m, lambda shape: floor_m)
     assert ((share.node, share.cpu_m, share.mem_mib) if share else None) == _brute_largest_share(
         cluster, gpu_type, g, want_m, floor_m)

@@ -26,6 +26,8 @@ from hetplan.allocator.spec import MILLI_PER_GPU, Allocation, Node, Shape, mib_t
 
 Need = Callable[[Shape], tuple[int, int]]
 """Cores (millicores) and RAM (MiB) a job needs on a node of a given shape."""
+Reserve = Callable[[Shape], int]
+"""Cores (millicores) to leave free per GPU left free on a node of a given shape (see `best_fit`)."""
 GpuTypes = str | Collection[str] | None
 """Where to search: one GPU type, several, or None for all."""
 
@@ -64,11 +66,11 @@ class ClusterView(Protocol):
     def max_gpus(self) -> int: ...
     def gpu_types(self) -> list[str]: ...
     def __len__(self) -> int: ...
-    def best_fit(self, gpu_type: GpuTypes, gpus: int, need: Need) -> Fit | None: ...
+    def best_fit(self, gpu_type: GpuTypes, gpus: int, need: Need, reserve: Reserve | None = None) -> Fit | None: ...
     def largest_share(self, gpu_type: GpuTypes, gpus: int, want: Need, floor: Need) -> Fit | None: ...
     def first_fit(self, gpus: int, need: Need) -> Fit | None: ...
     def fitting(self, gpu_type: GpuTypes, gpus: int, need: Need) -> list[Fit]: ...
-    def share_fit(self, gpu_type: GpuTypes, milli: int, need: Need) -> Fit | None: ...
+    def share_fit(self, gpu_type: GpuTypes, milli: int, need: Need, reserve: Reserve | None = None) -> Fit | None: ...
     def names(self) -> Sequence[str]: ...
     def fit_on(self, name: str, gpus: int, need: Need) -> Fit | None: ...
     def could_hold(self, gpus: int, cpu_m: int, mem_mib: int) -> bool: ...
@@ -245,10 +247,12 @@ class Cluster:
             return self._shapes_by_type.get(gpu_type, ())
         return [shape for t in gpu_type for shape in self._shapes_by_type.get(t, ())]
 
-    def best_fit(self, gpu_type: GpuTypes, gpus: int, need: Need) -> Fit | None:
+    def best_fit(self, gpu_type: GpuTypes, gpus: int, need: Need, reserve: Reserve | None = None) -> Fit | None:
         """The node with the fewest free GPUs >= `gpus`, then the fewest free cores, then RAM, that has `need`.
 
         `gpu_type`: one type, several, or None for every type. Ties go to the node that joined first.
+        `reserve`: only nodes that keep that many cores free for each GPU they still have free afterwards
+        (a placement that would strand a node's free GPUs without cores is not a fit).
         """
         best: tuple[int, int, int, int, str] | None = None
         best_shape: Shape | None = None
@@ -260,13 +264,14 @@ class Cluster:
             if cpu > shape.cpu_m or mem > shape.mem_mib:
                 continue
             buckets = self._index[shape]
+            per_gpu = reserve(shape) if reserve is not None else 0
             for k in range(gpus, shape.gpus + 1):
                 if best is not None and k > best[0]:
                     break
                 bucket = buckets[k]
                 if not bucket:
                     continue
-                j = bisect_left(bucket, (cpu, mem))
+                j = bisect_left(bucket, (cpu + per_gpu * (k - gpus), mem))
                 n = len(bucket)
                 while j < n:
                     free_cpu, free_mem, ordinal, name = bucket[j]
@@ -332,12 +337,14 @@ class Cluster:
                         fits.append(Fit(name, shape.gpu_type, cpu, mem))
         return fits
 
-    def share_fit(self, gpu_type: GpuTypes, milli: int, need: Need) -> Fit | None:
-        """A node for a share of one GPU (`milli` thousandths) with `need` free: the shared device with the
-        least room that still holds it (tightest packing, then the earlier node), else a free device of the
-        best-fit node (the lowest free slot). Scans the nodes that already share a device."""
+    def share_fit(self, gpu_type: GpuTypes, milli: int, need: Need, reserve: Reserve | None = None) -> Fit | None:
+        """A node for a share of one GPU (`milli` thousandths) with `need` free. A device already shared comes
+        first: on the node with the fewest free GPUs (then the fewest free cores, the earlier node), the device
+        with the least room that still holds the share; with `reserve` (see `best_fit`), a node whose free GPUs
+        keep their cores before one whose do not. Else a free device (the lowest free slot) of the best-fit
+        node, with `reserve` first. Scans the nodes that already share a device."""
         types = self._shapes_by_type if gpu_type is None else ([gpu_type] if isinstance(gpu_type, str) else gpu_type)
-        best: tuple[int, int, int, int] | None = None
+        best: tuple[bool, int, int, int, int, int] | None = None
         found: Fit | None = None
         for t in types:
             for name in self._sharing.get(t, ()):
@@ -345,15 +352,17 @@ class Cluster:
                 cpu, mem = need(s.shape)
                 if s.free_cpu < cpu or s.free_mem < mem:
                     continue
+                strands = reserve is not None and s.free_cpu - cpu < reserve(s.shape) * s.free_gpus
                 for device, taken in s.shared.items():
                     room = MILLI_PER_GPU - taken
                     if room >= milli:
-                        candidate = (room - milli, s.free_cpu - cpu, s.ordinal, device)
+                        candidate = (strands, s.free_gpus, s.free_cpu - cpu, s.ordinal, room - milli, device)
                         if best is None or candidate < best:
                             best, found = candidate, Fit(name, t, cpu, mem, device)
         if found is not None:
             return found
-        fit = self.best_fit(gpu_type, 1, need)
+        fit = (self.best_fit(gpu_type, 1, need, reserve) if reserve is not None else None) \
+            or self.best_fit(gpu_type, 1, need)
         if fit is None:
             return None
         shared = self._states[fit.node].shared
