@@ -3,14 +3,16 @@ restarts restore the same state."""
 
 
 import pandas as pd
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from hetplan.allocator import (
-    Allocation, Allocator, Cluster, DurableAllocator, Job, Node, Rejection,
+    Allocation, Allocator, Cluster, DurableAllocator, Job, Node, Reason, Rejection,
     StateError,
 )
 from hetplan.allocator.policies import floor_need, keep_gpus_fed, want_need
+from hetplan.allocator.spec import CLOSED_LABEL
 from hetplan.hints import HintSet
 from allocator_helpers import (
     allocated, v100,
@@ -39,7 +41,7 @@ allocate_op = st.tuples(st.just("allocate"), st.sampled_from(JOBS), st.sampled_f
 operations = st.one_of(
     # shapes vary by fractions of a core and of a GiB, so that cores or RAM bind, not only GPUs
     st.tuples(st.just("upsert"), st.sampled_from(NAMES), st.sampled_from(SHAPES), st.integers(0, 8),
-              st.integers(-40, 40)),
+              st.integers(-40, 40), st.sampled_from([False, False, False, True])),  # True: closed to placement
     st.tuples(st.just("remove"), st.sampled_from(NAMES), st.booleans()),
     allocate_op, allocate_op, allocate_op,
     st.tuples(st.just("release"), st.sampled_from(JOBS)),
@@ -50,7 +52,8 @@ def _expected_best(cluster: Cluster, g: int, need, types=None, only=None):
     """Brute force over every node: the best fit the index must find (fewest free GPUs, cores, RAM, then order)."""
     best = None
     for order, node in enumerate(cluster.nodes()):
-        if (types is not None and node.gpu_type not in types) or (only is not None and node.name not in only):
+        if (types is not None and node.gpu_type not in types) or (only is not None and node.name not in only) \
+                or not node.open:
             continue
         free = cluster.free(node.name)
         cpu, mem = need(node.shape)
@@ -72,8 +75,8 @@ def _check_partial(cluster: Cluster, job: Job, decision) -> None:
         shared = cluster.shared_devices(name)
         return [d for d, taken in shared.items() if taken + job.gpu_milli <= 1000] + ([-2] if free.gpus else [])
 
-    fits = {n.name: devices(n.name) for n in cluster.nodes()
-            if cluster.free(n.name).cpu_m >= need(n.shape)[0] and cluster.free(n.name).mem_mib >= need(n.shape)[1]}
+    fits = {n.name: devices(n.name) for n in cluster.nodes() if n.open
+            and cluster.free(n.name).cpu_m >= need(n.shape)[0] and cluster.free(n.name).mem_mib >= need(n.shape)[1]}
     fits = {name: d for name, d in fits.items() if d}
     if not fits:
         assert isinstance(decision, Rejection), (decision, job)
@@ -93,11 +96,11 @@ def _check_decision(policy: str, cluster: Cluster, job: Job, decision) -> None:
     prop = floor_need(job)
     entries = PROPERTY_HINTS.lookup(job.model, g)
     if policy == "first-fit":
-        expected = next((n.name for n in cluster.nodes() if cluster.free(n.name).gpus >= g and
+        expected = next((n.name for n in cluster.nodes() if n.open and cluster.free(n.name).gpus >= g and
                          cluster.free(n.name).cpu_m >= prop(n.shape)[0] and
                          cluster.free(n.name).mem_mib >= prop(n.shape)[1]), None)
     elif policy == "proportional":  # a draw among every node that fits
-        fits = {n.name for n in cluster.nodes() if cluster.free(n.name).gpus >= g
+        fits = {n.name for n in cluster.nodes() if n.open and cluster.free(n.name).gpus >= g
                 and cluster.free(n.name).cpu_m >= prop(n.shape)[0] and cluster.free(n.name).mem_mib >= prop(n.shape)[1]}
         assert (allocated(decision).node in fits) if fits else isinstance(decision, Rejection), (decision, fits)
         return
@@ -116,7 +119,7 @@ def _check_decision(policy: str, cluster: Cluster, job: Job, decision) -> None:
         assert allocated(decision).node == expected, (decision, expected)
     elif isinstance(decision, Rejection):
         # never wrong: no node has the GPUs plus the smallest share the policy would accept
-        for node in cluster.nodes():
+        for node in filter(lambda n: n.open, cluster.nodes()):
             free = cluster.free(node.name)
             entry = next((e for e in entries if e.gpu_type == node.gpu_type), None) if policy == "hint" else None
             floor = prop(node.shape)
@@ -130,9 +133,10 @@ def _run(alloc, ops, policy: str, check: bool) -> list:
     for op in ops:
         kind = op[0]
         if kind == "upsert":
-            _, name, (gpu, gpus, cpus, mem), dcpu, dmem = op
+            _, name, (gpu, gpus, cpus, mem), dcpu, dmem, closed = op
+            labels = {CLOSED_LABEL: "test"} if closed else {}
             try:
-                alloc.upsert_node(Node(name, gpu, gpus, cpus + dcpu * 0.125, max(mem + dmem * 0.7, 1)))
+                alloc.upsert_node(Node(name, gpu, gpus, cpus + dcpu * 0.125, max(mem + dmem * 0.7, 1), labels))
                 log.append(("ok", kind))
             except StateError as exc:  # shrinking below use, changing a busy node's GPU type: refused
                 log.append(("refused", str(exc)))
@@ -177,6 +181,37 @@ def test_random_sequences_never_overcommit_and_survive_a_restart(tmp_path_factor
     reopened.close()
     # the durable layer is transparent: the in-process core makes the very same decisions
     assert _run(Allocator(None, policy, PROPERTY_HINTS), ops, policy, check=False) == log
+
+
+def allocated_or_rejected(decision) -> Rejection:
+    assert isinstance(decision, Rejection), decision
+    return decision
+
+
+@pytest.mark.parametrize("policy", ["hint", "hint-static", "proportional", "first-fit"])
+def test_a_closed_node_keeps_its_jobs_and_takes_no_new_one_until_it_reopens(tmp_path, policy):
+    """The label `hetplan.io/closed` (the Kubernetes sync's cordon): the node leaves the placement index, its
+    allocations stay, and a restart keeps it closed."""
+    node = Node("n1", "V100", 4, 32, 256)
+    closed = Node("n1", "V100", 4, 32, 256, {CLOSED_LABEL: "unschedulable"})
+    with DurableAllocator(tmp_path / "a.db", policy, PROPERTY_HINTS) as a:
+        a.upsert_node(node)
+        first = allocated(a.allocate(Job("j1", "res50", 1)))
+        allocated(a.allocate(Job.request("s0", "res50", 0.25, None, None)))  # a shared device with room left
+        a.upsert_node(closed)
+        a.upsert_node(Node("n2", "V100", 1, 8, 64))  # open, and soon full
+        assert allocated(a.allocate(Job("full", "res50", 1))).node == "n2"
+        assert a.cluster.allocation("j1") == first and a.cluster.check() == []
+        for job in (Job("j2", "res50", 1), Job.request("share", "res50", 0.5, None, None),
+                    Job.request("cpu-only", "res50", 0, 2, 8), Job.request("cores", "res50", 0, 20, 8)):
+            assert allocated_or_rejected(a.allocate(job)).reason == Reason.NO_CAPACITY  # it may reopen: not too big
+        assert a.cluster.free_gpus_by_type() == {"V100": 0} and a.cluster.gpus_by_type() == ({"V100": 1}, {"V100": 1})
+    with DurableAllocator(tmp_path / "a.db", policy, PROPERTY_HINTS) as a:
+        assert not a.cluster.node("n1").open and isinstance(a.allocate(Job("j2", "res50", 1)), Rejection)
+        a.release("j1")
+        a.release("s0")
+        a.upsert_node(node)
+        assert allocated(a.allocate(Job("j2", "res50", 1))).node == "n1" and a.cluster.check() == []
 
 
 INDEX_TYPES = ["V100", "T4", "A100"]

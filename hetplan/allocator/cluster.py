@@ -11,6 +11,10 @@ GPU shares (`Allocation.gpu_milli`, a pod asking 0.25 GPU) live on a node's *sha
 shares only, never more than 1000 thousandths in all, and stops counting as a free GPU from its first share
 to its last. A share never spans devices. Nodes with shared devices are kept in a set per GPU type, which a
 share search scans (shares pack onto them before opening a free device).
+
+A node closed to new placement (`Node.open` False: label `hetplan.io/closed`) keeps its allocations but is left
+out of the index and of every search that does not use it (`first_fit`, `fit_on`, `share_fit`), so no policy
+places on it (and its GPUs count in no GPU type's free or placeable GPUs).
 """
 
 from __future__ import annotations
@@ -77,11 +81,12 @@ class ClusterView(Protocol):
 
 
 class _NodeState:
-    __slots__ = ("node", "shape", "ordinal", "free_gpus", "free_cpu", "free_mem", "jobs", "shared")
+    __slots__ = ("node", "shape", "open", "ordinal", "free_gpus", "free_cpu", "free_mem", "jobs", "shared")
 
     def __init__(self, node: Node, ordinal: int) -> None:
         self.node = node
         self.shape = node.shape
+        self.open = node.open  # False: kept out of the index (closed to new placement)
         self.ordinal = ordinal
         self.free_gpus = self.shape.gpus
         self.free_cpu = self.shape.cpu_m
@@ -105,6 +110,7 @@ class Cluster:
         self._node_gpus: Counter[int] = Counter()
         self._free_by_type: Counter[str] = Counter()
         self._sharing: dict[str, set[str]] = {}  # GPU type -> nodes with shared devices
+        self._closed: set[str] = set()  # nodes closed to new placement (out of the index)
         self._names: list[str] = []  # sorted
         self._next_ordinal = 0
         self._journal: list[tuple[bool, Allocation]] | None = None  # (applied?, allocation) while in a trial
@@ -219,6 +225,8 @@ class Cluster:
                 problems.append(f"{name} overcommitted: used {g} GPUs, {c}m cores, {m} MB of {s.shape}")
             if (s.free_gpus, s.free_cpu, s.free_mem) != (s.shape.gpus - g, s.shape.cpu_m - c, s.shape.mem_mib - m):
                 problems.append(f"{name} free capacity out of step with its allocations")
+            if not s.open:
+                continue
             buckets = self._index.get(s.shape, [])
             bucket = buckets[s.free_gpus] if s.free_gpus < len(buckets) else []
             i = bisect_left(bucket, s.key())
@@ -226,12 +234,16 @@ class Cluster:
                 problems.append(f"{name} missing from the index")
         by_type = Counter()
         for s in self._states.values():
-            by_type[s.shape.gpu_type] += s.free_gpus
+            if s.open:
+                by_type[s.shape.gpu_type] += s.free_gpus
         if +by_type != +self._free_by_type:
             problems.append(f"free GPUs per type out of step: {dict(self._free_by_type)}, counted {dict(by_type)}")
         indexed = sum(len(b) for buckets in self._index.values() for b in buckets)
-        if indexed != len(self._states):
-            problems.append(f"index holds {indexed} entries for {len(self._states)} nodes")
+        closed = {name for name, s in self._states.items() if not s.open}
+        if indexed != len(self._states) - len(closed):
+            problems.append(f"index holds {indexed} entries for {len(self._states) - len(closed)} open nodes")
+        if closed != self._closed:
+            problems.append(f"closed nodes out of step: {sorted(self._closed)}, counted {sorted(closed)}")
         for buckets in self._index.values():
             for b in buckets:
                 if any(b[i] > b[i + 1] for i in range(len(b) - 1)):
@@ -349,6 +361,8 @@ class Cluster:
         for t in types:
             for name in self._sharing.get(t, ()):
                 s = self._states[name]
+                if not s.open:
+                    continue
                 cpu, mem = need(s.shape)
                 if s.free_cpu < cpu or s.free_mem < mem:
                     continue
@@ -370,8 +384,10 @@ class Cluster:
                                                                          if d not in shared))
 
     def could_hold(self, gpus: int, cpu_m: int, mem_mib: int) -> bool:
-        """Whether some node, empty, has `gpus` GPUs (>= 1 for a share: pass 1), `cpu_m` and `mem_mib`."""
-        return any(shape.gpus >= gpus and shape.cpu_m >= cpu_m and shape.mem_mib >= mem_mib for shape in self._index)
+        """Whether some node, empty, has `gpus` GPUs (>= 1 for a share: pass 1), `cpu_m` and `mem_mib` (a closed
+        node counts: it may reopen, so a job that only it could hold waits rather than being too big)."""
+        shapes = [*self._index, *(self._states[name].shape for name in self._closed)]
+        return any(shape.gpus >= gpus and shape.cpu_m >= cpu_m and shape.mem_mib >= mem_mib for shape in shapes)
 
     def with_free_gpus(self, gpu_type: GpuTypes, gpus: int) -> list[str]:
         """Nodes with at least `gpus` free GPUs, whatever their free cores and RAM (fewest free GPUs first)."""
@@ -393,9 +409,9 @@ class Cluster:
         return self._names
 
     def fit_on(self, name: str, gpus: int, need: Need) -> Fit | None:
-        """The node `name` if it has `gpus` free GPUs and `need` free, else None."""
+        """The node `name` if it is open and has `gpus` free GPUs and `need` free, else None."""
         state = self._states[name]
-        if state.free_gpus < gpus:
+        if state.free_gpus < gpus or not state.open:
             return None
         cpu, mem = need(state.shape)
         if state.free_cpu >= cpu and state.free_mem >= mem:
@@ -405,7 +421,7 @@ class Cluster:
     def first_fit(self, gpus: int, need: Need) -> Fit | None:
         """The first node (in joining order) with `gpus` free GPUs and `need` free."""
         for state in self._states.values():
-            if state.free_gpus < gpus:
+            if state.free_gpus < gpus or not state.open:
                 continue
             cpu, mem = need(state.shape)
             if state.free_cpu >= cpu and state.free_mem >= mem:
@@ -466,6 +482,8 @@ class Cluster:
         self._next_ordinal += 1
         self._states[node.name] = state
         insort(self._names, node.name)
+        if not state.open:
+            self._closed.add(node.name)
         self._node_gpus[state.shape.gpus] += 1
         self._insert(state)
 
@@ -488,7 +506,8 @@ class Cluster:
                              f"{shape.cpu_m / 1000:g} cores, {mib_to_gib(shape.mem_mib):g} GiB")
 
     def update_node(self, node: Node) -> None:
-        """Replace a node's description (capacity, labels), keeping its allocations and its place in the order."""
+        """Replace a node's description (capacity, labels), keeping its allocations and its place in the order;
+        a node that gains or loses the label `hetplan.io/closed` leaves or rejoins the placement index."""
         self._no_trial("change a node")
         self.check_update(node)
         state = self._states[node.name]
@@ -500,6 +519,8 @@ class Cluster:
             del self._node_gpus[old.gpus]
         state.node = node
         state.shape = node.shape
+        state.open = node.open
+        (self._closed.discard if state.open else self._closed.add)(node.name)
         state.free_gpus = state.shape.gpus - used[0]
         state.free_cpu = state.shape.cpu_m - used[1]
         state.free_mem = state.shape.mem_mib - used[2]
@@ -526,6 +547,7 @@ class Cluster:
         evicted = [self.release(job) for job in sorted(self._states[name].jobs)]
         state = self._states.pop(name)
         del self._names[bisect_left(self._names, name)]
+        self._closed.discard(name)
         self._remove_from_index(state, leaving=True)
         self._node_gpus[state.shape.gpus] -= 1
         if not self._node_gpus[state.shape.gpus]:
@@ -620,6 +642,8 @@ class Cluster:
     # ------------------------------------------------------------------ index upkeep
 
     def _insert(self, state: _NodeState) -> None:
+        if not state.open:
+            return
         self._free_by_type[state.shape.gpu_type] += state.free_gpus
         buckets = self._index.get(state.shape)
         if buckets is None:
@@ -629,6 +653,8 @@ class Cluster:
 
     def _remove_from_index(self, state: _NodeState, leaving: bool = False) -> None:
         """Take a node's entry out of its bucket; `leaving`: the node leaves its shape (drop the shape if empty)."""
+        if not state.open:
+            return
         buckets = self._index[state.shape]
         bucket = buckets[state.free_gpus]
         key = state.key()

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from decimal import Decimal
 from functools import lru_cache
@@ -263,30 +263,51 @@ def node_candidate(raw: dict[str, Any]) -> Candidate:
         return Candidate(name or "<unnamed>", None, None, f"not a v1.Node: {exc.errors()[0]['msg']}")
     name = node.metadata.name
     labels = node.metadata.labels
-    resources = node.status.allocatable or node.status.capacity
     try:
-        gpus = _whole(resources.get(GPU_RESOURCE, 0), GPU_RESOURCE)
-        cpu_m = int(parse_quantity(resources.get("cpu", 0)) * 1000)
-        mem_mib = int(parse_quantity(resources.get("memory", 0)) / BYTES_PER_MIB)
+        gpus, cpu_m, mem_mib = node_resources(node)
     except ValueError as exc:
         return Candidate(name, None, None, f"bad allocatable: {exc}")
     product = labels.get(GPU_PRODUCT_LABEL)
     if gpus < 1:
         why = f"no allocatable {GPU_RESOURCE}" if product else f"no {GPU_PRODUCT_LABEL} label (not a GPU node)"
         return Candidate(name, None, None, why)
-    if not product:
-        return Candidate(name, None, None, f"no {GPU_PRODUCT_LABEL} label: GPU type unknown, not judged",
-                         neutral=True)
     try:
-        memory = labels.get(GPU_MEMORY_LABEL)
-        memory_gb = float(memory) / 1024 if memory and memory.isdigit() and len(memory) < 10 else None
-        gpu_type = canonical_gpu(product, memory_gb)
+        gpu_type = node_gpu_type(labels)
     except UnknownGpuError:
         return Candidate(name, None, None, f"{GPU_PRODUCT_LABEL}={product[:100]!r} is no GPU type name, not judged",
+                         neutral=True)
+    if gpu_type is None:
+        return Candidate(name, None, None, f"no {GPU_PRODUCT_LABEL} label: GPU type unknown, not judged",
                          neutral=True)
     if cpu_m < 1 or mem_mib < 1:
         return Candidate(name, None, None, "no allocatable cpu or memory")
     return Candidate(name, Shape(gpu_type, gpus, cpu_m, mem_mib))
+
+
+def node_resources(node: K8sNode) -> tuple[int, int, int]:
+    """GPUs, millicores and MiB of a node's `status.allocatable` (else `status.capacity`), rounded down (a node
+    never offers more than it has); `ValueError` naming the quantity that is no bounded quantity."""
+    resources = node.status.allocatable or node.status.capacity
+    gpus = _whole(resources.get(GPU_RESOURCE, 0), GPU_RESOURCE)
+    amounts = []
+    for key in ("cpu", "memory"):
+        try:
+            amounts.append(parse_quantity(resources.get(key, 0)))
+        except ValueError as exc:
+            raise ValueError(f"{key}: {exc}") from None
+    return gpus, int(amounts[0] * 1000), int(amounts[1] / BYTES_PER_MIB)
+
+
+def node_gpu_type(labels: Mapping[str, str]) -> str | None:
+    """The canonical GPU type a node's `nvidia.com/gpu.product` label names (`nvidia.com/gpu.memory`, MiB, tells
+    the 40/80 GB A100 and the 16/32 GB V100 apart); a product hetplan does not know is an opaque type. None
+    without the label; `UnknownGpuError` for a label that is no GPU type name at all."""
+    product = labels.get(GPU_PRODUCT_LABEL)
+    if not product:
+        return None
+    memory = labels.get(GPU_MEMORY_LABEL)
+    memory_gb = float(memory) / 1024 if memory and memory.isdigit() and len(memory) < 10 else None
+    return canonical_gpu(product, memory_gb)
 
 
 def _entry(entries: Sequence[HintEntry], gpu_type: str) -> HintEntry | None:

@@ -8,7 +8,10 @@ dashboards and docs rely on), prefix `hetplan_allocator_`:
 - `decisions_total{policy,outcome}`, `rejections_total{reason}`, `allocations_total{share}`,
   `releases_total{found}`, `http_requests_total{method,route,status}`: counters;
 - `decision_seconds`, `http_request_seconds`: histograms;
-- `nodes`, `allocations`, `gpus`, `free_gpus`, `free_cpus`, `free_mem_gb` (GiB), `hints_info{version}`: gauges.
+- `nodes`, `allocations`, `gpus`, `free_gpus`, `free_cpus`, `free_mem_gb` (GiB), `hints_info{version}`: gauges;
+- with the Kubernetes node sync (`hetplan serve --kubeconfig`): `kube_node_changes_total{change}` (upsert,
+  remove, close) and `kube_sync_errors_total`, counters; `kube_synced_nodes` (the allocator's nodes the sync
+  owns) and `kube_skipped_nodes{reason}` (the cluster's Nodes it does not place on now), gauges.
 
 The library also writes a `<counter>_created` gauge per counter and histogram (when the series started).
 """
@@ -17,7 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
@@ -71,6 +74,14 @@ class Metrics:
         self.http_seconds = Histogram(f"{PREFIX}_http_request_seconds",
                                       "HTTP request latency, first byte in to last byte out.",
                                       buckets=HTTP_BUCKETS, registry=r)
+        self.kube_changes = Counter(f"{PREFIX}_kube_node_changes", "Node changes the Kubernetes node sync applied, "
+                                    "by change (upsert, remove, close).", ["change"], registry=r)
+        self.kube_errors = Counter(f"{PREFIX}_kube_sync_errors", "Kubernetes node sync errors (each retried).",
+                                   registry=r)
+        self.kube_synced = Gauge(f"{PREFIX}_kube_synced_nodes", "Allocator nodes the Kubernetes node sync owns.",
+                                 registry=r)
+        self.kube_skipped = Gauge(f"{PREFIX}_kube_skipped_nodes", "Kubernetes Nodes not placed on now, by reason.",
+                                  ["reason"], registry=r)
 
     def watch(self, state: State) -> None:
         """Expose the gauges `state` returns at every scrape (the cluster's nodes, GPUs, ..., the hint version)."""

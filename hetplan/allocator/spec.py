@@ -31,6 +31,12 @@ MAX_NAME = 253  # a Kubernetes object name
 
 MIB_PER_GIB = 1024
 
+CLOSED_LABEL = "hetplan.io/closed"
+"""A node label that closes the node to new placement, whatever its value (the reason, e.g. `unschedulable`):
+its running allocations stay and may be re-sized, but no policy places a new job (or part of one) on it. The
+Kubernetes node sync sets it on a busy node that was cordoned or went NotReady (`kube_nodes`); an admin can
+set it through `POST /v1/nodes`."""
+
 
 def to_milli(cores: float) -> int:
     """Cores as whole millicores, rounded down (a node never claims more than it has)."""
@@ -103,6 +109,11 @@ class Node:
     @property
     def shape(self) -> Shape:
         return Shape(self.gpu_type, self.gpus, to_milli(self.cpus), to_mib(self.mem_gb))
+
+    @property
+    def open(self) -> bool:
+        """False when the node is closed to new placement (label `CLOSED_LABEL`)."""
+        return CLOSED_LABEL not in self.labels
 
     def to_dict(self) -> dict:
         return {"name": self.name, "gpu_type": self.gpu_type, "gpus": self.gpus, "cpus": self.cpus,

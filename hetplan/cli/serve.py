@@ -17,6 +17,7 @@ from hetplan.allocator.spec import Node
 
 log = logging.getLogger(__name__)
 STORE_ENV_NAME = "HETPLAN_HINT_STORE"  # hetplan.hints.STORE_ENV, spelled here so --help need not import the store
+KUBECONFIG_ENV_NAME = "HETPLAN_ALLOCATOR_KUBECONFIG"  # what ServiceSettings.from_env reads for `kubeconfig`
 
 
 def _fail(message: str) -> typer.Exit:
@@ -38,6 +39,9 @@ def serve(
                                      "repeatable."),
     from_plan: Path | None = typer.Option(None, "--from-plan", help="Also add the nodes a plan chose (plan.json): "
                                           "<shape>-<i> per node, with the shape's capacity."),
+    kubeconfig: Path | None = typer.Option(None, "--kubeconfig", envvar=KUBECONFIG_ENV_NAME, show_envvar=True,
+                                           help="Keep the nodes in step with this cluster's Nodes (list + watch; "
+                                           "'in-cluster': the pod's service account). Default: no sync."),
     token: str | None = typer.Option(None, "--token", envvar="HETPLAN_ADMIN_TOKEN", show_envvar=True,
                                      help="Bearer token for the admin endpoints (none: admin disabled)."),
     poll: float = typer.Option(1.0, "--hint-poll", min=0, help="Seconds between checks of the store's LATEST."),
@@ -75,10 +79,12 @@ def serve(
         settings = ServiceSettings(db=db, store=store, policy=policy, strict=strict, token=token,
                                    hint_poll_seconds=poll, max_body_bytes=max_body,
                                    max_extender_body_bytes=max_extender_body, synchronous=synchronous.upper(),
-                                   tick_seconds=tick)
+                                   tick_seconds=tick, kubeconfig=kubeconfig)
     except ValidationError as exc:
         raise _fail("; ".join(err["msg"] for err in exc.errors())) from None
     _check_db(settings.db)
+    if kubeconfig is not None:
+        _check_kubeconfig(kubeconfig)
     if seed:
         _seed_nodes(settings.db, seed, settings.synchronous)
     uvicorn.run(create_app(settings), host=host, port=port, log_level=log_level, access_log=False,
@@ -95,6 +101,16 @@ def _check_db(db: Path) -> None:
     try:
         check_database(db)
     except (StateError, sqlite3.Error) as exc:
+        raise _fail(str(exc)) from None
+
+
+def _check_kubeconfig(kubeconfig: Path) -> None:
+    """Refuse, in one line, a kubeconfig the node sync cannot use, before uvicorn starts (nothing is contacted)."""
+    from hetplan.allocator.kube_nodes import KubeConfigError, load_client
+
+    try:
+        load_client(kubeconfig).close()
+    except KubeConfigError as exc:
         raise _fail(str(exc)) from None
 
 

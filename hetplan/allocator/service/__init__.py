@@ -11,6 +11,9 @@ periodic tick (moves to faster GPU types). Every such change is an *action*, ret
 caused it and kept in a numbered log (`GET /v1/actions?since=N`) that a controller applies to the pods
 (docs/kubernetes.md).
 
+With `ServiceSettings.kubeconfig` (`hetplan serve --kubeconfig`), a thread keeps the nodes in step with the
+cluster's Nodes while the app runs (`hetplan.allocator.kube_nodes`).
+
 Layout: `create_app` composes one router per concern, each a function of the app's `ServiceContext` (no global
 state): `allocation` (allocate, release, actions, tick, allocations), `nodes` (node admin), `hints`, `ops`
 (healthz, metrics) and `extender` (`/filter`, `/prioritize`); `bodies` holds the request and response models,
@@ -22,8 +25,8 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
 
 from fastapi import FastAPI
 from starlette.concurrency import run_in_threadpool
@@ -54,7 +57,8 @@ def create_app(settings: ServiceSettings | None = None, allocator: AllocatorAPI 
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         if allocator is not None:
             ctx.allocator = allocator
-            yield
+            with _node_sync(settings, allocator, ctx):
+                yield
             return
         store = HintStore(settings.store if settings.store is not None else default_store_root())
         source = StoreHints(store, poll_seconds=settings.hint_poll_seconds)
@@ -70,7 +74,8 @@ def create_app(settings: ServiceSettings | None = None, allocator: AllocatorAPI 
                  len(opened.cluster.allocations()), opened.policy.name, opened.hints.version)
         ticker = asyncio.create_task(_tick_forever()) if settings.tick_seconds > 0 and opened.policy.rounds else None
         try:
-            yield
+            with _node_sync(settings, opened, ctx):
+                yield
         finally:
             if ticker is not None:
                 ticker.cancel()
@@ -95,6 +100,24 @@ def create_app(settings: ServiceSettings | None = None, allocator: AllocatorAPI 
     for concern in (allocation, nodes, hints, ops, extender):
         app.include_router(concern.router(ctx))
     return app
+
+
+@contextmanager
+def _node_sync(settings: ServiceSettings, allocator: AllocatorAPI, ctx: ServiceContext) -> Iterator[None]:
+    """With `settings.kubeconfig`: the Kubernetes node sync runs while the app does (the kubernetes client is
+    imported only then)."""
+    if settings.kubeconfig is None:
+        yield
+        return
+    from hetplan.allocator.kube_nodes import NodeSync, load_client
+
+    sync = NodeSync(allocator, load_client(settings.kubeconfig), metrics=ctx.metrics)
+    sync.start()
+    log.info("kubernetes node sync started (%s)", settings.kubeconfig)
+    try:
+        yield
+    finally:
+        sync.stop()
 
 
 def app_from_env() -> FastAPI:

@@ -7,6 +7,7 @@ from fastapi.responses import JSONResponse
 
 from hetplan.allocator import extender as k8s
 from hetplan.allocator.service.context import ServiceContext
+from hetplan.allocator.spec import CLOSED_LABEL
 
 
 def router(ctx: ServiceContext) -> APIRouter:
@@ -19,8 +20,12 @@ def router(ctx: ServiceContext) -> APIRouter:
         out = []
         with a.lock:
             for name in args.node_names or []:
-                if name in a.cluster:
-                    out.append(k8s.Candidate(name, a.cluster.node(name).shape, a.cluster.free(name)))
+                node = a.cluster.node(name) if name in a.cluster else None
+                if node is not None and not node.open:
+                    out.append(k8s.Candidate(name, None, None, f"closed to new placement ({CLOSED_LABEL}="
+                                                               f"{node.labels[CLOSED_LABEL]})"))
+                elif node is not None:
+                    out.append(k8s.Candidate(name, node.shape, a.cluster.free(name)))
                 else:
                     out.append(k8s.Candidate(name, None, None, "node not registered with hetplan (POST /v1/nodes)",
                                              neutral=True))
