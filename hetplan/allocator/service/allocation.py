@@ -11,6 +11,7 @@ from hetplan.allocator.service.bodies import (
     allocation_out,
 )
 from hetplan.allocator.service.context import ServiceContext
+from hetplan.allocator.service.middleware import JSONRoute
 from hetplan.allocator.spec import Allocation, Decision, Job, Reason
 
 
@@ -61,7 +62,7 @@ def rebalance_tick(ctx: ServiceContext) -> list[ActionOut]:
 
 
 def router(ctx: ServiceContext) -> APIRouter:
-    api = APIRouter(tags=["allocation"])
+    api = APIRouter(tags=["allocation"], route_class=JSONRoute)
 
     @api.post("/v1/allocate", response_model=AllocateResponse)
     async def allocate(body: AllocateRequest) -> AllocateResponse:

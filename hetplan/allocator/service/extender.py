@@ -7,10 +7,11 @@ from fastapi.responses import JSONResponse
 
 from hetplan.allocator import extender as k8s
 from hetplan.allocator.service.context import ServiceContext
+from hetplan.allocator.service.middleware import JSONRoute
 
 
 def router(ctx: ServiceContext) -> APIRouter:
-    api = APIRouter(tags=["kubernetes"])
+    api = APIRouter(tags=["kubernetes"], route_class=JSONRoute)
 
     def candidates(args: k8s.ExtenderArgs) -> list[k8s.Candidate]:
         if args.nodes is not None:
@@ -43,8 +44,7 @@ def router(ctx: ServiceContext) -> APIRouter:
         if args.nodes is not None:
             keep = set(outcome.passed)
             result.nodes = {**args.nodes.model_dump(exclude={"items"}),
-                            "items": [raw for raw in args.nodes.items
-                                      if (raw.get("metadata") or {}).get("name") in keep]}
+                            "items": [raw for raw in args.nodes.items if k8s.item_name(raw) in keep]}
         else:
             result.node_names = outcome.passed
         return JSONResponse(result.model_dump(by_alias=True))

@@ -6,10 +6,11 @@ from fastapi import APIRouter
 
 from hetplan.allocator.service.bodies import HintRow, HintsResponse
 from hetplan.allocator.service.context import ServiceContext
+from hetplan.allocator.service.middleware import JSONRoute
 
 
 def router(ctx: ServiceContext) -> APIRouter:
-    api = APIRouter(tags=["hints"])
+    api = APIRouter(tags=["hints"], route_class=JSONRoute)
 
     def hints_response() -> HintsResponse:
         a = ctx.alloc()

@@ -8,11 +8,12 @@ from hetplan.allocator.cluster import StateError
 from hetplan.allocator.core import NodeChanges
 from hetplan.allocator.service.bodies import NodeChangesIn, NodeChangesResponse, NodeOut, NodesResponse
 from hetplan.allocator.service.context import ServiceContext
+from hetplan.allocator.service.middleware import JSONRoute
 from hetplan.allocator.spec import mib_to_gib
 
 
 def router(ctx: ServiceContext) -> APIRouter:
-    api = APIRouter(tags=["nodes"])
+    api = APIRouter(tags=["nodes"], route_class=JSONRoute)
 
     @api.get("/v1/nodes", response_model=NodesResponse)
     def nodes() -> NodesResponse:

@@ -9,11 +9,12 @@ from fastapi.responses import PlainTextResponse
 
 from hetplan.allocator.metrics import CONTENT_TYPE, Gauges
 from hetplan.allocator.service.context import ServiceContext
+from hetplan.allocator.service.middleware import JSONRoute
 from hetplan.allocator.spec import mib_to_gib
 
 
 def router(ctx: ServiceContext) -> APIRouter:
-    api = APIRouter(tags=["ops"])
+    api = APIRouter(tags=["ops"], route_class=JSONRoute)
 
     @api.get("/healthz")
     def healthz() -> dict[str, Any]:
