@@ -144,6 +144,18 @@ def test_non_finite_json_numbers_get_a_400_not_a_500(client, literal):
     assert response.status_code == 400, response.text
 
 
+def test_a_node_item_whose_metadata_is_no_object_is_unresolvable_not_a_500(client):
+    """Found by reading what schemathesis could send (items are free-form objects): the name lookup assumed that
+    metadata is an object."""
+    args = args_with()
+    args["Nodes"]["items"] += [{"metadata": "x"}, {"metadata": [1]}]
+    result = client.post("/filter", json=args)
+    assert result.status_code == 200, result.text
+    assert result.json()["FailedAndUnresolvableNodes"]["<unnamed>"].startswith("not a v1.Node")
+    assert len(result.json()["Nodes"]["items"]) == 3  # the fixture's three good nodes, the bad items not
+    assert client.post("/prioritize", json=args).json()[-1] == {"Host": "<unnamed>", "Score": 0}
+
+
 def test_the_service_passes_unknown_gpu_nodes_with_score_zero(client):
     args = args_with(node_patch={"labels": {"nvidia.com/gpu.product": "NVIDIA-B200"}})
     result = client.post("/filter", json=args).json()

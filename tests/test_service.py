@@ -122,6 +122,11 @@ def test_pods_as_they_come_shares_cpu_only_and_own_requests_over_http(client):
     ("/v1/allocate", {"job_id": "x", "model": "res50", "num_gpus": 1, "gpu_type": "A100"}, 422, "Extra inputs"),
     ("/v1/allocate", {"job_id": " ", "model": "res50", "num_gpus": 1}, 422, "should match pattern"),
     ("/v1/allocate", b'{"job_id": "x", ', 422, "JSON decode error"),
+    # a lone surrogate escape and a body that is no UTF-8: once a 500 (SQLite; the 422 that echoed the input)
+    ("/v1/allocate", b'{"job_id": "x\\ud800", "model": "res50", "num_gpus": 1}', 422, "JSON decode error"),
+    ("/v1/allocate", b'{"job_id": "\xff", "model": "res50", "num_gpus": 1}', 422, "JSON decode error"),
+    ("/filter", b'{"Pod": {"metadata": {}, "spec": {"containers": [{}]}}, "NodeNames": ["n\\udc00"]}', 422,
+     "JSON decode error"),
     ("/v1/allocate", [], 422, "valid dictionary"),
     ("/v1/release", {"job": "x"}, 422, "Field required"),
     ("/v1/allocate", {"job_id": "x" * 70000, "model": "res50", "num_gpus": 1}, 413, "exceeds the limit"),
@@ -138,6 +143,17 @@ def test_malformed_bodies_get_a_4xx_with_a_reason_and_change_nothing(client, pat
         response = client.post(path, json=payload)
     assert response.status_code == status, response.text
     assert reason in response.text
+    assert state(client) == before
+
+
+@pytest.mark.parametrize("content_type", ["text/plain", "application/x-www-form-urlencoded", None])
+def test_a_body_that_is_not_sent_as_json_gets_a_415_and_changes_nothing(client, content_type):
+    """Validated as bytes, such a body got a 422 that echoed it, and a 500 where it was no UTF-8."""
+    headers = {"content-type": content_type} if content_type else {}
+    before = state(client)
+    for payload in (b"\xff\xfe", b'{"job_id": "ct", "model": "res50", "num_gpus": 1}'):
+        response = client.post("/v1/allocate", content=payload, headers=headers)
+        assert response.status_code == 415 and "application/json" in response.json()["detail"], response.text
     assert state(client) == before
 
 

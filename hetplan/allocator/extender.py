@@ -247,6 +247,12 @@ class Candidate:
     neutral: bool = False
 
 
+def item_name(raw: object) -> str:
+    """The `metadata.name` of a NodeList item as received ("" where the item or its metadata is no object)."""
+    meta = raw.get("metadata") if isinstance(raw, dict) else None
+    return str(meta.get("name", "")) if isinstance(meta, dict) else ""
+
+
 def node_candidate(raw: dict[str, Any]) -> Candidate:
     """A Candidate from a v1.Node object (capacity only; usage unknown).
 
@@ -256,7 +262,7 @@ def node_candidate(raw: dict[str, Any]) -> Candidate:
     allocator's unit (`hetplan.allocator.spec`: whole MiB, 2^20 bytes, rounded down: a node never
     offers more than it has).
     """
-    name = str(((raw.get("metadata") or {}) if isinstance(raw, dict) else {}).get("name", ""))
+    name = item_name(raw)
     try:
         node = K8sNode.model_validate(raw)
     except ValidationError as exc:

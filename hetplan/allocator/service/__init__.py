@@ -17,7 +17,7 @@ cluster's Nodes while the app runs (`hetplan.allocator.kube_nodes`).
 Layout: `create_app` composes one router per concern, each a function of the app's `ServiceContext` (no global
 state): `allocation` (allocate, release, actions, tick, allocations), `nodes` (node admin), `hints`, `ops`
 (healthz, metrics) and `extender` (`/filter`, `/prioritize`); `bodies` holds the request and response models,
-`middleware` the body limit and request metrics, `settings` the `ServiceSettings`.
+`middleware` the body limit, request metrics and strict JSON bodies, `settings` the `ServiceSettings`.
 """
 
 from __future__ import annotations

@@ -7,10 +7,11 @@ import time
 from fastapi import APIRouter
 
 from hetplan.allocator.service.bodies import (
-    ActionOut, ActionsResponse, AllocateRequest, AllocateResponse, AllocationOut, ReleaseRequest, ReleaseResponse,
-    allocation_out,
+    ADMIN_RESPONSES, ActionOut, ActionsResponse, AllocateRequest, AllocateResponse, AllocationOut, ReleaseRequest,
+    ReleaseResponse, allocation_out, posted,
 )
 from hetplan.allocator.service.context import ServiceContext
+from hetplan.allocator.service.middleware import JSONRoute
 from hetplan.allocator.spec import Allocation, Decision, Job, Reason
 
 
@@ -61,9 +62,9 @@ def rebalance_tick(ctx: ServiceContext) -> list[ActionOut]:
 
 
 def router(ctx: ServiceContext) -> APIRouter:
-    api = APIRouter(tags=["allocation"])
+    api = APIRouter(tags=["allocation"], route_class=JSONRoute)
 
-    @api.post("/v1/allocate", response_model=AllocateResponse)
+    @api.post("/v1/allocate", response_model=AllocateResponse, responses=posted())
     async def allocate(body: AllocateRequest) -> AllocateResponse:
         """Place a job (idempotent per job_id). A rejection is an answer, not an error: status 200."""
         job = body.to_job()
@@ -76,7 +77,7 @@ def router(ctx: ServiceContext) -> APIRouter:
         return AllocateResponse(status="rejected", job_id=job.job_id, hint_version=decision.hint_version,
                                 reason=decision.reason.value, message=decision.message)
 
-    @api.post("/v1/release", response_model=ReleaseResponse)
+    @api.post("/v1/release", response_model=ReleaseResponse, responses=posted())
     async def release(body: ReleaseRequest) -> ReleaseResponse:
         """Free a job's resources (idempotent)."""
         released, actions = await ctx.durably(release_job, ctx, body.job_id)
@@ -90,7 +91,8 @@ def router(ctx: ServiceContext) -> APIRouter:
         """Re-sizes and moves decided after action `since` (oldest first; the log keeps the last few thousand)."""
         return ctx.actions.since(since)
 
-    @api.post("/v1/actions/tick", response_model=ActionsResponse, tags=["admin"], dependencies=ctx.admin)
+    @api.post("/v1/actions/tick", response_model=ActionsResponse, tags=["admin"], dependencies=ctx.admin,
+              responses={**posted(body=False), **ADMIN_RESPONSES})
     async def tick() -> ActionsResponse:
         """Rebalance now instead of at the next periodic tick (admin); returns the actions it decided."""
         recorded = await ctx.durably(rebalance_tick, ctx)

@@ -1,12 +1,12 @@
-"""Request and response bodies of the HTTP API, and the numbered action log. RAM is GiB in every body (the
-`mem_gb` field names are kept for compatibility)."""
+"""Request and response bodies of the HTTP API, the answers besides 200 that the routes document, and the numbered
+action log. RAM is GiB in every body (the `mem_gb` field names are kept for compatibility)."""
 
 from __future__ import annotations
 
 import time
 from collections import deque
 from collections.abc import Sequence
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt, model_validator
 
@@ -166,6 +166,48 @@ class HintsResponse(BaseModel):
     classes: int
     rows: list[HintRow]
     last_error: str | None = None
+
+
+class HealthResponse(BaseModel):
+    status: Literal["ok"]
+    policy: str
+    hint_version: str | None
+    nodes: int
+    allocations: int
+
+
+class ErrorOut(BaseModel):
+    """The body of every error answer but 422 (FastAPI's validation errors): what is wrong."""
+
+    detail: str
+
+
+Responses = dict[int | str, dict[str, Any]]
+
+
+def _error(description: str, **extra: Any) -> dict[str, Any]:
+    return {"model": ErrorOut, "description": description, **extra}
+
+
+def posted(body: bool = True, bad_request: str = "") -> Responses:
+    """The answers every POST route gives besides its own: the body limit's (`middleware.BodyLimit`) and, for a route
+    that takes a JSON body, `middleware.JSONRoute`'s 415; `bad_request`: what else the route answers 400 to."""
+    unreadable = "Content-Length is no number"
+    out = {400: _error(f"{bad_request}; or {unreadable}" if bad_request else unreadable),
+           413: _error("the body is over the size limit (refused before it is read)")}
+    if body:
+        out[415] = _error("the body is no JSON (Content-Type: application/json)")
+    return out
+
+
+ADMIN_RESPONSES: Responses = {
+    401: _error("missing or wrong bearer token",
+                headers={"WWW-Authenticate": {"description": "the scheme to use: Bearer", "schema": {"type": "string"}}}),
+    403: _error("admin endpoints are disabled: the service was started without a token"),
+}
+"""The answers of an admin route's token check (`ServiceContext.admin`)."""
+
+REFUSED: Responses = {409: _error("a change was refused (all or nothing: nothing changed)")}
 
 
 def allocation_out(a: Allocation) -> AllocationOut:

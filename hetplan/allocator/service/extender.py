@@ -6,12 +6,15 @@ from fastapi import APIRouter, HTTPException
 from fastapi.responses import JSONResponse
 
 from hetplan.allocator import extender as k8s
+from hetplan.allocator.service.bodies import Responses, posted
 from hetplan.allocator.service.context import ServiceContext
+from hetplan.allocator.service.middleware import JSONRoute
 from hetplan.allocator.spec import CLOSED_LABEL
 
 
 def router(ctx: ServiceContext) -> APIRouter:
-    api = APIRouter(tags=["kubernetes"])
+    api = APIRouter(tags=["kubernetes"], route_class=JSONRoute)
+    responses: Responses = posted(bad_request="a Pod's GPU request is no whole-number quantity")
 
     def candidates(args: k8s.ExtenderArgs) -> list[k8s.Candidate]:
         if args.nodes is not None:
@@ -37,7 +40,7 @@ def router(ctx: ServiceContext) -> APIRouter:
         except ValueError as exc:
             raise HTTPException(400, f"Pod: {exc}") from None
 
-    @api.post("/filter", response_model=k8s.ExtenderFilterResult)
+    @api.post("/filter", response_model=k8s.ExtenderFilterResult, responses=responses)
     def extender_filter(args: k8s.ExtenderArgs) -> JSONResponse:
         """kube-scheduler extender filter: `ExtenderArgs` in, `ExtenderFilterResult` out."""
         pod = pod_class(args)
@@ -48,13 +51,12 @@ def router(ctx: ServiceContext) -> APIRouter:
         if args.nodes is not None:
             keep = set(outcome.passed)
             result.nodes = {**args.nodes.model_dump(exclude={"items"}),
-                            "items": [raw for raw in args.nodes.items
-                                      if (raw.get("metadata") or {}).get("name") in keep]}
+                            "items": [raw for raw in args.nodes.items if k8s.item_name(raw) in keep]}
         else:
             result.node_names = outcome.passed
         return JSONResponse(result.model_dump(by_alias=True))
 
-    @api.post("/prioritize", response_model=list[k8s.HostPriority])
+    @api.post("/prioritize", response_model=list[k8s.HostPriority], responses=responses)
     def extender_prioritize(args: k8s.ExtenderArgs) -> JSONResponse:
         """kube-scheduler extender prioritize: `ExtenderArgs` in, `HostPriorityList` (scores 0-10) out."""
         pod = pod_class(args)

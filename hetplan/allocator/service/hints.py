@@ -4,12 +4,13 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
-from hetplan.allocator.service.bodies import HintRow, HintsResponse
+from hetplan.allocator.service.bodies import ADMIN_RESPONSES, HintRow, HintsResponse, posted
 from hetplan.allocator.service.context import ServiceContext
+from hetplan.allocator.service.middleware import JSONRoute
 
 
 def router(ctx: ServiceContext) -> APIRouter:
-    api = APIRouter(tags=["hints"])
+    api = APIRouter(tags=["hints"], route_class=JSONRoute)
 
     def hints_response() -> HintsResponse:
         a = ctx.alloc()
@@ -26,7 +27,8 @@ def router(ctx: ServiceContext) -> APIRouter:
         """The hint table in force (class keys: model names lower-cased)."""
         return hints_response()
 
-    @api.post("/v1/hints/reload", response_model=HintsResponse, tags=["admin"], dependencies=ctx.admin)
+    @api.post("/v1/hints/reload", response_model=HintsResponse, tags=["admin"], dependencies=ctx.admin,
+              responses={**posted(body=False), **ADMIN_RESPONSES})
     def reload_hints() -> HintsResponse:
         """Look at the store's LATEST now instead of at the next poll (admin)."""
         ctx.alloc().reload_hints()

@@ -1,10 +1,17 @@
-"""ASGI middleware: the request body limit (413 before anything is parsed) and per-route request metrics."""
+"""What a request goes through before a route sees it: the body limit (413 before anything is parsed) and
+per-route request metrics (ASGI middleware), and strict JSON bodies (`JSONRoute`)."""
 
 from __future__ import annotations
 
 import json
+import re
 import time
+from collections.abc import Callable, Coroutine
+from typing import Any
 
+import pydantic_core
+from fastapi import HTTPException, Request, Response
+from fastapi.routing import APIRoute
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from hetplan.allocator.metrics import Metrics
@@ -99,3 +106,56 @@ class RequestMetrics:
         finally:
             route = getattr(scope.get("route"), "path", None) or "unmatched"
             self.metrics.observe_http(scope["method"], route, status, time.perf_counter() - start)
+
+
+class JSONRequest(Request):
+    """A request whose JSON body is parsed strictly (pydantic's parser): text that is no UTF-8, or a `\\u` escape
+    that is a lone surrogate (which Python's `json` lets through, and SQLite and the answer's encoding then fail on),
+    is a JSON decode error like any other (FastAPI: 422)."""
+
+    async def json(self) -> Any:
+        if not hasattr(self, "_json"):
+            body = await self.body()
+            try:
+                self._json = pydantic_core.from_json(body)
+            except ValueError as exc:
+                raise _decode_error(str(exc), body.decode(errors="replace")) from None
+        return self._json
+
+
+_WHERE = re.compile(r" at line (\d+) column (\d+)\Z")
+
+
+def _decode_error(message: str, text: str) -> json.JSONDecodeError:
+    """pydantic's "... at line L column C" as a `JSONDecodeError` at that offset (FastAPI's `loc`: body, offset)."""
+    where = _WHERE.search(message)
+    if where is None:
+        return json.JSONDecodeError(message, text, 0)
+    line, column = int(where[1]), int(where[2])
+    start = 0
+    for _ in range(line - 1):
+        start = text.index("\n", start) + 1
+    return json.JSONDecodeError(message[:where.start()], text, min(start + column - 1, len(text)))
+
+
+def _is_json(content_type: str | None) -> bool:
+    media = (content_type or "").partition(";")[0].strip().lower()
+    return media == "application/json" or (media.startswith("application/") and media.endswith("+json"))
+
+
+class JSONRoute(APIRoute):
+    """A route whose request body, when it takes one, is JSON: a body of another (or no) Content-Type is refused
+    (415) instead of being validated as bytes, and the JSON is parsed by `JSONRequest`."""
+
+    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
+        handler = super().get_route_handler()
+        if self.body_field is None:
+            return handler
+
+        async def json_body(request: Request) -> Response:
+            strict = JSONRequest(request.scope, request.receive)
+            if await strict.body() and not _is_json(strict.headers.get("content-type")):
+                raise HTTPException(415, "the body must be JSON (Content-Type: application/json)")
+            return await handler(strict)
+
+        return json_body

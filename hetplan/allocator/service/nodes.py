@@ -6,13 +6,16 @@ from fastapi import APIRouter, HTTPException
 
 from hetplan.allocator.cluster import StateError
 from hetplan.allocator.core import NodeChanges
-from hetplan.allocator.service.bodies import NodeChangesIn, NodeChangesResponse, NodeOut, NodesResponse
+from hetplan.allocator.service.bodies import (
+    ADMIN_RESPONSES, REFUSED, NodeChangesIn, NodeChangesResponse, NodeOut, NodesResponse, posted,
+)
 from hetplan.allocator.service.context import ServiceContext
+from hetplan.allocator.service.middleware import JSONRoute
 from hetplan.allocator.spec import mib_to_gib
 
 
 def router(ctx: ServiceContext) -> APIRouter:
-    api = APIRouter(tags=["nodes"])
+    api = APIRouter(tags=["nodes"], route_class=JSONRoute)
 
     @api.get("/v1/nodes", response_model=NodesResponse)
     def nodes() -> NodesResponse:
@@ -31,7 +34,7 @@ def router(ctx: ServiceContext) -> APIRouter:
             "mem_gb": mib_to_gib(totals["mem_mib"]), "free_mem_gb": mib_to_gib(totals["free_mem_mib"])})
 
     @api.post("/v1/nodes", response_model=NodeChangesResponse, tags=["admin"], dependencies=ctx.admin,
-              responses={409: {"description": "a change was refused"}})
+              responses={**posted(), **ADMIN_RESPONSES, **REFUSED})
     def change_nodes(body: NodeChangesIn) -> NodeChangesResponse:
         """Add, update and remove nodes, all or nothing (admin)."""
         changes = NodeChanges(upsert=[n.to_node() for n in body.upsert], remove=list(body.remove), force=body.force)

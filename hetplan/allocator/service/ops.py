@@ -2,25 +2,25 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from fastapi import APIRouter
 from fastapi.responses import PlainTextResponse
 
 from hetplan.allocator.metrics import CONTENT_TYPE, Gauges
+from hetplan.allocator.service.bodies import HealthResponse
 from hetplan.allocator.service.context import ServiceContext
+from hetplan.allocator.service.middleware import JSONRoute
 from hetplan.allocator.spec import mib_to_gib
 
 
 def router(ctx: ServiceContext) -> APIRouter:
-    api = APIRouter(tags=["ops"])
+    api = APIRouter(tags=["ops"], route_class=JSONRoute)
 
-    @api.get("/healthz")
-    def healthz() -> dict[str, Any]:
+    @api.get("/healthz", response_model=HealthResponse)
+    def healthz() -> HealthResponse:
         a = ctx.alloc()
         with a.lock:
-            return {"status": "ok", "policy": a.policy.name, "hint_version": a.hints.version,
-                    "nodes": len(a.cluster), "allocations": len(a.cluster.allocations())}
+            return HealthResponse(status="ok", policy=a.policy.name, hint_version=a.hints.version,
+                                  nodes=len(a.cluster), allocations=len(a.cluster.allocations()))
 
     def state() -> tuple[Gauges, dict[str, str]]:
         a = ctx.alloc()
