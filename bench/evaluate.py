@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import math
+import sys
 import time
 
 import numpy as np
@@ -50,9 +51,14 @@ def halves(file: str) -> tuple[pd.DataFrame, pd.DataFrame]:
     return trace.iloc[:cut].reset_index(drop=True), trace.iloc[cut:].reset_index(drop=True)
 
 
-def catalogs() -> list[tuple[str, pd.DataFrame]]:
+CATALOGS = {"all": "all clouds", "aws-gcp-azure": "AWS + GCP + Azure"}
+
+
+def catalogs(keys=tuple(CATALOGS)) -> list[tuple[str, pd.DataFrame]]:
+    """The default catalog (all clouds) and its AWS + GCP + Azure part, as (label, catalog), those of `keys`."""
     full = load_default_catalog()
-    return [("all clouds", full), ("AWS + GCP + Azure", full[full["cloud"] != "lambda"].reset_index(drop=True))]
+    both = {"all": full, "aws-gcp-azure": full[full["cloud"] != "lambda"].reset_index(drop=True)}
+    return [(CATALOGS[key], both[key]) for key in keys]
 
 
 def geomean(values) -> float:
@@ -68,6 +74,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--budgets", type=float, nargs="+", default=[100.0, 400.0])
     parser.add_argument("--traces", nargs="+", default=list(TRACES))
+    parser.add_argument("--catalogs", nargs="+", choices=list(CATALOGS), default=list(CATALOGS))
+    parser.add_argument("--rhos", type=float, nargs="+", default=list(RHOS), help="loads to run (a subset of rows)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--cost", action="store_true", help="also measure the cost objective's saving")
     parser.add_argument("--cost-only", action="store_true", help="only the cost objective's saving")
@@ -88,11 +96,11 @@ def main() -> None:
     rows, mixes, notes, hetplan_rows = [], [], set(), []
     for file in args.traces:
         plan_half, replay_half = halves(file)
-        for label, catalog in catalogs():
+        for label, catalog in catalogs(args.catalogs):
             for budget in args.budgets:
                 t0 = time.perf_counter()
                 result = evaluate(replay_half, ProblemInputs(curves, catalog, budget), truth, plan_trace=plan_half,
-                                  rhos=RHOS, relabel_unknown=True, seed=args.seed)
+                                  rhos=args.rhos, relabel_unknown=True, seed=args.seed)
                 notes.update(w for w in result.warnings if "relabelled" not in w)
                 short = file.split("_")[-1].split(".")[0]
                 for r in result.summary.itertuples():
@@ -109,7 +117,7 @@ def main() -> None:
                     mixes.append(f"- {file}, {label}, {budget:g} $/h, {plan_label}: **{plan.winner}** "
                                  f"({nodes_text(counts)}; {winner.policy})")
                 print(f"{file} {label} {budget:g}: {time.perf_counter() - t0:.0f} s", flush=True)
-                print("\n".join(rows[-16:]), flush=True)
+                print("\n".join(rows[-4 * len(args.rhos):]), flush=True)
     cost_lines = cost_objective(curves, truth, args.seed) if args.cost else []
     total = time.perf_counter() - started
     frame = pd.DataFrame(hetplan_rows)
@@ -129,7 +137,7 @@ def main() -> None:
         return
     text = [
         "\n## Out-of-sample evaluation: plan on the first half, replay the second (`bench/evaluate.py`, issue 13)\n",
-        f"Run: `.venv/bin/python bench/evaluate.py{' --cost' if args.cost else ''}` on "
+        f"Run: `.venv/bin/python bench/evaluate.py{''.join(' ' + a for a in sys.argv[1:])}` on "
         f"{dt.datetime.now(dt.UTC):%Y-%m-%d %H:%M} UTC; {machine()}; {total:.0f} s in all; hetplan/sim sha256 "
         f"`{sim_fingerprint()}`. Each trace is split by arrival; the planner (objective: average JCT, LAS) sees "
         "the first half at each rho, the four setups replay the second half at the same rho (its own rate; "
