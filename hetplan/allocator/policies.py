@@ -22,10 +22,10 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable
 from typing import Protocol
 
-from hetplan.allocator.cluster import ClusterView, Fit, Need
+from hetplan.allocator.cluster import ClusterView, Fit, hinted_need, proportional_need
 from hetplan.allocator.rebalance import CoAdaptive
-from hetplan.allocator.spec import Allocation, Decision, Job, Reason, Rejection, Share, to_mib_up, to_milli_up
-from hetplan.hints.index import HintEntry, HintSet
+from hetplan.allocator.spec import Allocation, Decision, Job, Reason, Rejection, Share
+from hetplan.hints.index import HintSet
 
 
 class Policy(Protocol):
@@ -39,15 +39,6 @@ class Policy(Protocol):
     """The round policy `Allocator.rebalance` runs; None: placement only, a job keeps its place until it ends."""
 
     def place(self, job: Job, state: ClusterView, hints: HintSet) -> Decision: ...
-
-
-def proportional_need(gpus: int) -> Need:
-    return lambda shape: shape.proportional(gpus)
-
-
-def hinted_need(entry: HintEntry, gpus: int) -> Need:
-    cpu, mem = to_milli_up(entry.cpus_per_gpu * gpus), to_mib_up(entry.mem_gb_per_gpu * gpus)
-    return lambda shape: (cpu, mem)
 
 
 def _allocation(job: Job, fit: Fit, hints: HintSet, policy: str, share: Share, rank: int | None) -> Allocation:
