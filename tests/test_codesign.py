@@ -223,3 +223,33 @@ def test_the_best_candidates_are_tried_again_with_the_fastest_gpu_type_first(pla
         rows = rows.sort_values("rank")
         assert list(rows["rank"]) == list(range(1, len(rows) + 1))
         assert rows["normalized_throughput"].is_monotonic_decreasing
+
+
+def test_a_re_ranked_twin_takes_the_figures_its_co_adaptive_replay_would_repeat(planned):
+    from hetplan.codesign.replay import replay
+    from hetplan.sim.engine import SimConfig
+
+    for name in (n for n in planned.candidates["candidate"] if n.endswith(", fastest first")):
+        row, twin = planned.row(name), planned.candidate(name)
+        [again] = replay(planned.problem, [twin], planned.workload.draws, SimConfig("las", 300.0))
+        assert again.metrics == {m: row[m] for m in again.metrics}, name
+
+
+@pytest.mark.parametrize(("policy", "throughputs", "steer"), [
+    ("hint", (2.0, 1.0), False),          # co-adaptive: GPU types by throughput, the ranks only label
+    ("hint", (0.0, 0.0), True),           # ... unless a class has no throughput: then its ranks are its speeds
+    ("hint", None, False),                # no hints: every type alike
+    ("proportional", (2.0, 1.0), True),   # placement only: the policy reads the ranks (as hint-static would)
+])
+def test_whether_the_order_of_a_candidates_hints_can_change_its_replay(planned, policy, throughputs, steer):
+    from dataclasses import replace
+
+    from hetplan.codesign.plan import ranks_steer
+    from hetplan.sim.engine import SimConfig
+
+    candidate = planned.candidate(planned.winner)
+    hints = candidate.result.hints
+    hints = hints.iloc[:0] if throughputs is None else hints.assign(
+        expected_throughput=[throughputs[min(r, 2) - 1] for r in hints["rank"]])
+    changed = replace(candidate, policy=policy, result=replace(candidate.result, hints=hints))
+    assert ranks_steer(changed, SimConfig()) is steer

@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from hetplan.allocator import Allocator
+from hetplan.allocator import Allocator, rebalance
 from hetplan.allocator.cluster import Cluster, StateError
 from hetplan.allocator.policies import get_policy
 from hetplan.allocator.rebalance import Action, diff
@@ -175,25 +175,36 @@ def test_diff_names_each_change_once():
     assert diff({"j": (v,)}, {"j": (v,)}) == []
 
 
-@pytest.mark.parametrize("seed", range(6))
-def test_random_steps_never_overcommit_never_go_below_a_floor_and_settle(seed):
-    rng = random.Random(seed)
+def _random_cluster(rng: random.Random) -> tuple[list[Node], HintSet]:
     nodes = [Node(f"v{i}", "V100", rng.choice([2, 4, 8]), rng.choice([8, 16, 24]), rng.choice([64, 240, 500]))
              for i in range(4)] + [Node(f"k{i}", "K80", 4, 16, 128) for i in range(3)]
     table = hints({m: {"V100": (rng.choice([1, 2, 6, 12]), rng.choice([8, 30, 120]), rng.uniform(1, 3)),
                        "K80": (rng.choice([1, 2, 6]), rng.choice([8, 30]), rng.uniform(0.2, 1))}
                    for m in ("a", "b", "c")})
+    return nodes, table
+
+
+def _random_step(rng: random.Random, step: int, jobs: list[Job], running: set[str]) -> tuple[list[Job], str | None]:
+    """The next step's jobs (one may arrive, one running may end, in a shuffled priority order) and the one
+    that ended, if any."""
+    if rng.random() < 0.6:
+        jobs = [*jobs, Job(f"j{step}", rng.choice("abc"), rng.choice([1, 1, 2, 4, 12]))]
+    done = rng.choice(sorted(running)) if running and rng.random() < 0.3 else None
+    jobs = [j for j in jobs if j.job_id != done]
+    rng.shuffle(jobs)
+    return jobs, done
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_random_steps_never_overcommit_never_go_below_a_floor_and_settle(seed):
+    rng = random.Random(seed)
+    nodes, table = _random_cluster(rng)
     alloc = allocator(nodes, table)
     jobs: list[Job] = []
     for step in range(40):
-        if rng.random() < 0.6:
-            jobs.append(Job(f"j{step}", rng.choice("abc"), rng.choice([1, 1, 2, 4, 12])))
-        running = alloc.running()
-        if running and rng.random() < 0.3:
-            done = rng.choice(sorted(running))
+        jobs, done = _random_step(rng, step, jobs, set(alloc.running()))
+        if done is not None:
             alloc.release(done)
-            jobs = [j for j in jobs if j.job_id != done]
-        rng.shuffle(jobs)
         alloc.rebalance(jobs, preempt=rng.random() < 0.7)
         assert not alloc.cluster.check()
         for job_id, parts in alloc.running().items():
@@ -204,6 +215,71 @@ def test_random_steps_never_overcommit_never_go_below_a_floor_and_settle(seed):
                 floor = [min(x, y) for x, y in zip(shape.proportional(p.gpus), _hinted(table, job, p))]
                 assert p.cpu_m >= floor[0] - 1 and p.mem_mib >= floor[1] - 1, (job_id, p)
     assert alloc.rebalance(jobs) == [] or alloc.rebalance(jobs) == []  # settles within one more step
+
+
+class _Forgetful(set):
+    """A set that never holds anything: a step that tries every class again however often it failed."""
+
+    def __contains__(self, item: object) -> bool:
+        return False
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_remembering_which_classes_found_no_node_decides_exactly_as_trying_again(seed, monkeypatch):
+    """Within a step only placements follow the first try, so a class that found no node finds none later
+    (`_Step.full`): a step that forgets decides the same, step after step on random clusters."""
+    rng = random.Random(seed)
+    nodes, table = _random_cluster(rng)
+    remembers, forgets = allocator(nodes, table), allocator(nodes, table)
+    step_init = rebalance._Step.__init__
+
+    def forgetful(self, *args, **kwargs):
+        step_init(self, *args, **kwargs)
+        self.full = _Forgetful()
+
+    jobs: list[Job] = []
+    for step in range(60):
+        jobs, done = _random_step(rng, step, jobs, set(remembers.running()))
+        preempt, move = rng.random() < 0.7, rng.random() < 0.8
+        if done is not None:
+            remembers.release(done)
+            forgets.release(done)
+        expected = remembers.rebalance(jobs, preempt, move)
+        with monkeypatch.context() as patch:
+            patch.setattr(rebalance._Step, "__init__", forgetful)
+            assert forgets.rebalance(jobs, preempt, move) == expected, step
+        assert remembers.cluster.snapshot() == forgets.cluster.snapshot()
+
+
+@pytest.mark.parametrize("entries, speeds, preference, regret", [
+    # throughputs: normalised by the best; a type the hints do not list is a last resort (0)
+    ({"V100": (1, 4, 2.0), "K80": (1, 4, 0.5)}, {"K80": 0.25, "T4": 0.0, "V100": 1.0}, ("V100", "K80", "T4"), -0.75),
+    # ties go to the name
+    ({"V100": (1, 4, 1.0), "K80": (1, 4, 1.0)}, {"K80": 1.0, "T4": 0.0, "V100": 1.0}, ("K80", "V100", "T4"), 0.0),
+    # no throughputs: the ranks (1 / rank)
+    ({"V100": (1, 4, 0.0), "K80": (1, 4, 0.0)}, {"K80": 0.5, "T4": 0.0, "V100": 1.0}, ("V100", "K80", "T4"), -0.5),
+    # no hints: every type alike
+    ({}, {"K80": 1.0, "T4": 1.0, "V100": 1.0}, ("K80", "T4", "V100"), 0.0),
+])
+def test_a_class_view_reads_speeds_preference_and_regret_off_the_hints(entries, speeds, preference, regret):
+    table = hints({"m": entries}) if entries else HintSet.empty()
+    policy = get_policy("hint", migration_s=30.0, horizon_s=300.0).rounds
+    view = policy.view(Job("j", "m", 1), table, ("K80", "T4", "V100"))
+    assert view.speeds == pytest.approx(speeds) and view.preference == preference
+    assert view.regret == pytest.approx(regret)
+    assert policy.view(Job("other", "m", 1), table, ("K80", "T4", "V100")) is view  # once per class
+
+
+def test_a_class_view_discounts_moves_by_their_cost_and_lists_the_gains():
+    policy = get_policy("hint", migration_s=30.0, horizon_s=300.0).rounds
+    view = policy.view(Job("j", "flat", 1), SPEEDS, ("K80", "V100"))
+    assert policy.values(view, None) == pytest.approx({"K80": 0.8, "V100": 1.0})
+    assert policy.values(view, "K80") == pytest.approx({"K80": 0.8, "V100": 0.9})  # 1.0 x (1 - 30/300)
+    [(loss, to)] = policy.gains(view, "K80", "K80")
+    assert to == "V100" and loss == pytest.approx(0.8 - 0.9)
+    assert policy.gains(view, "V100", "V100") == ()  # on its best type: nothing to gain
+    shape = Node("n", "K80", 4, 16, 64).shape  # proportional share: 4 cores, 16 GiB per GPU
+    assert view.wants["K80"](shape) == (1000, 4096) and view.floors["K80"](shape) == (1000, 4096)
 
 
 def _hinted(table: HintSet, job: Job, part: Allocation) -> tuple[int, int]:

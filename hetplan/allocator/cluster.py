@@ -24,14 +24,30 @@ from collections import Counter
 from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
-from hetplan.allocator.spec import MILLI_PER_GPU, Allocation, Node, Shape, mib_to_gib
+from hetplan.allocator.spec import MILLI_PER_GPU, Allocation, Node, Shape, mib_to_gib, to_mib_up, to_milli_up
+
+if TYPE_CHECKING:
+    from hetplan.hints.index import HintEntry
 
 Need = Callable[[Shape], tuple[int, int]]
 """Cores (millicores) and RAM (MiB) a job needs on a node of a given shape."""
 Reserve = Callable[[Shape], int]
 """Cores (millicores) to leave free per GPU left free on a node of a given shape (see `best_fit`)."""
+
+
+def proportional_need(gpus: int) -> Need:
+    """The GPU-proportional share of `gpus` GPUs on each shape."""
+    return lambda shape: shape.proportional(gpus)
+
+
+def hinted_need(entry: HintEntry, gpus: int) -> Need:
+    """A hint entry's cores and RAM per GPU for `gpus` GPUs, rounded up, whatever the shape."""
+    cpu, mem = to_milli_up(entry.cpus_per_gpu * gpus), to_mib_up(entry.mem_gb_per_gpu * gpus)
+    return lambda shape: (cpu, mem)
+
+
 GpuTypes = str | Collection[str] | None
 """Where to search: one GPU type, several, or None for all."""
 
@@ -176,6 +192,10 @@ class Cluster:
     def free_gpus_by_type(self) -> dict[str, int]:
         """Free GPUs per GPU type (every type with nodes, zeros included)."""
         return {t: self._free_by_type[t] for t in self._shapes_by_type}
+
+    def free_gpus_total(self, gpu_type: str | None = None) -> int:
+        """Free GPUs of one GPU type, or of all (None), over every node."""
+        return sum(self._free_by_type.values()) if gpu_type is None else self._free_by_type[gpu_type]
 
     def totals(self) -> dict[str, int]:
         """Capacity and free capacity summed over all nodes (GPUs, millicores, MiB)."""

@@ -119,9 +119,15 @@ class Allocator:
         with self.lock:
             if job_ids is not None:
                 out = {}
+                allocation, gangs = self.cluster.allocation, self._gangs
                 for job_id in job_ids:
-                    parts = tuple(a for a in map(self.cluster.allocation, self._gangs.get(job_id, (job_id,)))
-                                  if a is not None)
+                    gang = gangs.get(job_id)
+                    if gang is None:
+                        a = allocation(job_id)
+                        if a is not None:
+                            out[job_id] = (a,)
+                        continue
+                    parts = tuple(a for a in map(allocation, gang) if a is not None)
                     if parts:
                         out[job_id] = parts
                 return out

@@ -28,10 +28,10 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable
 from typing import Protocol
 
-from hetplan.allocator.cluster import ClusterView, Fit, GpuTypes, Need
+from hetplan.allocator.cluster import ClusterView, Fit, GpuTypes, Need, hinted_need
 from hetplan.allocator.rebalance import CoAdaptive
 from hetplan.allocator.spec import (
-    MILLI_PER_GPU, Allocation, Decision, Job, Reason, Rejection, Shape, Share, mib_to_gib, to_mib_up, to_milli_up,
+    MILLI_PER_GPU, Allocation, Decision, Job, Reason, Rejection, Shape, Share, mib_to_gib,
 )
 from hetplan.hints.index import HintEntry, HintSet
 
@@ -47,11 +47,6 @@ class Policy(Protocol):
     """The round policy `Allocator.rebalance` runs; None: placement only, a job keeps its place until it ends."""
 
     def place(self, job: Job, state: ClusterView, hints: HintSet) -> Decision: ...
-
-
-def hinted_need(entry: HintEntry, gpus: int) -> Need:
-    cpu, mem = to_milli_up(entry.cpus_per_gpu * gpus), to_mib_up(entry.mem_gb_per_gpu * gpus)
-    return lambda shape: (cpu, mem)
 
 
 def floor_need(job: Job) -> Need:

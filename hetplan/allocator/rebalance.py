@@ -28,6 +28,10 @@ GPU-proportional share): nobody gets less than the proportional share unless its
 (then it has its plateau anyway). What a job **wants** is its hinted share raised to its request.
 
 GPU shares and CPU-only jobs (`not Job.whole`) are left out of rounds: they stay where `place` put them.
+
+Cost: a step reads each job class's hints once (`ClassView`, cached per hint version and GPU types), and
+remembers which (class, own request, GPU type) found no node: after the first placement try of a step nothing
+is released, so such a job finds none again in that step. Both are exact: the step decides as without them.
 """
 
 from __future__ import annotations
@@ -36,9 +40,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
-from hetplan.allocator.cluster import Cluster
-from hetplan.allocator.spec import Allocation, Job, Share, to_mib_up, to_milli_up
-from hetplan.hints.index import HintSet
+from hetplan.allocator.cluster import Cluster, Need, hinted_need, proportional_need
+from hetplan.allocator.spec import Allocation, Job, Shape, Share
+from hetplan.hints.index import HintEntry, HintSet
 
 Target = dict[str, tuple[Allocation, ...]]
 """Job id -> its allocations after the step: one per node (several for a gang); jobs absent do not run."""
@@ -80,6 +84,25 @@ def diff(current: Mapping[str, tuple[Allocation, ...]], target: Target) -> list[
     return actions
 
 
+EPS = 1e-9
+"""Speed differences at or below this are ties (no move, no swap)."""
+
+
+@dataclass(slots=True)
+class ClassView:
+    """What a step reads of one job class (model, GPUs) under one hint set and set of GPU types, worked out
+    once per class (`CoAdaptive.view`) instead of once per job and step. Read-only for its users."""
+
+    speeds: dict[str, float]  # normalised speed per GPU type (see the module docstring)
+    preference: tuple[str, ...]  # GPU types fastest first, ties by name
+    regret: float  # second-best speed minus the best (<= 0): the most to lose picks a type first
+    entries: dict[str, HintEntry]  # the best-ranked hint entry per hinted GPU type
+    wants: dict[str, Need]  # per GPU type: the hinted cores and RAM, else the GPU-proportional share
+    floors: dict[str, Need]  # per GPU type: min(want, GPU-proportional share)
+    values: dict[str | None, dict[str, float]] = field(default_factory=dict)  # by the type it runs on now
+    gains: dict[tuple[str | None, str], tuple[tuple[float, str], ...]] = field(default_factory=dict)
+
+
 @dataclass
 class CoAdaptive:
     """The round policy of the `hint` policy (see the module docstring). `migration_s` is what a move costs
@@ -89,7 +112,7 @@ class CoAdaptive:
     horizon_s: float = 300.0
     name: str = "hint"
     strict: bool = False  # only the GPU types a class's hints list (classes without hints: any)
-    _speeds: dict[tuple[str, int, str | None], dict[str, float]] = field(default_factory=dict, repr=False)
+    _views: dict[tuple[str, int, str | None, tuple[str, ...]], ClassView] = field(default_factory=dict, repr=False)
 
     def target(self, order: Sequence[Job], cluster: Cluster, hints: HintSet,
                current: Mapping[str, tuple[Allocation, ...]], touched: Iterable[str] = (),
@@ -102,24 +125,78 @@ class CoAdaptive:
             return _Step(self, order, cluster, hints, current, set(touched), preempt, move).run()
 
     def speeds(self, job: Job, hints: HintSet, gpu_types: Sequence[str]) -> dict[str, float]:
-        """The job's normalised speed per GPU type (see the module docstring), cached per class and hint version."""
-        key = (job.model, job.num_gpus, hints.version)
-        speeds = self._speeds.get(key)
-        if speeds is None:
-            entries = hints.lookup(job.model, job.num_gpus)
-            thr = {e.gpu_type: max(e.expected_throughput, 0.0) for e in entries}
-            best = max(thr.values(), default=0.0)
-            if not entries:
-                speeds = {t: 1.0 for t in gpu_types}
-            elif best > 0:
-                speeds = {t: thr.get(t, 0.0) / best for t in gpu_types}
-            else:  # hints without throughputs: their rank order
-                ranks = {e.gpu_type: e.rank for e in entries}
-                speeds = {t: 1.0 / ranks[t] if t in ranks else 0.0 for t in gpu_types}
-            if len(self._speeds) > 100_000:
-                self._speeds.clear()
-            self._speeds[key] = speeds
-        return speeds
+        """The job's normalised speed per GPU type (see the module docstring), cached per class, hint version
+        and GPU types."""
+        return self.view(job, hints, gpu_types).speeds
+
+    def view(self, job: Job, hints: HintSet, gpu_types: Sequence[str]) -> ClassView:
+        """The job's class as a step reads it (`ClassView`), cached per class, hint version and GPU types."""
+        key = (job.model, job.num_gpus, hints.version, tuple(gpu_types))
+        view = self._views.get(key)
+        if view is None:
+            if len(self._views) > 100_000:
+                self._views.clear()
+            view = self._views[key] = _class_view(hints.lookup(job.model, job.num_gpus), job.num_gpus, key[3])
+        return view
+
+    def values(self, view: ClassView, running_on: str | None) -> dict[str, float]:
+        """A class's normalised speed per type, less the migration cost over the horizon on every type but the
+        one it runs on now (`running_on`; None: not running, nothing to discount)."""
+        values = view.values.get(running_on)
+        if values is None:
+            if running_on is None:
+                values = view.speeds
+            else:
+                horizon = self.horizon_s
+                keep = 1.0 - min(self.migration_s / horizon, 1.0) if horizon > 0 else 0.0
+                values = {t: v if t == running_on else v * keep for t, v in view.speeds.items()}
+            view.values[running_on] = values
+        return values
+
+    def gains(self, view: ClassView, running_on: str | None, assigned: str) -> tuple[tuple[float, str], ...]:
+        """The types worth more than `assigned` to a job of the class (`values`), as (value lost by staying,
+        type), in the order of the view's types."""
+        key = (running_on, assigned)
+        gains = view.gains.get(key)
+        if gains is None:
+            v = self.values(view, running_on)
+            gains = view.gains[key] = tuple((v[assigned] - v[t], t) for t in v
+                                            if t != assigned and v[t] - v[assigned] > EPS)
+        return gains
+
+
+def _class_view(entries: tuple[HintEntry, ...], gpus: int, gpu_types: tuple[str, ...]) -> ClassView:
+    """A class's `ClassView` from its hint entries (best rank first)."""
+    thr = {e.gpu_type: max(e.expected_throughput, 0.0) for e in entries}
+    best = max(thr.values(), default=0.0)
+    if not entries:
+        speeds = {t: 1.0 for t in gpu_types}
+    elif best > 0:
+        speeds = {t: thr.get(t, 0.0) / best for t in gpu_types}
+    else:  # hints without throughputs: their rank order
+        ranks = {e.gpu_type: e.rank for e in entries}
+        speeds = {t: 1.0 / ranks[t] if t in ranks else 0.0 for t in gpu_types}
+    ranked = sorted(speeds.values(), reverse=True) + [0.0, 0.0]
+    first: dict[str, HintEntry] = {}
+    for e in entries:
+        first.setdefault(e.gpu_type, e)
+    wants = {t: hinted_need(first[t], gpus) if t in first else proportional_need(gpus) for t in gpu_types}
+    floors = {t: _floor_need(wants[t], gpus) for t in gpu_types}
+    return ClassView(speeds, tuple(sorted(speeds, key=lambda t: (-speeds[t], t))), ranked[1] - ranked[0], first,
+                     wants, floors)
+
+
+def _floor_need(want: Need, gpus: int) -> Need:
+    """min(want, GPU-proportional share) per resource, remembered per node shape."""
+    memo: dict[Shape, tuple[int, int]] = {}
+
+    def floor(shape: Shape) -> tuple[int, int]:
+        value = memo.get(shape)
+        if value is None:
+            value = memo[shape] = tuple(min(w, p) for w, p in zip(want(shape), shape.proportional(gpus)))
+        return value
+
+    return floor
 
 
 class _Step:
@@ -133,9 +210,20 @@ class _Step:
         self.by_id = {job.job_id: job for job in order}
         # jobs running but not asked about stay exactly as they are (pinned)
         self.placed: Target = {j: parts for j, parts in current.items() if j not in self.rank}
-        self.types = cluster.gpu_types()
+        self.types = tuple(cluster.gpu_types())
         self.type_gpus, self.type_largest = cluster.gpus_by_type()
         self.largest_type = max(self.type_gpus.values(), default=0)
+        # (model, GPUs, own request, GPU type) that found no single node this step: only placements happen after the first
+        # try (no release), and each leaves every node's free-plus-shrinkable share no larger, so they would
+        # find none again
+        self.full: set[tuple[str, int, int | None, int | None, str]] = set()
+        self.views: dict[tuple[str, int], ClassView] = {}
+
+    def _view(self, job: Job) -> ClassView:
+        view = self.views.get((job.model, job.num_gpus))
+        if view is None:
+            view = self.views[(job.model, job.num_gpus)] = self.policy.view(job, self.hints, self.types)
+        return view
 
     # ------------------------------------------------------------------ the step
 
@@ -154,14 +242,22 @@ class _Step:
                 movers.append(job)
         for job in movers:  # priority order
             self._place(job, assigned.get(job.job_id))
-        failed: set[tuple[str, int]] = set()  # classes that found no place: nothing is freed while backfilling
+        failed: set[tuple[str, int, int | None, int | None]] = set()  # classes that found no place: nothing is freed while backfilling
+        free = self.cluster.free_gpus_total()
         for job in admitted + left_out:  # backfill, a preempted or unplaced job its old place first
-            if job.job_id in self.placed or self._restore(job):
+            if free == 0:
+                break  # nobody else can start or get their old place back
+            if job.job_id in self.placed:
                 continue
-            key = (job.model, job.num_gpus)
-            if key in failed or job.num_gpus > sum(self.cluster.free_gpus_by_type().values()):
+            if self._restore(job):
+                free = self.cluster.free_gpus_total()
                 continue
-            if not self._place(job, None):
+            key = (job.model, job.num_gpus, job.cpu_m, job.mem_mib)
+            if key in failed or job.num_gpus > free:
+                continue
+            if self._place(job, None):
+                free = self.cluster.free_gpus_total()
+            else:
                 failed.add(key)
         for node in sorted(self.touched):
             if node in self.cluster:
@@ -176,17 +272,16 @@ class _Step:
         else:
             room = sum(self.cluster.free_gpus_by_type().values())
         admitted, left_out = [], []
+        largest, current = self.largest_type, () if self.preempt else self.current
         for job in self.order:
-            stays = not self.preempt and job.job_id in self.current
-            if stays or (job.num_gpus <= room and self._could_ever_run(job)):
+            if job.job_id in current:  # stays
                 admitted.append(job)
-                room -= 0 if stays else job.num_gpus
+            elif job.num_gpus <= room and job.num_gpus <= largest:  # fits, and could ever run
+                admitted.append(job)
+                room -= job.num_gpus
             else:
                 left_out.append(job)
         return admitted, left_out
-
-    def _could_ever_run(self, job: Job) -> bool:
-        return job.num_gpus <= self.largest_type
 
     def _assign_types(self, admitted: list[Job]) -> dict[str, str]:
         """Comparative advantage: each admitted job's GPU type (absent: none had GPUs left).
@@ -209,12 +304,11 @@ class _Step:
             return assigned
         scored = []
         for job in newcomers:
-            speeds = self.policy.speeds(job, self.hints, self.types)
-            ranked = sorted(speeds.values(), reverse=True) + [0.0, 0.0]
-            scored.append((ranked[1] - ranked[0], self.rank[job.job_id], job, speeds))
+            view = self._view(job)
+            scored.append((view.regret, self.rank[job.job_id], job, view.preference))
         scored.sort(key=lambda s: s[:2])
-        for _, _, job, speeds in scored:
-            for t in sorted(speeds, key=lambda t: (-speeds[t], t)):
+        for _, _, job, preference in scored:
+            for t in preference:
                 if room[t] >= job.num_gpus:
                     assigned[job.job_id] = t
                     room[t] -= job.num_gpus
@@ -223,45 +317,49 @@ class _Step:
             self._improve([j for j in admitted if j.job_id in assigned], assigned, room)
         return assigned
 
-    def _values(self, job: Job) -> dict[str, float]:
-        """A job's normalised speed per type, less the migration cost over the horizon on every type but the
-        one it runs on now."""
-        speeds = self.policy.speeds(job, self.hints, self.types)
+    def _running_on(self, job: Job) -> str | None:
         parts = self.current.get(job.job_id, ())
-        if not parts:
-            return speeds
-        horizon = self.policy.horizon_s
-        keep = 1.0 - min(self.policy.migration_s / horizon, 1.0) if horizon > 0 else 0.0
-        return {t: v if t == parts[0].gpu_type else v * keep for t, v in speeds.items()}
+        return parts[0].gpu_type if parts else None
 
     def _improve(self, jobs: list[Job], assigned: dict[str, str], room: dict[str, int]) -> None:
-        """Moves into free GPUs, then pairwise swaps of equal-sized jobs, while each gains more than it costs."""
-        eps = 1e-9
-        value = {job.job_id: self._values(job) for job in jobs}
-        moves = []
+        """Moves into free GPUs, then pairwise swaps of equal-sized jobs, while each gains more than it costs
+        (values: `CoAdaptive.values`)."""
+        value, moves = {}, []
+        # a move needs a type with room for the job: when none has room for the smallest, none ever will
+        movable = max(room.values(), default=0) >= min((job.num_gpus for job in jobs), default=0)
         for job in jobs:
-            v, now = value[job.job_id], assigned[job.job_id]
-            moves.extend((v[now] - v[t], self.rank[job.job_id], job, t) for t in self.types
-                         if t != now and v[t] - v[now] > eps)
+            view, running_on = self._view(job), self._running_on(job)
+            value[job.job_id] = self.policy.values(view, running_on)
+            gains = self.policy.gains(view, running_on, assigned[job.job_id]) if movable else ()
+            if gains:
+                rank = self.rank[job.job_id]
+                moves.extend((loss, rank, job, t) for loss, t in gains)
         for _, _, job, t in sorted(moves, key=lambda m: m[:2]):
             v, now = value[job.job_id], assigned[job.job_id]
-            if room[t] >= job.num_gpus and v[t] - v[now] > eps:
+            if room[t] >= job.num_gpus and v[t] - v[now] > EPS:
                 assigned[job.job_id] = t
                 room[t] -= job.num_gpus
                 room[now] += job.num_gpus
         by_type: dict[tuple[str, int], list[Job]] = {}
         for job in jobs:
             by_type.setdefault((assigned[job.job_id], job.num_gpus), []).append(job)
+        kinds = {key: list({id(value[j.job_id]): value[j.job_id] for j in group}.values())
+                 for key, group in by_type.items()}  # the distinct values of each group, first seen first
         for x in self.types:
             for y in self.types:
                 if x >= y:
                     continue
                 for g in sorted({g for (t, g) in by_type if t == x} & {g for (t, g) in by_type if t == y}):
+                    # the best pair first: when it gains nothing, no pair does (and sorting is spared)
+                    vi = min(kinds[(x, g)], key=lambda v: v[x] - v[y])
+                    vj = min(kinds[(y, g)], key=lambda v: v[y] - v[x])
+                    if (vi[y] + vj[x]) - (vi[x] + vj[y]) <= EPS:
+                        continue
                     on_x = sorted(by_type[(x, g)], key=lambda j: value[j.job_id][x] - value[j.job_id][y])
                     on_y = sorted(by_type[(y, g)], key=lambda j: value[j.job_id][y] - value[j.job_id][x])
                     for i, j in zip(on_x, on_y):
                         vi, vj = value[i.job_id], value[j.job_id]
-                        if (vi[y] + vj[x]) - (vi[x] + vj[y]) <= eps:
+                        if (vi[y] + vj[x]) - (vi[x] + vj[y]) <= EPS:
                             break
                         assigned[i.job_id], assigned[j.job_id] = y, x
 
@@ -269,26 +367,30 @@ class _Step:
 
     def _place(self, job: Job, gpu_type: str | None) -> bool:
         """Place `job` on `gpu_type` (then, failing that, on the other types by speed); False if nowhere."""
-        speeds = self.policy.speeds(job, self.hints, self.types)
-        preference = sorted(self.types, key=lambda t: (-speeds[t], t))
-        if gpu_type is not None:
-            preference.remove(gpu_type)
-            preference.insert(0, gpu_type)
+        view = self._view(job)
+        preference = view.preference
+        if gpu_type is not None and preference[0] != gpu_type:
+            preference = (gpu_type, *(t for t in preference if t != gpu_type))
+        g = job.num_gpus
         for t in preference:
-            if self.type_gpus[t] < job.num_gpus or (self.policy.strict and speeds[t] <= 0):
+            if self.type_gpus[t] < g or (self.policy.strict and view.speeds[t] <= 0):
                 continue
-            if job.num_gpus > self.type_largest[t]:
+            if g > self.type_largest[t]:
                 if self._place_gang(job, t):
                     return True
-            elif self._place_single(job, t):
+            elif (job.model, g, job.cpu_m, job.mem_mib, t) in self.full:
+                continue
+            elif self._place_single(job, view, t):
                 return True
+            else:
+                self.full.add((job.model, g, job.cpu_m, job.mem_mib, t))
         return False
 
-    def _place_single(self, job: Job, gpu_type: str) -> bool:
+    def _place_single(self, job: Job, view: ClassView, gpu_type: str) -> bool:
         g = job.num_gpus
         want = self._want(job, gpu_type)
         fit = self.cluster.best_fit(gpu_type, g, want)
-        share: Share = "hinted" if self._hinted(job, gpu_type) else "proportional"
+        share: Share = "hinted" if gpu_type in view.entries else "proportional"
         if fit is None:
             fit = self.cluster.largest_share(gpu_type, g, want, self._floor(job, gpu_type))
             share = "reduced" if share == "hinted" else share
@@ -320,6 +422,8 @@ class _Step:
 
     def _place_gang(self, job: Job, gpu_type: str) -> bool:
         """All or nothing: nodes of `gpu_type` with the most free GPUs first, each part at least its floor."""
+        if self.cluster.free_gpus_total(gpu_type) < job.num_gpus:
+            return False  # the walk below would come up short
         mark = self.cluster.mark()
         left = job.num_gpus
         pieces: list[tuple[str, int]] = []
@@ -381,20 +485,24 @@ class _Step:
     # ------------------------------------------------------------------ shares
 
     def _hinted(self, job: Job, gpu_type: str) -> bool:
-        return any(e.gpu_type == gpu_type for e in self.hints.lookup(job.model, job.num_gpus))
+        return gpu_type in self._view(job).entries
 
-    def _want(self, job: Job, gpu_type: str):
-        for e in self.hints.lookup(job.model, job.num_gpus):
-            if e.gpu_type == gpu_type:
-                cpu, mem = job.want(to_milli_up(e.cpus_per_gpu * job.num_gpus),
-                                    to_mib_up(e.mem_gb_per_gpu * job.num_gpus))
-                return lambda shape: (cpu, mem)
-        g = job.num_gpus
-        return lambda shape: job.floor(*shape.proportional(g))
+    def _want(self, job: Job, gpu_type: str) -> Need:
+        """The class's hinted share on `gpu_type` raised to the job's own request; without a hint there, the
+        request where stated, else the GPU-proportional share."""
+        view = self._view(job)
+        want = view.wants[gpu_type]
+        if job.cpu_m is None and job.mem_mib is None:
+            return want
+        own = job.want if gpu_type in view.entries else job.floor
+        return lambda shape: own(*want(shape))
 
-    def _floor(self, job: Job, gpu_type: str):
-        want, g = self._want(job, gpu_type), job.num_gpus
-        return lambda shape: job.floor(*(min(w, p) for w, p in zip(want(shape), shape.proportional(g))))
+    def _floor(self, job: Job, gpu_type: str) -> Need:
+        """min(hinted, GPU-proportional share), the job's own request where it stated one."""
+        floor = self._view(job).floors[gpu_type]
+        if job.cpu_m is None and job.mem_mib is None:
+            return floor
+        return lambda shape: job.floor(*floor(shape))
 
     def _floor_of(self, a: Allocation) -> tuple[int, int]:
         job = self._job_of(a)
@@ -459,7 +567,8 @@ class _Step:
 
     def _allocation(self, job: Job, part_id: str, node: str, gpu_type: str, gpus: int, cpu_m: int, mem_mib: int,
                     share: Share) -> Allocation:
-        rank = next((e.rank for e in self.hints.lookup(job.model, job.num_gpus) if e.gpu_type == gpu_type), None)
+        entry = self._view(job).entries.get(gpu_type)
+        rank = entry.rank if entry is not None else None
         return Allocation(part_id, job.model, node, gpu_type, gpus, cpu_m, mem_mib, self.hints.version,
                           self.policy.name, share, rank, request_cpu_m=job.cpu_m, request_mem_mib=job.mem_mib)
 

@@ -3,8 +3,9 @@
     workload (recent jobs) + curves + catalog + budget
         -> candidates (hetplan.codesign.candidates)      node mixes with their hints
         -> replays (hetplan.codesign.replay)             each on every arrival draw, the planner's speeds
-                                                         (overloaded ones pruned; the best three replayed
-                                                         again with hints ranked fastest first)
+                                                         (overloaded ones pruned; the best three again
+                                                         with hints ranked fastest first, replayed where
+                                                         the policy reads ranks)
         -> choice (hetplan.codesign.objectives)          by avg JCT, p95 JCT, makespan, or cost for a JCT target
 
 The winner's plan records the objective, every candidate's simulated figures and why it won
@@ -109,10 +110,9 @@ def plan_workload(problem: PlanningProblem, workload: Workload, *, objective: Wo
     config = SimConfig(scheduler, round_s)  # type: ignore[arg-type]
     replayed = _replay_unless_overloaded(problem, candidates, workload, config, prune_load, progress)
     best = table(replayed, problem).sort_values(METRIC[objective] if objective != "cost" else "avg_jct_h")
-    refine = [fastest_first(r.candidate) for r in (replayed[i] for i in best.index[:REFINE])
-              if r.candidate.policy != PROPORTIONAL and not r.pruned and r.rejected == 0]
-    replayed += replay(problem, refine, workload.draws, config, progress,
-                       [fluid_load(workload, c) for c in refine])
+    replayed += _refined(problem, [r for r in (replayed[i] for i in best.index[:REFINE])
+                                   if r.candidate.policy != PROPORTIONAL and not r.pruned and r.rejected == 0],
+                         workload, config, progress)
     weighed = table(replayed, problem)
     chosen = choose(weighed, objective, max_avg_jct)
     weighed["chosen"] = weighed.index == chosen
@@ -139,6 +139,30 @@ def _replay_unless_overloaded(problem: PlanningProblem, candidates: list[Candida
     simulated = dict(zip(kept, replay(problem, [candidates[i] for i in kept], workload.draws, config, progress,
                                       [loads[i] for i in kept])))
     return [simulated[i] if i in simulated else Replayed.skipped(c, loads[i]) for i, c in enumerate(candidates)]
+
+
+def _refined(problem: PlanningProblem, best: list[Replayed], workload: Workload, config: SimConfig,
+             progress: Progress | None) -> list[Replayed]:
+    """The `best` candidates again with their hints ranked fastest first (`fastest_first`).
+
+    A co-adaptive policy picks GPU types by hinted throughput, never by rank, so where every hinted class has
+    a throughput the re-ranked twin replays exactly as the original did: it takes the original's figures
+    instead of a second replay (`ranks_steer`)."""
+    twins = [fastest_first(r.candidate) for r in best]
+    again = [twin for twin in twins if ranks_steer(twin, config)]
+    fresh = iter(replay(problem, again, workload.draws, config, progress, [fluid_load(workload, c) for c in again]))
+    return [next(fresh) if ranks_steer(twin, config) else replace(r, candidate=twin) for r, twin in zip(best, twins)]
+
+
+def ranks_steer(candidate: Candidate, config: SimConfig) -> bool:
+    """Whether the order of the candidate's hints can change its replay: always for a placement-only policy
+    (it tries GPU types in rank order), for a co-adaptive one only where a hinted class has no positive
+    throughput (its speeds then come from the ranks)."""
+    if config.policy(candidate.policy).rounds is None:
+        return True
+    hints = candidate.result.hints
+    best = hints.groupby(["model", "num_gpus"])["expected_throughput"].max() if len(hints) else pd.Series(dtype=float)
+    return bool((~(best > 0)).any())
 
 
 def fastest_first(candidate: Candidate) -> Candidate:
