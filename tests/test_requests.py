@@ -124,3 +124,12 @@ def test_the_cluster_refuses_shares_that_break_the_rule():
         with pytest.raises(OvercommitError, match=problem):
             cluster.apply(bad)
     assert cluster.check() == [] and cluster.shared_devices("n") == {0: 600}
+
+
+def test_a_step_does_not_give_up_on_a_class_because_a_larger_request_of_it_found_no_node():
+    alloc = Allocator([v100("v1", gpus=2, cpus=16)], "hint", hint_set())
+    big, small = Job.request("big", "res50", 1, cpus=15.5), Job.request("small", "res50", 1, cpus=2)
+    allocated(alloc.allocate(Job.request("held", "other", 1, cpus=8)))  # 8 cores left
+    actions = alloc.rebalance(alloc.running_jobs() + [big, small], preempt=False, move=False)
+    assert {x.job_id: x.kind for x in actions} == {"small": "start"}
+    assert alloc.cluster.allocation("small").cpus == 8.0 and alloc.cluster.check() == []
