@@ -4,8 +4,8 @@ Workloads are **synthetic**: jobs resampled with replacement (seed 0) from Gavel
 `gavel_philly_0e4a51` (model, GPUs, duration; unknown models relabelled as a truth model drawn per job), with
 Poisson arrivals at the rate at which they ask for `--rho` of the status quo's GPU time at the budget. The
 planner: curves fitted from the derived profiles, the shipped catalog (all clouds), average-JCT objective,
-LAS, two arrival draws. Time = `plan_workload` (propose candidates with the MILP + replay each on each draw),
-split into its two parts. Candidates whose fluid load (offered work over the mix they serve) exceeds 1.25
+LAS, two arrival draws, replays in `--workers` processes (default: every usable CPU). Time = `plan_workload`
+(propose candidates with the MILP + replay each on each draw), split into its two parts. Candidates whose fluid load (offered work over the mix they serve) exceeds 1.25
 are pruned before simulation; for the smaller workloads the bench also simulates every candidate, to check
 that pruning never removed the one the simulator would pick. Appends a dated section to bench/RESULTS.md
 unless `--no-record`.
@@ -21,6 +21,7 @@ import numpy as np
 
 from hetplan.catalog import load_default_catalog
 from hetplan.codesign import plan_workload, propose, workload_from_trace
+from hetplan.codesign.replay import usable_cpus
 from hetplan.evaluation import load_points
 from hetplan.planner import build_problem
 from hetplan.planner.entry import plan_with_baselines
@@ -46,13 +47,16 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, nargs="+", default=[1000, 10000])
     parser.add_argument("--budget", type=float, default=400.0)
     parser.add_argument("--rho", type=float, default=0.8)
+    parser.add_argument("--workers", type=int, default=None, help="replay processes (default: every usable CPU)")
     parser.add_argument("--no-record", action="store_true")
     args = parser.parse_args()
     curves, curves_from = fitted_curves()
     truth = TruthCurves.from_profiles(default_profiles(), fallback=curves)
     catalog = load_default_catalog()
-    rows = ["| jobs | candidates (pruned) | propose (MILP) | replay (2 draws each) | total | target | winner | "
-            "predicted avg JCT vs status quo |", "|---:|---:|---:|---:|---:|---:|---|---:|"]
+    workers = usable_cpus() if args.workers is None else args.workers
+    rows = [f"| jobs | candidates (pruned) | propose (MILP) | replay (2 draws each, {workers} process"
+            f"{'es' if workers > 1 else ''}) | total | target | winner | predicted avg JCT vs status quo |",
+            "|---:|---:|---:|---:|---:|---:|---|---:|"]
     checks = []
     for n in args.jobs:
         jobs = synthetic(n, truth)
@@ -65,7 +69,7 @@ def main() -> None:
         candidates = propose(problem)
         proposed = time.perf_counter() - start
         start = time.perf_counter()
-        planned = plan_workload(problem, workload)
+        planned = plan_workload(problem, workload, workers=args.workers)
         total = time.perf_counter() - start
         chosen, status_quo = planned.row(planned.winner), planned.row("status quo")
         target = 60 if n <= 1000 else 300
@@ -75,7 +79,7 @@ def main() -> None:
                     f"{status_quo['avg_jct_h'] / chosen['avg_jct_h']:.2f}x |")
         print(rows[-1], flush=True)
         if n <= 1000 and len(pruned):
-            every = plan_workload(problem, workload, prune_load=None)
+            every = plan_workload(problem, workload, prune_load=None, workers=args.workers)
             them = every.candidates[every.candidates["candidate"].isin(set(pruned["candidate"]))]
             names = ", ".join(f"{r.candidate} (fluid load {r.fluid_load:.2f})" for r in pruned.itertuples())
             checks.append(f"- {n:,} jobs: pruned {names}; simulated anyway, their average JCT is "

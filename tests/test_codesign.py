@@ -253,3 +253,14 @@ def test_whether_the_order_of_a_candidates_hints_can_change_its_replay(planned, 
         expected_throughput=[throughputs[min(r, 2) - 1] for r in hints["rank"]])
     changed = replace(candidate, policy=policy, result=replace(candidate.result, hints=hints))
     assert ranks_steer(changed, SimConfig()) is steer
+
+
+def test_replays_in_several_processes_are_those_of_one(planned):
+    from hetplan.codesign.replay import replay
+    from hetplan.sim.engine import SimConfig
+
+    candidates = [r.candidate for r in planned.replayed if not r.pruned][:3]
+    one, two = (replay(planned.problem, candidates, planned.workload.draws, SimConfig("las", 300.0), workers=w)
+                for w in (1, 2))
+    assert [(r.metrics, r.avg_jct_by_draw, r.rejected) for r in one] == \
+        [(r.metrics, r.avg_jct_by_draw, r.rejected) for r in two] and len(one) == 3

@@ -217,6 +217,51 @@ def test_random_steps_never_overcommit_never_go_below_a_floor_and_settle(seed):
     assert alloc.rebalance(jobs) == [] or alloc.rebalance(jobs) == []  # settles within one more step
 
 
+@pytest.mark.parametrize("seed", range(6))
+def test_a_kept_step_leaves_the_cluster_as_planning_then_applying_would(seed):
+    """`rebalance` keeps the step's trial instead of undoing it and applying the actions afresh: same actions,
+    same allocations in the same order (the service's priority order), same gangs and changed nodes."""
+    rng = random.Random(seed)
+    nodes, table = _random_cluster(rng)
+    kept, applied = allocator(nodes, table), allocator(nodes, table)
+    jobs: list[Job] = []
+    for step in range(60):
+        jobs, done = _random_step(rng, step, jobs, set(kept.running()))
+        preempt, move = rng.random() < 0.7, rng.random() < 0.8
+        resize = None if rng.random() < 0.7 else [rng.choice(nodes).name]
+        if done is not None:
+            kept.release(done)
+            applied.release(done)
+        actions = applied.plan_rebalance(jobs, preempt, move, resize)
+        applied.apply_actions(actions, clear_touched=resize is None)
+        assert kept.rebalance(jobs, preempt, move, resize) == actions, step
+        assert [a.to_dict() for a in kept.cluster.allocations()] == [a.to_dict() for a in applied.cluster.allocations()]
+        assert kept.running() == applied.running() and kept.touched() == applied.touched()
+        assert not kept.cluster.check()
+
+
+def test_settling_a_kept_trial_orders_allocations_as_undoing_and_applying_would():
+    cluster = Cluster(ONE_EACH)
+    a = Allocation("a", "flat", "v", "V100", 1, 1000, 4000, "h1", "hint", "hinted", 1)
+    b = Allocation("b", "picky", "k", "K80", 1, 1000, 4000, "h1", "hint", "hinted", 2)
+    cluster.apply(a)
+    cluster.apply(b)
+    table = cluster.allocation_table()
+    with cluster.trial():
+        cluster.release("a")
+        cluster.apply(a)  # undone, "a" would end up last
+        cluster.keep_trial()
+    cluster.settle([], [])
+    assert list(table) == ["b", "a"] and cluster.free_gpus_total() == 0  # the view is live
+    with cluster.trial():
+        cluster.release("b")
+        cluster.keep_trial()
+    with pytest.raises(StateError, match="does not hold"):
+        cluster.settle([], [])  # "b" was released but is not among the taken
+    with pytest.raises(StateError, match="no kept trial"):
+        cluster.settle([], [])
+
+
 class _Forgetful(set):
     """A set that never holds anything: a step that tries every class again however often it failed."""
 

@@ -21,9 +21,10 @@ from __future__ import annotations
 
 from bisect import bisect_left, insort
 from collections import Counter
-from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Protocol
 
 from hetplan.allocator.spec import MILLI_PER_GPU, Allocation, Node, Shape, mib_to_gib, to_mib_up, to_milli_up
@@ -97,7 +98,7 @@ class ClusterView(Protocol):
 
 
 class _NodeState:
-    __slots__ = ("node", "shape", "open", "ordinal", "free_gpus", "free_cpu", "free_mem", "jobs", "shared")
+    __slots__ = ("node", "shape", "open", "ordinal", "free_gpus", "free_cpu", "free_mem", "jobs", "shared", "buckets")
 
     def __init__(self, node: Node, ordinal: int) -> None:
         self.node = node
@@ -109,6 +110,7 @@ class _NodeState:
         self.free_mem = self.shape.mem_mib
         self.jobs: set[str] = set()
         self.shared: dict[int, int] = {}  # shared device slot -> thousandths of it taken
+        self.buckets: list[list[tuple[int, int, int, str]]] | None = None  # its shape's, while indexed
 
     def key(self) -> tuple[int, int, int, str]:
         return (self.free_cpu, self.free_mem, self.ordinal, self.node.name)
@@ -120,6 +122,7 @@ class Cluster:
     def __init__(self, nodes: Iterable[Node] = ()) -> None:
         self._states: dict[str, _NodeState] = {}
         self._allocations: dict[str, Allocation] = {}
+        self._table = MappingProxyType(self._allocations)
         # shape -> [bucket per free-GPU count 0..shape.gpus], each sorted by (free_cpu, free_mem, ordinal, name)
         self._index: dict[Shape, list[list[tuple[int, int, int, str]]]] = {}
         self._shapes_by_type: dict[str, list[Shape]] = {}
@@ -130,6 +133,8 @@ class Cluster:
         self._names: list[str] = []  # sorted
         self._next_ordinal = 0
         self._journal: list[tuple[bool, Allocation]] | None = None  # (applied?, allocation) while in a trial
+        self._kept = False  # the open trial stays when it closes without an error (`keep_trial`)
+        self._kept_journal: list[tuple[bool, Allocation]] | None = None  # the last kept trial's, until `settle`
         for node in nodes:
             self.add_node(node)
 
@@ -173,6 +178,10 @@ class Cluster:
 
     def allocations(self) -> list[Allocation]:
         return list(self._allocations.values())
+
+    def allocation_table(self) -> Mapping[str, Allocation]:
+        """Job (or gang part) id -> its allocation, read-only and live: for lookups of many ids at once."""
+        return self._table
 
     def max_gpus(self) -> int:
         return max(self._node_gpus) if self._node_gpus else 0
@@ -452,7 +461,8 @@ class Cluster:
 
     @contextmanager
     def trial(self) -> Iterator[Cluster]:
-        """A scratch pad: allocations applied and released inside are all undone on exit, whatever happens.
+        """A scratch pad: allocations applied and released inside are all undone on exit, whatever happens
+        (unless `keep_trial` was called inside and no error left it).
 
         Round policies plan many moves at once on it (shrink these, place that, grow those) and return the
         result as a target; the mechanism then applies the difference for real. Node changes are refused
@@ -460,12 +470,46 @@ class Cluster:
         """
         if self._journal is not None:
             raise StateError("a trial is already open on this cluster")
-        self._journal = []
+        self._journal, self._kept = [], False
         try:
             yield self
+        except BaseException:
+            self._kept = False
+            raise
         finally:
-            self.undo_to(0)
-            self._journal = None
+            if self._kept:
+                self._kept_journal = self._journal
+            else:
+                self.undo_to(0)
+            self._journal, self._kept = None, False
+
+    def keep_trial(self) -> None:
+        """Keep the open trial's changes when it closes without an error, instead of undoing them."""
+        if self._journal is None:
+            raise StateError("no trial is open")
+        self._kept = True
+
+    def settle(self, taken: Collection[str], given: Iterable[Allocation]) -> None:
+        """After a kept trial: order the table of allocations (`allocations()`) as undoing the trial, then
+        releasing `taken` (ids) and applying `given` would have left it, with those objects. That must be
+        what the trial holds (the same ids; checked). For a mechanism that kept a trial instead of undoing it
+        to apply its difference afresh."""
+        journal, self._kept_journal = self._kept_journal, None
+        if journal is None:
+            raise StateError("no kept trial to settle")
+        table = dict(self._allocations)
+        for applied, a in reversed(journal):  # as `undo_to(0)` would: a release re-applies at the end
+            if applied:
+                del table[a.job_id]
+            else:
+                table[a.job_id] = a
+        for job_id in taken:
+            del table[job_id]
+        table.update((a.job_id, a) for a in given)
+        if table.keys() != self._allocations.keys():
+            raise StateError("settle: the kept trial does not hold what releasing and applying would")
+        self._allocations.clear()
+        self._allocations.update(table)
 
     def mark(self) -> int:
         """A point in the open trial to undo back to (`undo_to`), e.g. for an all-or-nothing gang."""
@@ -665,30 +709,35 @@ class Cluster:
         if not state.open:
             return
         self._free_by_type[state.shape.gpu_type] += state.free_gpus
-        buckets = self._index.get(state.shape)
+        buckets = state.buckets
         if buckets is None:
-            buckets = self._index[state.shape] = [[] for _ in range(state.shape.gpus + 1)]
-            self._shapes_by_type.setdefault(state.shape.gpu_type, []).append(state.shape)
+            buckets = self._index.get(state.shape)
+            if buckets is None:
+                buckets = self._index[state.shape] = [[] for _ in range(state.shape.gpus + 1)]
+                self._shapes_by_type.setdefault(state.shape.gpu_type, []).append(state.shape)
+            state.buckets = buckets
         insort(buckets[state.free_gpus], state.key())
 
     def _remove_from_index(self, state: _NodeState, leaving: bool = False) -> None:
         """Take a node's entry out of its bucket; `leaving`: the node leaves its shape (drop the shape if empty)."""
         if not state.open:
             return
-        buckets = self._index[state.shape]
-        bucket = buckets[state.free_gpus]
+        buckets = state.buckets
+        bucket = buckets[state.free_gpus] if buckets is not None else []
         key = state.key()
         i = bisect_left(bucket, key)
         if i >= len(bucket) or bucket[i] != key:
             raise AssertionError(f"index lost node {state.node.name}")  # a bug, never an input error
         del bucket[i]
         self._free_by_type[state.shape.gpu_type] -= state.free_gpus
-        if leaving and not any(buckets):
-            del self._index[state.shape]
-            shapes = self._shapes_by_type[state.shape.gpu_type]
-            shapes.remove(state.shape)
-            if not shapes:
-                del self._shapes_by_type[state.shape.gpu_type]
+        if leaving:
+            state.buckets = None
+            if not any(buckets or ()):
+                del self._index[state.shape]
+                shapes = self._shapes_by_type[state.shape.gpu_type]
+                shapes.remove(state.shape)
+                if not shapes:
+                    del self._shapes_by_type[state.shape.gpu_type]
 
     def __iter__(self) -> Iterator[Node]:
         return iter(self.nodes())

@@ -119,15 +119,15 @@ class Allocator:
         with self.lock:
             if job_ids is not None:
                 out = {}
-                allocation, gangs = self.cluster.allocation, self._gangs
+                table, gangs = self.cluster.allocation_table(), self._gangs
                 for job_id in job_ids:
                     gang = gangs.get(job_id)
                     if gang is None:
-                        a = allocation(job_id)
+                        a = table.get(job_id)
                         if a is not None:
                             out[job_id] = (a,)
                         continue
-                    parts = tuple(a for a in map(allocation, gang) if a is not None)
+                    parts = tuple(a for a in map(table.get, gang) if a is not None)
                     if parts:
                         out[job_id] = parts
                 return out
@@ -156,48 +156,61 @@ class Allocator:
         order, running and waiting), without applying them. Jobs running but not in `order` stay as they are.
         `nodes`: the nodes to re-size (default: every node changed since the last applied step).
         A policy without rounds (`hint-static`, the baselines) plans nothing."""
+        return self._step(order, preempt, move, nodes, apply=False)
+
+    def rebalance(self, order: Sequence[Job], preempt: bool = True, move: bool = True,
+                  nodes: Iterable[str] | None = None) -> list[Action]:
+        """Plan one co-adaptive step and apply it; returns what changed.
+
+        The cluster ends as `plan_rebalance` then `apply_actions` would leave it, allocations in the same
+        order, but the step's trial is kept instead of undone and redone."""
+        return self._step(order, preempt, move, nodes, apply=True)
+
+    def _step(self, order: Sequence[Job], preempt: bool, move: bool, nodes: Iterable[str] | None,
+              apply: bool) -> list[Action]:
         with self.lock:
             rounds = self.policy.rounds
             if rounds is None:
                 return []
             current = self.running(job.job_id for job in order)
             touched = self._touched if nodes is None else set(nodes)
-            target = rounds.target(order, self.cluster, self.hint_source.current(), current, touched, preempt, move)
-            return diff(current, target)
-
-    def rebalance(self, order: Sequence[Job], preempt: bool = True, move: bool = True,
-                  nodes: Iterable[str] | None = None) -> list[Action]:
-        """Plan one co-adaptive step and apply it; returns what changed."""
-        with self.lock:
-            actions = self.plan_rebalance(order, preempt, move, nodes)
-            self.apply_actions(actions, clear_touched=nodes is None)
+            target = rounds.target(order, self.cluster, self.hint_source.current(), current, touched, preempt, move,
+                                   keep=apply)
+            actions = diff(current, target)
+            if apply:
+                self.cluster.settle([a.job_id for action in actions for a in action.before],
+                                    [a for action in actions for a in action.after])
+                self._applied(actions, clear_touched=nodes is None)
             return actions
 
     def apply_actions(self, actions: Sequence[Action], clear_touched: bool = True) -> None:
         """Release everything the actions take away, then apply what they give; all or nothing."""
         released: list[Allocation] = []
         applied: list[Allocation] = []
-        gangs = dict(self._gangs)
         try:
             for action in actions:
                 for a in action.before:
                     if self.cluster.release(a.job_id) is None:
                         raise OvercommitError(f"{action.job_id}: {a.job_id} is not allocated")
                     released.append(a)
-                self._gangs.pop(action.job_id, None)
             for action in actions:
                 for a in action.after:
                     self.cluster.apply(a)
                     applied.append(a)
-                if len(action.after) > 1 or (action.after and action.after[0].job_id != action.job_id):
-                    self._gangs[action.job_id] = tuple(a.job_id for a in action.after)
         except StateError:
             for a in reversed(applied):
                 self.cluster.release(a.job_id)
             for a in released:
                 self.cluster.apply(a)
-            self._gangs = gangs
             raise
+        self._applied(actions, clear_touched)
+
+    def _applied(self, actions: Sequence[Action], clear_touched: bool) -> None:
+        """Book applied actions: which jobs run as gangs (and their parts' ids), which nodes changed."""
+        for action in actions:
+            self._gangs.pop(action.job_id, None)
+            if len(action.after) > 1 or (action.after and action.after[0].job_id != action.job_id):
+                self._gangs[action.job_id] = tuple(a.job_id for a in action.after)
         if clear_touched:
             self._touched.clear()
         else:

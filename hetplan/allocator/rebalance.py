@@ -38,6 +38,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from itertools import chain
 from typing import Literal
 
 from hetplan.allocator.cluster import Cluster, Need, hinted_need, proportional_need
@@ -71,10 +72,8 @@ def diff(current: Mapping[str, tuple[Allocation, ...]], target: Target) -> list[
     actions: list[Action] = []
     for job_id in sorted(current.keys() - target.keys()):
         actions.append(Action("stop", job_id, current[job_id], ()))
-    for job_id in sorted(target):
+    for job_id in sorted(job_id for job_id, after in target.items() if after is not current.get(job_id, ())):
         after, before = target[job_id], current.get(job_id, ())
-        if after is before:
-            continue
         if not before:
             actions.append(Action("start", job_id, (), after))
         elif [a.node for a in before] != [a.node for a in after]:
@@ -116,13 +115,17 @@ class CoAdaptive:
 
     def target(self, order: Sequence[Job], cluster: Cluster, hints: HintSet,
                current: Mapping[str, tuple[Allocation, ...]], touched: Iterable[str] = (),
-               preempt: bool = True, move: bool = True) -> Target:
+               preempt: bool = True, move: bool = True, keep: bool = False) -> Target:
         """Where every job of `order` (priority order) should run after this step; `current` says where the
         running ones are, `touched` which nodes changed since the last step (they get re-sized). `preempt`:
-        running jobs may be stopped for higher-priority ones; `move`: they may change GPU type."""
+        running jobs may be stopped for higher-priority ones; `move`: they may change GPU type. `keep`: leave
+        the cluster holding the target (the trial kept), for a mechanism that applies it in place."""
         order = [job for job in order if job.whole]  # the others, if running, stay as they are
         with cluster.trial():
-            return _Step(self, order, cluster, hints, current, set(touched), preempt, move).run()
+            target = _Step(self, order, cluster, hints, current, set(touched), preempt, move).run()
+            if keep:
+                cluster.keep_trial()
+            return target
 
     def speeds(self, job: Job, hints: HintSet, gpu_types: Sequence[str]) -> dict[str, float]:
         """The job's normalised speed per GPU type (see the module docstring), cached per class, hint version
@@ -207,7 +210,6 @@ class _Step:
         self.policy, self.order, self.cluster, self.hints = policy, order, cluster, hints
         self.current, self.touched, self.preempt, self.move = current, touched, preempt, move
         self.rank = {job.job_id: i for i, job in enumerate(order)}
-        self.by_id = {job.job_id: job for job in order}
         # jobs running but not asked about stay exactly as they are (pinned)
         self.placed: Target = {j: parts for j, parts in current.items() if j not in self.rank}
         self.types = tuple(cluster.gpu_types())
@@ -230,7 +232,8 @@ class _Step:
     def run(self) -> Target:
         admitted, left_out = self._admit()
         for job in left_out:
-            self._release(job.job_id)
+            if job.job_id in self.current:
+                self._release(job.job_id)
         assigned = self._assign_types(admitted)
         movers: list[Job] = []
         for job in admitted:
@@ -244,7 +247,7 @@ class _Step:
             self._place(job, assigned.get(job.job_id))
         failed: set[tuple[str, int, int | None, int | None]] = set()  # classes that found no place: nothing is freed while backfilling
         free = self.cluster.free_gpus_total()
-        for job in admitted + left_out:  # backfill, a preempted or unplaced job its old place first
+        for job in chain(admitted, left_out):  # backfill, a preempted or unplaced job its old place first
             if free == 0:
                 break  # nobody else can start or get their old place back
             if job.job_id in self.placed:
@@ -262,7 +265,7 @@ class _Step:
         for node in sorted(self.touched):
             if node in self.cluster:
                 self._grow(node)
-        return {job: parts for job, parts in self.placed.items()}
+        return dict(self.placed)
 
     def _admit(self) -> tuple[list[Job], list[Job]]:
         """Who runs: in priority order while GPUs last (with `preempt` every GPU but those of jobs not asked
@@ -317,42 +320,57 @@ class _Step:
             self._improve([j for j in admitted if j.job_id in assigned], assigned, room)
         return assigned
 
-    def _running_on(self, job: Job) -> str | None:
-        parts = self.current.get(job.job_id, ())
-        return parts[0].gpu_type if parts else None
-
     def _improve(self, jobs: list[Job], assigned: dict[str, str], room: dict[str, int]) -> None:
         """Moves into free GPUs, then pairwise swaps of equal-sized jobs, while each gains more than it costs
         (values: `CoAdaptive.values`)."""
-        value, moves = {}, []
-        # a move needs a type with room for the job: when none has room for the smallest, none ever will
-        movable = max(room.values(), default=0) >= min((job.num_gpus for job in jobs), default=0)
+        value: dict[str, dict[str, float]] = {}
+        gains: list[tuple[Job, tuple[tuple[float, str], ...]]] = []
+        of_class: dict[tuple[str, int, str | None], dict[str, float]] = {}
         for job in jobs:
-            view, running_on = self._view(job), self._running_on(job)
-            value[job.job_id] = self.policy.values(view, running_on)
-            gains = self.policy.gains(view, running_on, assigned[job.job_id]) if movable else ()
-            if gains:
-                rank = self.rank[job.job_id]
-                moves.extend((loss, rank, job, t) for loss, t in gains)
+            parts = self.current.get(job.job_id)
+            running_on = parts[0].gpu_type if parts else None
+            key = (job.model, job.num_gpus, running_on)
+            v = of_class.get(key)
+            if v is None:
+                v = of_class[key] = self.policy.values(self._view(job), running_on)
+            value[job.job_id] = v
+            better = self.policy.gains(self._view(job), running_on, assigned[job.job_id])
+            if better:
+                gains.append((job, better))
+        self._move(gains, value, assigned, room)
+        self._swap(jobs, value, assigned)
+
+    def _move(self, gains: list[tuple[Job, tuple[tuple[float, str], ...]]], value: dict[str, dict[str, float]],
+              assigned: dict[str, str], room: dict[str, int]) -> None:
+        """Jobs move into free GPUs of a type worth more to them, the largest gain first."""
+        smallest = min((job.num_gpus for job, _ in gains), default=0)
+        open_types = {t for t, free in room.items() if free >= smallest}
+        if not any(t in open_types for _, better in gains for _, t in better):
+            return  # the first move needs room where some job gains, and every later one follows a first
+        moves = [(loss, self.rank[job.job_id], job, t) for job, better in gains for loss, t in better]
         for _, _, job, t in sorted(moves, key=lambda m: m[:2]):
             v, now = value[job.job_id], assigned[job.job_id]
             if room[t] >= job.num_gpus and v[t] - v[now] > EPS:
                 assigned[job.job_id] = t
                 room[t] -= job.num_gpus
                 room[now] += job.num_gpus
+
+    def _swap(self, jobs: list[Job], value: dict[str, dict[str, float]], assigned: dict[str, str]) -> None:
+        """Pairs of equal-sized jobs on two types trade places while the pair gains, the best pairs first."""
         by_type: dict[tuple[str, int], list[Job]] = {}
+        kinds: dict[tuple[str, int], dict[int, dict[str, float]]] = {}  # a group's distinct values, first seen first
         for job in jobs:
-            by_type.setdefault((assigned[job.job_id], job.num_gpus), []).append(job)
-        kinds = {key: list({id(value[j.job_id]): value[j.job_id] for j in group}.values())
-                 for key, group in by_type.items()}  # the distinct values of each group, first seen first
+            key, v = (assigned[job.job_id], job.num_gpus), value[job.job_id]
+            by_type.setdefault(key, []).append(job)
+            kinds.setdefault(key, {}).setdefault(id(v), v)
         for x in self.types:
             for y in self.types:
                 if x >= y:
                     continue
                 for g in sorted({g for (t, g) in by_type if t == x} & {g for (t, g) in by_type if t == y}):
                     # the best pair first: when it gains nothing, no pair does (and sorting is spared)
-                    vi = min(kinds[(x, g)], key=lambda v: v[x] - v[y])
-                    vj = min(kinds[(y, g)], key=lambda v: v[y] - v[x])
+                    vi = min(kinds[(x, g)].values(), key=lambda v: v[x] - v[y])
+                    vj = min(kinds[(y, g)].values(), key=lambda v: v[y] - v[x])
                     if (vi[y] + vj[x]) - (vi[x] + vj[y]) <= EPS:
                         continue
                     on_x = sorted(by_type[(x, g)], key=lambda j: value[j.job_id][x] - value[j.job_id][y])
@@ -516,7 +534,8 @@ class _Step:
 
     def _movable_on(self, node: str) -> list[Allocation]:
         """The allocations on `node` of jobs this step may re-size (those it was asked about)."""
-        allocs = (self.cluster.allocation(j) for j in self.cluster.jobs_on(node))
+        table = self.cluster.allocation_table()
+        allocs = (table.get(j) for j in self.cluster.jobs_on(node))
         return [a for a in allocs if a is not None and self._base_id(a) in self.rank]
 
     def _base_id(self, a: Allocation) -> str:
@@ -524,7 +543,7 @@ class _Step:
 
     def _job_of(self, a: Allocation) -> Job:
         """The job (of `order`: only those are re-sized) an allocation or a gang part belongs to."""
-        return self.by_id[self._base_id(a)]
+        return self.order[self.rank[self._base_id(a)]]
 
     @staticmethod
     def _scaled(share: tuple[int, int], gpus: int, of: int) -> tuple[int, int]:
@@ -540,8 +559,11 @@ class _Step:
 
     def _grow(self, node: str) -> None:
         """Jobs on `node` grow in priority order into its free cores and RAM, up to their hinted share."""
+        free = self.cluster.free(node)
+        if free.cpu_m == 0 and free.mem_mib == 0:
+            return  # nothing to grow into
         allocs = self._movable_on(node)
-        allocs.sort(key=lambda a: self.rank.get(self._job_of(a).job_id, len(self.rank)))
+        allocs.sort(key=lambda a: self.rank[self._base_id(a)])
         for a in allocs:
             want = self._want_of(a)
             free = self.cluster.free(node)

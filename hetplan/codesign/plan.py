@@ -22,7 +22,7 @@ import pandas as pd
 
 from hetplan.codesign.candidates import BUDGET_FRACTIONS, PROPORTIONAL, STATUS_QUO, Candidate, propose
 from hetplan.codesign.objectives import MARGIN, METRIC, WorkloadObjective, choose
-from hetplan.codesign.replay import Replayed, replay, table
+from hetplan.codesign.replay import Replayed, replay, table, usable_cpus
 from hetplan.codesign.workload import Workload, without_classes
 from hetplan.contracts.table import ContractError, Problem
 from hetplan.planner.baselines import GPU_ONLY, HETPLAN, Evaluation
@@ -91,12 +91,15 @@ class WorkloadPlan:
 def plan_workload(problem: PlanningProblem, workload: Workload, *, objective: WorkloadObjective = "jct",
                   max_avg_jct: float | None = None, scheduler: str = "las", round_s: float = 300.0,
                   solver: SolverName = "auto", time_limit: float = 60.0, inputs: dict[str, str] | None = None,
-                  prune_load: float | None = PRUNE_LOAD, progress: Progress | None = None) -> WorkloadPlan:
+                  prune_load: float | None = PRUNE_LOAD, progress: Progress | None = None,
+                  workers: int | None = None) -> WorkloadPlan:
     """Choose the cluster and hints for `workload` under `problem`'s budget by `objective` (see the module).
 
     A candidate whose fluid load (the workload's offered work per hour over the mix the MILP says it serves)
     exceeds both `prune_load` and the status quo's is not simulated: its queue would grow without bound,
     faster than the status quo's (the status quo is always simulated; None simulates every candidate).
+    Replays run in `workers` processes (default: the CPUs this process may use); the plan is the same
+    whatever their number.
     """
     workload = without_classes(workload, problem.unplannable, "larger than every node shape (no plan can run them)")
     fractions = COST_FRACTIONS if objective == "cost" else BUDGET_FRACTIONS
@@ -108,11 +111,12 @@ def plan_workload(problem: PlanningProblem, workload: Workload, *, objective: Wo
         raise ContractError([Problem("<catalog>", f"nothing could be planned: budget {problem.budget:g} $/h buys no "
                                      "useful node and there is no owned fleet")])
     config = SimConfig(scheduler, round_s)  # type: ignore[arg-type]
-    replayed = _replay_unless_overloaded(problem, candidates, workload, config, prune_load, progress)
+    workers = usable_cpus() if workers is None else workers
+    replayed = _replay_unless_overloaded(problem, candidates, workload, config, prune_load, progress, workers)
     best = table(replayed, problem).sort_values(METRIC[objective] if objective != "cost" else "avg_jct_h")
     replayed += _refined(problem, [r for r in (replayed[i] for i in best.index[:REFINE])
                                    if r.candidate.policy != PROPORTIONAL and not r.pruned and r.rejected == 0],
-                         workload, config, progress)
+                         workload, config, progress, workers)
     weighed = table(replayed, problem)
     chosen = choose(weighed, objective, max_avg_jct)
     weighed["chosen"] = weighed.index == chosen
@@ -130,19 +134,20 @@ def plan_workload(problem: PlanningProblem, workload: Workload, *, objective: Wo
 
 
 def _replay_unless_overloaded(problem: PlanningProblem, candidates: list[Candidate], workload: Workload,
-                              config: SimConfig, prune_load: float | None, progress: Progress | None) -> list[Replayed]:
+                              config: SimConfig, prune_load: float | None, progress: Progress | None,
+                              workers: int) -> list[Replayed]:
     """Replay every candidate but those whose fluid load exceeds `prune_load` and the status quo's."""
     loads = [fluid_load(workload, c) for c in candidates]
     quo_load = next((load for c, load in zip(candidates, loads) if c.name == STATUS_QUO), float("nan"))
     limit = float("inf") if prune_load is None else max(prune_load, quo_load if quo_load == quo_load else 0.0)
     kept = [i for i, (c, load) in enumerate(zip(candidates, loads)) if c.name == STATUS_QUO or not load > limit]
     simulated = dict(zip(kept, replay(problem, [candidates[i] for i in kept], workload.draws, config, progress,
-                                      [loads[i] for i in kept])))
+                                      [loads[i] for i in kept], workers)))
     return [simulated[i] if i in simulated else Replayed.skipped(c, loads[i]) for i, c in enumerate(candidates)]
 
 
 def _refined(problem: PlanningProblem, best: list[Replayed], workload: Workload, config: SimConfig,
-             progress: Progress | None) -> list[Replayed]:
+             progress: Progress | None, workers: int) -> list[Replayed]:
     """The `best` candidates again with their hints ranked fastest first (`fastest_first`).
 
     A co-adaptive policy picks GPU types by hinted throughput, never by rank, so where every hinted class has
@@ -150,7 +155,8 @@ def _refined(problem: PlanningProblem, best: list[Replayed], workload: Workload,
     instead of a second replay (`ranks_steer`)."""
     twins = [fastest_first(r.candidate) for r in best]
     again = [twin for twin in twins if ranks_steer(twin, config)]
-    fresh = iter(replay(problem, again, workload.draws, config, progress, [fluid_load(workload, c) for c in again]))
+    fresh = iter(replay(problem, again, workload.draws, config, progress, [fluid_load(workload, c) for c in again],
+                        workers))
     return [next(fresh) if ranks_steer(twin, config) else replace(r, candidate=twin) for r, twin in zip(best, twins)]
 
 

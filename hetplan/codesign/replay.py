@@ -7,8 +7,12 @@ on every arrival draw (`Workload.draws`) and is scored by the mean over draws.
 
 from __future__ import annotations
 
+import multiprocessing as mp
+import os
 from collections.abc import Callable, Sequence
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 import pandas as pd
@@ -22,6 +26,12 @@ from hetplan.sim.setups import nodes_from_counts
 from hetplan.sim.truth import TruthCurves
 
 Progress = Callable[[int, int, str], None]
+
+
+def usable_cpus() -> int:
+    """The CPUs this process may run on: the default number of replay workers."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
 METRICS = ("avg_jct_h", "p95_jct_h", "makespan_h", "avg_queue_h", "gpu_util")
 
 
@@ -60,25 +70,79 @@ def candidate_nodes(problem: PlanningProblem, candidate: Candidate):
 
 def replay(problem: PlanningProblem, candidates: Sequence[Candidate], draws: Sequence[pd.DataFrame],
            config: SimConfig, progress: Progress | None = None,
-           fluid_loads: Sequence[float] | None = None) -> list[Replayed]:
-    """Simulate every candidate on every draw of the workload (jobs with `sim_model` = their model)."""
-    truth = planner_truth(problem)
+           fluid_loads: Sequence[float] | None = None, workers: int = 1) -> list[Replayed]:
+    """Simulate every candidate on every draw of the workload (jobs with `sim_model` = their model), in up to
+    `workers` processes (`simulations`)."""
+    runs = [(i, d) for i in range(len(candidates)) for d in range(len(draws))]
+    summaries = simulations(_Runs(problem, tuple(candidates), tuple(draws), config), runs, workers, progress)
     out = []
-    total = len(candidates) * len(draws)
     for i, candidate in enumerate(candidates):
-        hints = HintSet.from_frame(candidate.result.hints) if len(candidate.result.hints) else HintSet.empty()
-        nodes = candidate_nodes(problem, candidate)
-        rows = []
-        for d, jobs in enumerate(draws):
-            if progress:
-                progress(i * len(draws) + d, total, candidate.name)
-            result = simulate(jobs, nodes, truth, candidate.policy, hints, config)
-            rows.append(summarize(result, candidate.cost_per_hour))
-        frame = pd.DataFrame(rows)
+        frame = pd.DataFrame([summaries[(i, d)] for d in range(len(draws))])
         load = float(fluid_loads[i]) if fluid_loads is not None else float("nan")
         out.append(Replayed(candidate, {m: float(frame[m].mean()) for m in METRICS},
                             tuple(float(v) for v in frame["avg_jct_h"]), int(frame["rejected_too_big"].max()), load))
     return out
+
+
+@dataclass(frozen=True)
+class _Runs:
+    """What every simulation of one `replay` call reads: candidate i on draw d is run (i, d)."""
+
+    problem: PlanningProblem
+    candidates: tuple[Candidate, ...]
+    draws: tuple[pd.DataFrame, ...]
+    config: SimConfig
+
+    def summary(self, run: tuple[int, int]) -> dict:
+        """Simulate one run with the planner's truth and summarise it (`hetplan.sim.metrics.summarize`)."""
+        candidate, jobs = self.candidates[run[0]], self.draws[run[1]]
+        hints = HintSet.from_frame(candidate.result.hints) if len(candidate.result.hints) else HintSet.empty()
+        result = simulate(jobs, candidate_nodes(self.problem, candidate), self.truth, candidate.policy, hints,
+                          self.config)
+        return summarize(result, candidate.cost_per_hour)
+
+    @cached_property
+    def truth(self) -> TruthCurves:
+        return planner_truth(self.problem)
+
+
+def simulations(runs: _Runs, which: Sequence[tuple[int, int]], workers: int,
+                progress: Progress | None) -> dict[tuple[int, int], dict]:
+    """Each run's summary. With `workers` > 1 (and more than one run) they run in that many forked processes,
+    which inherit `runs` (nothing is pickled but the summaries): each simulation is a function of its
+    inputs alone, so the summaries are the same as one after the other, only sooner on several cores."""
+    names = [runs.candidates[i].name for i, _ in which]
+    workers = min(workers, len(which))
+    runs.truth  # noqa: B018 (once, before the workers inherit it)
+    if workers <= 1 or "fork" not in mp.get_all_start_methods():
+        out = {}
+        for k, run in enumerate(which):
+            if progress:
+                progress(k, len(which), names[k])
+            out[run] = runs.summary(run)
+        return out
+    with ProcessPoolExecutor(workers, mp_context=mp.get_context("fork"), initializer=_adopt,
+                             initargs=(runs,)) as pool:
+        futures = {pool.submit(_summary, run): k for k, run in enumerate(which)}
+        for done, future in enumerate(as_completed(futures)):
+            if progress:
+                progress(done, len(which), names[futures[future]])
+        return {which[k]: future.result() for future, k in futures.items()}
+
+
+_INHERITED: _Runs | None = None
+"""A worker process's runs, set once when it starts (`_adopt`)."""
+
+
+def _adopt(runs: _Runs) -> None:
+    global _INHERITED
+    _INHERITED = runs
+
+
+def _summary(run: tuple[int, int]) -> dict:
+    if _INHERITED is None:
+        raise RuntimeError("a replay worker started without its runs")
+    return _INHERITED.summary(run)
 
 
 def table(replayed: Sequence[Replayed], problem: PlanningProblem) -> pd.DataFrame:

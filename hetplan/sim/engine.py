@@ -362,7 +362,7 @@ class Simulator:
         cluster = self.allocator.cluster
         if self.queue or (self.off_best and len(self.gpu_type_names) > 1):
             ranked = self._ranked(self.running.values(), now)
-            order = [self.jobs[entry[-1]].request for entry in heapq.merge(ranked, self.queue)]
+            order = [self.jobs[entry[-1]].request for entry in sorted(ranked + self.queue)]  # merges two runs
         else:
             on = {self._job_id(a) for node in self.allocator.touched() if node in cluster for a in cluster.jobs_on(node)}
             order = [self.jobs[entry[-1]].request for entry in self._ranked((self.by_id[j] for j in on), now)]
@@ -393,9 +393,10 @@ class Simulator:
                 else:
                     job.resizes += 1
                 self.counts["migrations" if moved else "resizes"] += 1
-        started = {a.job_id for a in actions if a.kind == "start"}
-        self.queue = sorted([e for e in self.queue if self.jobs[e[-1]].request.job_id not in started]
-                            + [(*self.priority(job, 0.0), job.idx) for job in stopped])
+        started = {self.by_id[a.job_id].idx for a in actions if a.kind == "start"}
+        if started or stopped:
+            self.queue = sorted([e for e in self.queue if e[-1] not in started]
+                                + [(*self.priority(job, 0.0), job.idx) for job in stopped])
         self.counts["reschedules"] += bool(stopped)
         for job in stopped:
             self.status[job.idx] = "waiting"
