@@ -33,7 +33,7 @@ from hetplan.sim.engine import SimConfig
 
 COST_FRACTIONS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
 PRUNE_LOAD = 1.25
-REFINE = 3  # the best candidates replayed again with their hints ranked fastest first
+REFINE = 3  # the best candidates tried again with their hints ranked fastest first (`_refined`)
 Progress = Callable[[int, int, str], None]
 
 
