@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from hetplan.allocator.spec import Allocation, Job, Rejection
+from hetplan.allocator.spec import MIB_PER_GIB, MILLI_PER_GPU, Allocation, Job, Rejection
 
 Send = Callable[[str, dict[str, Any]], tuple[int, dict[str, Any]]]
 REQUIRED = ("name", "cpu_milli", "memory_mib", "num_gpu", "gpu_milli", "creation_time")
@@ -52,8 +52,8 @@ def pod_events(path: str | Path, model: str = "pod") -> list[PodEvent]:
     for i, (name, cpu, mem, gpus, milli, created, deleted) in enumerate(zip(
             names, num["cpu_milli"], num["memory_mib"], num["num_gpu"], num["gpu_milli"], num["creation_time"],
             num["deletion_time"])):
-        share = milli / 1000 if gpus == 1 and 0 < milli < 1000 else int(gpus)
-        body = {"job_id": name, "model": model, "num_gpus": share, "cpus": cpu / 1000, "mem_gb": mem / 1024}
+        share = milli / MILLI_PER_GPU if gpus == 1 and 0 < milli < MILLI_PER_GPU else int(gpus)
+        body = {"job_id": name, "model": model, "num_gpus": share, "cpus": cpu / 1000, "mem_gb": mem / MIB_PER_GIB}
         events.append((float(created), 1, i, PodEvent(float(created), False, body)))
         if not np.isnan(deleted):
             events.append((float(deleted), 0, i, PodEvent(float(deleted), True, {"job_id": name})))
