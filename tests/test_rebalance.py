@@ -240,7 +240,8 @@ def test_a_kept_step_leaves_the_cluster_as_planning_then_applying_would(seed):
         assert not kept.cluster.check()
 
 
-def test_settling_a_kept_trial_orders_allocations_as_undoing_and_applying_would():
+def test_settling_a_kept_trial_orders_allocations_as_releasing_and_applying_its_difference_would():
+    """A journal records only the difference (taken, given); the order it restores must be the order in memory."""
     cluster = Cluster(ONE_EACH)
     a = Allocation("a", "flat", "v", "V100", 1, 1000, 4000, "h1", "hint", "hinted", 1)
     b = Allocation("b", "picky", "k", "K80", 1, 1000, 4000, "h1", "hint", "hinted", 2)
@@ -249,10 +250,25 @@ def test_settling_a_kept_trial_orders_allocations_as_undoing_and_applying_would(
     table = cluster.allocation_table()
     with cluster.trial():
         cluster.release("a")
-        cluster.apply(a)  # undone, "a" would end up last
+        cluster.apply(a)  # released and re-applied as it was: no difference, it keeps its place
+    assert list(table) == ["a", "b"]  # an undone trial restores the order too
+    with cluster.trial():
+        cluster.release("a")
+        cluster.apply(a)
         cluster.keep_trial()
     cluster.settle([], [])
-    assert list(table) == ["b", "a"] and cluster.free_gpus_total() == 0  # the view is live
+    assert list(table) == ["a", "b"] and cluster.free_gpus_total() == 0  # the view is live
+    smaller = Allocation("a", "flat", "v", "V100", 1, 500, 4000, "h1", "hint", "reduced", 1)
+    with cluster.trial():
+        cluster.release("a")
+        cluster.apply(smaller)
+        cluster.keep_trial()
+    with pytest.raises(StateError, match="does not hold"):
+        cluster.settle(["a"], [a])  # the trial holds another object than the one given
+    with cluster.trial():
+        cluster.keep_trial()
+    cluster.settle(["a"], [smaller])  # a re-size: taken and given again, last
+    assert list(table) == ["b", "a"] and table["a"] is smaller
     with cluster.trial():
         cluster.release("b")
         cluster.keep_trial()

@@ -135,6 +135,8 @@ class Cluster:
         self._journal: list[tuple[bool, Allocation]] | None = None  # (applied?, allocation) while in a trial
         self._kept = False  # the open trial stays when it closes without an error (`keep_trial`)
         self._kept_journal: list[tuple[bool, Allocation]] | None = None  # the last kept trial's, until `settle`
+        self._order: list[str] | None = None  # the allocations' order before the trial's first release
+        self._kept_order: list[str] | None = None
         for node in nodes:
             self.add_node(node)
 
@@ -462,7 +464,7 @@ class Cluster:
     @contextmanager
     def trial(self) -> Iterator[Cluster]:
         """A scratch pad: allocations applied and released inside are all undone on exit, whatever happens
-        (unless `keep_trial` was called inside and no error left it).
+        (unless `keep_trial` was called inside and no error left it), the allocations' order included.
 
         Round policies plan many moves at once on it (shrink these, place that, grow those) and return the
         result as a target; the mechanism then applies the difference for real. Node changes are refused
@@ -470,7 +472,7 @@ class Cluster:
         """
         if self._journal is not None:
             raise StateError("a trial is already open on this cluster")
-        self._journal, self._kept = [], False
+        self._journal, self._kept, self._order = [], False, None
         try:
             yield self
         except BaseException:
@@ -478,10 +480,12 @@ class Cluster:
             raise
         finally:
             if self._kept:
-                self._kept_journal = self._journal
+                self._kept_journal, self._kept_order = self._journal, self._order
             else:
                 self.undo_to(0)
-            self._journal, self._kept = None, False
+                if self._order is not None:
+                    self._reorder(self._order)
+            self._journal, self._kept, self._order = None, False, None
 
     def keep_trial(self) -> None:
         """Keep the open trial's changes when it closes without an error, instead of undoing them."""
@@ -490,26 +494,29 @@ class Cluster:
         self._kept = True
 
     def settle(self, taken: Collection[str], given: Iterable[Allocation]) -> None:
-        """After a kept trial: order the table of allocations (`allocations()`) as undoing the trial, then
-        releasing `taken` (ids) and applying `given` would have left it, with those objects. That must be
-        what the trial holds (the same ids; checked). For a mechanism that kept a trial instead of undoing it
-        to apply its difference afresh."""
-        journal, self._kept_journal = self._kept_journal, None
+        """After a kept trial: order the table of allocations (`allocations()`) as releasing `taken` (ids) and
+        then applying `given` to the state before the trial would have: the untouched in their old order, the
+        given at the end. That must be what the trial holds (the same ids; checked). For a mechanism that kept a
+        trial instead of undoing it to apply its difference afresh (and journals just that difference)."""
+        journal, order, self._kept_journal, self._kept_order = self._kept_journal, self._kept_order, None, None
         if journal is None:
             raise StateError("no kept trial to settle")
-        table = dict(self._allocations)
-        for applied, a in reversed(journal):  # as `undo_to(0)` would: a release re-applies at the end
-            if applied:
-                del table[a.job_id]
-            else:
-                table[a.job_id] = a
-        for job_id in taken:
-            del table[job_id]
-        table.update((a.job_id, a) for a in given)
-        if table.keys() != self._allocations.keys():
+        if order is None:  # nothing was released in the trial: what it applied came after the rest
+            applied = {a.job_id for _, a in journal}
+            order = [job for job in self._allocations if job not in applied]
+        gone, given = set(taken), list(given)
+        given_ids = [a.job_id for a in given]
+        keys = [job for job in order if job not in gone] + given_ids
+        table = self._allocations
+        if len(keys) != len(table) or set(keys) != table.keys() or any(table[a.job_id] is not a for a in given):
             raise StateError("settle: the kept trial does not hold what releasing and applying would")
-        self._allocations.clear()
-        self._allocations.update(table)
+        self._reorder(keys)
+
+    def _reorder(self, keys: list[str]) -> None:
+        table = self._allocations
+        ordered = {job: table[job] for job in keys}
+        table.clear()
+        table.update(ordered)
 
     def mark(self) -> int:
         """A point in the open trial to undo back to (`undo_to`), e.g. for an all-or-nothing gang."""
@@ -653,6 +660,9 @@ class Cluster:
 
     def release(self, job_id: str) -> Allocation | None:
         """Give back a job's resources; return its allocation, or None if the job holds none."""
+        if self._journal is not None and self._order is None and job_id in self._allocations:
+            applied = {a.job_id for _, a in self._journal}  # all applies: this is the trial's first release
+            self._order = [job for job in self._allocations if job not in applied]  # the order before the trial
         a = self._allocations.pop(job_id, None)
         if a is None:
             return None

@@ -41,6 +41,7 @@ from dataclasses import dataclass, field, replace
 from itertools import chain
 from typing import Literal
 
+from hetplan.allocator.admission import who_runs
 from hetplan.allocator.cluster import Cluster, Need, hinted_need, proportional_need
 from hetplan.allocator.spec import Allocation, Job, Shape, Share
 from hetplan.hints.index import HintEntry, HintSet
@@ -219,6 +220,7 @@ class _Step:
         # try (no release), and each leaves every node's free-plus-shrinkable share no larger, so they would
         # find none again
         self.full: set[tuple[str, int, int | None, int | None, str]] = set()
+        self.resized: list[tuple[str, tuple[Allocation, ...]]] = []  # (job, its parts before a re-size), for `_undo_to`
         self.views: dict[tuple[str, int], ClassView] = {}
 
     def _view(self, job: Job) -> ClassView:
@@ -265,7 +267,24 @@ class _Step:
         for node in sorted(self.touched):
             if node in self.cluster:
                 self._grow(node)
+        self._keep_unchanged()
         return dict(self.placed)
+
+    def _keep_unchanged(self) -> None:
+        """A running job placed again where and as it was (same nodes, GPUs, cores and RAM; only the hint version
+        or the share's label new) keeps its allocations as they were: no action, and the cluster holds exactly
+        what the target says (a journal that records actions only must agree with it)."""
+        for job_id, before in self.current.items():
+            after = self.placed.get(job_id)
+            if after is None or after is before or len(after) != len(before) or not all(
+                    (a.job_id, a.node, a.gpus, a.cpu_m, a.mem_mib) == (b.job_id, b.node, b.gpus, b.cpu_m, b.mem_mib)
+                    for a, b in zip(after, before)):
+                continue
+            for a in after:
+                self.cluster.release(a.job_id)
+            for b in before:
+                self.cluster.apply(b)
+            self.placed[job_id] = before
 
     def _admit(self) -> tuple[list[Job], list[Job]]:
         """Who runs: in priority order while GPUs last (with `preempt` every GPU but those of jobs not asked
@@ -274,17 +293,7 @@ class _Step:
             room = sum(self.type_gpus.values()) - sum(a.gpus for parts in self.placed.values() for a in parts)
         else:
             room = sum(self.cluster.free_gpus_by_type().values())
-        admitted, left_out = [], []
-        largest, current = self.largest_type, () if self.preempt else self.current
-        for job in self.order:
-            if job.job_id in current:  # stays
-                admitted.append(job)
-            elif job.num_gpus <= room and job.num_gpus <= largest:  # fits, and could ever run
-                admitted.append(job)
-                room -= job.num_gpus
-            else:
-                left_out.append(job)
-        return admitted, left_out
+        return who_runs(self.order, room, self.largest_type, () if self.preempt else self.current)
 
     def _assign_types(self, admitted: list[Job]) -> dict[str, str]:
         """Comparative advantage: each admitted job's GPU type (absent: none had GPUs left).
@@ -442,7 +451,7 @@ class _Step:
         """All or nothing: nodes of `gpu_type` with the most free GPUs first, each part at least its floor."""
         if self.cluster.free_gpus_total(gpu_type) < job.num_gpus:
             return False  # the walk below would come up short
-        mark = self.cluster.mark()
+        mark = self._mark()
         left = job.num_gpus
         pieces: list[tuple[str, int]] = []
         for name in sorted(self.cluster.with_free_gpus(gpu_type, 1),
@@ -453,14 +462,14 @@ class _Step:
             if left == 0:
                 break
         if left > 0 or not self._put(job, tuple(pieces), gpu_type):
-            self.cluster.undo_to(mark)
+            self._undo_to(mark)
             return False
         return True
 
     def _put(self, job: Job, pieces: tuple[tuple[str, int], ...], gpu_type: str) -> bool:
         """Give `job` the given GPUs on each node with the largest share its free cores and RAM allow, at least
         its floor (peers shrunk if they must); False (nothing kept) when some node cannot give the floor."""
-        mark = self.cluster.mark()
+        mark = self._mark()
         parts = []
         hinted = self._hinted(job, gpu_type)
         gang = len(pieces) > 1 or job.num_gpus > self.type_largest[gpu_type]
@@ -474,7 +483,7 @@ class _Step:
                     self._shrink(a)
                 free = self.cluster.free(name)
             if free.gpus < gpus or free.cpu_m < floor[0] or free.mem_mib < floor[1]:
-                self.cluster.undo_to(mark)
+                self._undo_to(mark)
                 return False
             cpu, mem = min(want[0], free.cpu_m), min(want[1], free.mem_mib)
             share: Share = ("hinted" if (cpu, mem) == want else "reduced") if hinted else "proportional"
@@ -583,7 +592,20 @@ class _Step:
         self.touched.add(a.node)
         parts = self.placed.get(job.job_id)
         if parts is not None:
+            self.resized.append((job.job_id, parts))
             self.placed[job.job_id] = tuple(new if p.job_id == a.job_id else p for p in parts)
+
+    def _mark(self) -> tuple[int, int]:
+        """A point to undo back to: the trial's changes and the target's re-sizes since (`_undo_to`)."""
+        return self.cluster.mark(), len(self.resized)
+
+    def _undo_to(self, mark: tuple[int, int]) -> None:
+        """Undo the trial and the target back to `mark` together: a peer shrunk for a placement that then failed
+        holds its old share again in both (the target must never say what the cluster does not hold)."""
+        self.cluster.undo_to(mark[0])
+        while len(self.resized) > mark[1]:
+            job_id, parts = self.resized.pop()
+            self.placed[job_id] = parts
 
     # ------------------------------------------------------------------ bookkeeping
 
