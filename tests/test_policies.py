@@ -49,12 +49,21 @@ def test_then_a_smaller_share_down_to_the_gpu_proportional_one():
     hints = HintSet.from_frame(pd.DataFrame([{
         "model": "res50", "num_gpus": 1, "gpu_type": "V100", "rank": 1, "cpus_per_gpu": 14, "mem_gb_per_gpu": 60,
         "expected_throughput": 1, "normalized_throughput": 1, "throughput_per_dollar": 1, "plan_id": "tune"}]))
-    alloc = Allocator([v100("v", gpus=4, cpus=40, mem_gb=244)], "hint", hints)  # proportional: 10 cores, 61 GiB
+    node = v100("v", gpus=4, cpus=40, mem_gb=244)  # proportional: 10 cores, 61 GiB
+    alloc = Allocator([node], "hint-static", hints)
     shares = [alloc.allocate(Job(f"j{i}", "res50", 1)) for i in range(4)]
     assert [(s.share, s.cpus, s.mem_gb) for s in shares[:3]] == [("hinted", 14, 60), ("hinted", 14, 60),
                                                                  ("reduced", 12, 60)]
     assert rejected(shares[3]).reason is Reason.NO_CAPACITY  # 0 cores left: below the proportional 10
     assert alloc.cluster.check() == []
+    # co-adaptive: the same admission as the simulator's, peers shrink to their floors to admit the fourth (TUNE)
+    rounds = Allocator([node], "hint", hints)
+    for i in range(3):
+        allocated(rounds.allocate(Job(f"j{i}", "res50", 1)))
+    fourth = allocated(rounds.allocate(Job("j3", "res50", 1)))
+    assert fourth.cpus == 10 and sorted(a.cpus for a in rounds.cluster.allocations()) == [10, 10, 10, 10]
+    assert [x.action.kind for x in rounds.log.entries()][-4:] == ["resize", "resize", "resize", "start"]
+    assert rounds.cluster.check() == []
 
 
 def test_a_class_without_hints_gets_the_gpu_proportional_share():

@@ -326,24 +326,32 @@ def test_shrinks_and_regrowth_come_back_as_actions_over_http(tmp_path):
             assert [(a["kind"], a["job_id"], a["after"][0]["cpus"]) for a in released["actions"]] == \
                 [("resize", "r1", 9.0)]
             log = c.get("/v1/actions", params={"since": 0}).json()
-            assert [a["kind"] for a in log["actions"]] == ["resize", "start", "resize"] and log["latest"] == 3
-            assert [a["seq"] for a in c.get("/v1/actions", params={"since": 2}).json()["actions"]] == [3]
+            # every change is in the log, the allocations and releases too
+            assert [(a["kind"], a["job_id"]) for a in log["actions"]] == \
+                [("start", "r1"), ("resize", "r1"), ("start", "r2"), ("stop", "r2"), ("resize", "r1")]
+            assert log["latest"] == 5
+            assert [a["seq"] for a in c.get("/v1/actions", params={"since": 3}).json()["actions"]] == [4, 5]
+            assert c.get("/v1/actions", params={"since": 6}).status_code == 410  # ahead of the log: list again
             assert c.post("/v1/actions/tick").status_code == 401
-            assert c.post("/v1/actions/tick", headers=ADMIN).json() == {"latest": 3, "actions": []}
+            assert c.post("/v1/actions/tick", headers=ADMIN).json() == {"latest": 5, "actions": []}
             assert {a["job_id"]: a["cpus"] for a in c.get("/v1/allocations").json()} == {"r1": 9.0}
     finally:
         srv.stop()
 
 
-# --- one allocator protocol: the service on an in-memory Allocator ------------------------------------------------
+# --- one allocator: the service on an in-memory Allocator -------------------------------------------------------
 
 
-def test_both_allocators_implement_the_protocol_the_service_is_typed_against(tmp_path):
-    from hetplan.allocator import Allocator, AllocatorAPI, DurableAllocator
+def test_the_durable_allocator_is_the_allocator_with_a_journal(tmp_path):
+    from hetplan.allocator import Allocator, DurableAllocator
+    from hetplan.allocator.durable import SqliteJournal
     memory = Allocator([v100("v1")], "hint", hint_set())
     with DurableAllocator(tmp_path / "a.db", "proportional") as durable:
+        # nothing re-written: every method the service calls is Allocator's own
+        assert {name for name in vars(DurableAllocator) if not name.startswith("__")} == set()
+        assert isinstance(durable.journal, SqliteJournal)
         for a, synchronous, strict in [(memory, "OFF", False), (durable, "FULL", False)]:
-            assert isinstance(a, AllocatorAPI)
+            assert isinstance(a, Allocator)
             assert (a.synchronous, a.policy.strict, a.hint_source.last_error) == (synchronous, strict, None)
             assert a.running_jobs() == []
 
@@ -393,3 +401,114 @@ def test_each_app_counts_in_a_registry_of_its_own():
     assert 'hetplan_allocator_http_requests_total{method="GET",route="/healthz",status="200"} 1.0' in first.render()
     assert "found=" not in second.render() and "route=" not in second.render()
     assert "hetplan_allocator_http_request_seconds_count 0.0" in second.render()
+
+
+# --- gangs over HTTP, and a kill -9 in the middle of a burst --------------------------------------------------------
+
+
+def _v100_nodes(path: Path, count: int, gpus: int = 4) -> Path:
+    path.write_text(json.dumps([{"name": f"v{i}", "gpu_type": "V100", "gpus": gpus, "cpus": 12 * gpus,
+                                 "mem_gb": 120 * gpus} for i in range(count)]))
+    return path
+
+
+def test_a_job_larger_than_any_node_runs_as_a_gang_over_http_all_or_nothing(tmp_path):
+    """8 GPUs on 4-GPU nodes: two parts of one GPU type, each named; a retry replays them; the allocations show
+    them whole; a restart keeps them one job; the release frees both; a gang that cannot fit whole takes nothing."""
+    store = tmp_path / "store"
+    HintStore(store).publish(make_plan("g1"), hints_frame("g1"))
+    srv = Server(tmp_path, store, _v100_nodes(tmp_path / "nodes.json", 3), ("--tick", "0")).start()
+    try:
+        with httpx.Client(base_url=srv.url, timeout=10) as c:
+            body = {"job_id": "big", "model": "transformer", "num_gpus": 8}
+            got = c.post("/v1/allocate", json=body).json()
+            assert got["status"] == "allocated" and got["allocation"] == got["parts"][0]
+            assert sorted((p["job_id"], p["part_of"], p["gpus"]) for p in got["parts"]) == \
+                [("big#0", "big", 4), ("big#1", "big", 4)]
+            assert len({p["node"] for p in got["parts"]}) == 2
+            again = c.post("/v1/allocate", json=body).json()
+            assert again["replayed"] and again["parts"] == got["parts"]
+            conflict = c.post("/v1/allocate", json={**body, "num_gpus": 4}).json()
+            assert (conflict["status"], conflict["reason"]) == ("rejected", "conflict")
+            too_many = c.post("/v1/allocate", json={"job_id": "huge", "model": "transformer", "num_gpus": 8}).json()
+            assert (too_many["status"], too_many["reason"]) == ("rejected", "no-capacity")  # 4 GPUs left: nothing
+            never = c.post("/v1/allocate", json={"job_id": "never", "model": "transformer", "num_gpus": 16}).json()
+            assert (never["status"], never["reason"]) == ("rejected", "too-big")  # more than all 12 V100s
+            shown = [(a["job_id"], a["part_of"]) for a in c.get("/v1/allocations").json()]
+            assert shown == [("big#0", "big"), ("big#1", "big")]
+        srv.stop(signal.SIGKILL)
+        srv.start()
+        with httpx.Client(base_url=srv.url, timeout=10) as c:
+            assert [(a["job_id"], a["part_of"]) for a in c.get("/v1/allocations").json()] == shown
+            released = c.post("/v1/release", json={"job_id": "big"}).json()
+            assert released["released"] and c.get("/v1/allocations").json() == []
+            stop = c.get("/v1/actions", params={"since": 1}).json()["actions"]
+            assert [(a["kind"], a["job_id"], len(a["before"])) for a in stop] == [("stop", "big", 2)]
+    finally:
+        srv.stop()
+
+
+def test_a_kill_9_mid_burst_loses_nothing_acknowledged_and_renumbers_nothing(tmp_path):
+    """Clients allocate (gangs too) and release as fast as they can while a reader follows the action log like a
+    controller; the server is SIGKILLed mid-burst and restarted. Every acknowledged change is still there, the log
+    goes on from where the reader was (no renumbering, no gap) and no node is overcommitted."""
+    store = tmp_path / "store"
+    HintStore(store).publish(make_plan("b1"), hints_frame("b1"))
+    srv = Server(tmp_path, store, _v100_nodes(tmp_path / "nodes.json", 6), ("--synchronous", "NORMAL",
+                                                                          "--tick", "0")).start()
+    held: dict[str, bool | None] = {}  # job -> True: allocation acknowledged; False: release acknowledged
+    seen: dict[int, dict] = {}  # the log as the reader saw it
+    rng = random.Random(7)
+    try:
+        def burst(worker: int) -> None:
+            with httpx.Client(base_url=srv.url, timeout=5) as c:
+                for k in range(100_000):
+                    try:
+                        mine = [j for j, on in held.items() if on and j.startswith(f"w{worker}-")]
+                        if mine and rng.random() < 0.45:
+                            job = rng.choice(mine)
+                            held[job] = None  # in flight: its outcome is unknown until answered
+                            if c.post("/v1/release", json={"job_id": job}).json()["released"]:
+                                held[job] = False
+                        else:
+                            job = f"w{worker}-{k}"
+                            body = {"job_id": job, "model": rng.choice(["res50", "transformer", "vgg"]),
+                                    "num_gpus": rng.choice([1, 1, 2, 4, 8])}
+                            if c.post("/v1/allocate", json=body).json()["status"] == "allocated":
+                                held[job] = True
+                        if worker == 0:  # the reader
+                            since = max(seen, default=0)
+                            for a in c.get("/v1/actions", params={"since": since}).json()["actions"]:
+                                seen[a["seq"]] = a
+                    except (httpx.HTTPError, ValueError):
+                        return  # the server is gone
+
+        threads = [threading.Thread(target=burst, args=(w,)) for w in range(2)]
+        for t in threads:
+            t.start()
+        deadline = time.monotonic() + 30
+        while len(seen) < 40 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        srv.stop(signal.SIGKILL)
+        for t in threads:
+            t.join()
+        assert len(seen) >= 40
+        srv.start()
+        with httpx.Client(base_url=srv.url, timeout=10) as c:
+            running = {a["part_of"] or a["job_id"] for a in c.get("/v1/allocations").json()}
+            assert {j for j, on in held.items() if on} <= running  # acknowledged allocations survive
+            assert not {j for j, on in held.items() if on is False} & running  # acknowledged releases too
+            last = max(seen)
+            log = c.get("/v1/actions", params={"since": 0}).json()
+            assert [a["seq"] for a in log["actions"]] == list(range(1, log["latest"] + 1))  # no gap
+            assert all(log["actions"][seq - 1] == action for seq, action in seen.items())  # no renumbering
+            after = c.get("/v1/actions", params={"since": last}).json()
+            assert [a["seq"] for a in after["actions"]] == list(range(last + 1, log["latest"] + 1))
+            nodes = c.get("/v1/nodes").json()["nodes"]
+            assert all(n["free_gpus"] >= 0 and n["free_cpus"] >= 0 and n["free_mem_gb"] >= 0 for n in nodes)
+            new = c.post("/v1/allocate", json={"job_id": "after", "model": "res50", "num_gpus": 1}).json()
+            if new["status"] == "allocated":
+                assert c.get("/v1/actions", params={"since": log["latest"]}).json()["actions"][0]["seq"] == \
+                    log["latest"] + 1
+    finally:
+        srv.stop()

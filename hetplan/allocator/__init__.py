@@ -3,10 +3,9 @@
 Layers, each usable alone:
 - `spec` / `cluster`: nodes, jobs, decisions; `Cluster`, the one place capacity is checked and taken.
 - `policies`: `hint`, `proportional`, `first-fit` behind one `Policy` protocol (`get_policy(name)`).
-- `core.Allocator`: the mechanism (policy decides, cluster applies; idempotent per job id; thread-safe).
-  The simulator drives this directly.
-- `durable.DurableAllocator`: the same surface, every change committed to SQLite (WAL) first.
-- `protocol.AllocatorAPI`: that surface as a `Protocol`, the type the service is written against.
+- `core.Allocator`: the mechanism (policy decides, cluster applies; idempotent per job id; thread-safe), with
+  one apply point that hands every change and its numbered actions to a `journal.Journal`. The simulator drives
+  it in memory; `durable.DurableAllocator` is the same class journaled to SQLite (WAL), for the service.
 - `sources`: hints fixed, or followed from a `HintStore`'s LATEST (hot reload, atomic swap).
 - `service` (FastAPI, `hetplan serve`) and `extender` (Kubernetes scheduler extender) are the edges.
 """
@@ -19,13 +18,12 @@ from hetplan.allocator.durable import DurableAllocator
 from hetplan.allocator.policies import (
     POLICIES, FirstFitPolicy, HintPolicy, Policy, ProportionalPolicy, get_policy, register_policy,
 )
-from hetplan.allocator.protocol import AllocatorAPI
 from hetplan.allocator.sources import HintSource, StaticHints, StoreHints
 from hetplan.allocator.spec import Allocation, Decision, Job, Node, Reason, Rejection, Shape, Share
 
 __all__ = [
     "POLICIES",
-    "Allocation", "Allocator", "AllocatorAPI", "Cluster", "ClusterView", "Decision", "DurableAllocator",
+    "Allocation", "Allocator", "Cluster", "ClusterView", "Decision", "DurableAllocator",
     "FirstFitPolicy", "Fit",
     "Free", "HintPolicy", "HintSource", "Job", "Node", "NodeChanges", "OvercommitError", "Policy",
     "ProportionalPolicy", "Reason", "Rejection", "Shape", "Share", "StateError", "StaticHints", "StoreHints",

@@ -1,21 +1,23 @@
 """The mechanism: ask the policy, apply its decision to the cluster; idempotent per job id; thread-safe.
 
-`Allocator` is the in-process core the simulator drives directly. It keeps no files; `DurableAllocator`
-(`durable.py`) wraps it with SQLite so the service survives restarts.
+`Allocator` is the one allocator: the simulator drives it in memory, the service with a SQLite journal
+(`durable.DurableAllocator`, the same class with `durable.SqliteJournal`), so both run the same code.
 """
 
 from __future__ import annotations
 
 import threading
+import time
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 
 from hetplan.allocator.cluster import Cluster, OvercommitError, StateError
 from hetplan.allocator.policies import Policy, get_policy
 from hetplan.allocator.rebalance import Action, CoAdaptive, diff
 from hetplan.allocator.sources import HintSource, StaticHints
-from hetplan.allocator.spec import Allocation, Decision, Job, Node, Reason, Rejection
+from hetplan.allocator.journal import RETAIN, ActionLog, Change, Journal, MemoryJournal, Restored, Synchronous
+from hetplan.allocator.spec import Allocation, Decision, Job, Node, Reason, Rejection, mib_to_gib
 from hetplan.hints import HintSet
 
 
@@ -29,75 +31,175 @@ class NodeChanges:
 
 
 class Allocator:
-    """Cluster + policy + hints. Every method holds one lock: decisions are serialised and never overcommit."""
+    """Cluster + policy + hints + journal. Every method holds one lock: decisions are serialised and never overcommit.
+
+    Every change is applied at one point (`_commit`): in memory, then handed to the journal as one `Change` with
+    its numbered actions (`log`); if the journal refuses it, it is undone in memory and the error raised.
+    `journal` (default `MemoryJournal`: nothing kept) is loaded at start, so an allocator built on a journal that
+    holds state continues exactly where the last one stopped. `clock` gives the time actions are stamped with
+    (the simulator's clock in a simulation).
+    """
 
     def __init__(self, cluster: Cluster | Iterable[Node] | None = None, policy: Policy | str = "hint",
-                 hints: HintSet | HintSource | None = None) -> None:
+                 hints: HintSet | HintSource | None = None, journal: Journal | None = None,
+                 clock: Callable[[], float] = time.time, retain: int = RETAIN) -> None:
         self.cluster = cluster if isinstance(cluster, Cluster) else Cluster(cluster or ())
         self.policy = get_policy(policy) if isinstance(policy, str) else policy
         self.hint_source: HintSource = hints if not (hints is None or isinstance(hints, HintSet)) \
             else StaticHints(hints)
         self.lock = threading.RLock()
+        self.journal: Journal = journal if journal is not None else MemoryJournal()
+        self.clock = clock
+        self.log = ActionLog(retain)
         self._gangs: dict[str, tuple[str, ...]] = {}  # job id -> the ids of its parts, for jobs running as gangs
         self._touched: set[str] = set()  # nodes whose allocations changed since the last rebalance
+        self._restore(self.journal.load(retain))
 
-    synchronous = "OFF"
-    """Nothing is written: a change is in memory only (`AllocatorAPI.synchronous`)."""
+    @property
+    def synchronous(self) -> Synchronous:
+        """How a change is made durable before it is answered (`AllocatorAPI.synchronous`)."""
+        return self.journal.synchronous
 
     @property
     def hints(self) -> HintSet:
         return self.hint_source.current()
 
+    def _restore(self, restored: Restored) -> None:
+        """Rebuild the state a journal holds (nothing for a new one)."""
+        if not (restored.nodes or restored.latest):
+            return
+        if len(self.cluster):
+            raise StateError("an allocator restored from its journal starts with no nodes of its own")
+        for node in restored.nodes:
+            self.cluster.add_node(node)
+        gangs: dict[str, list[str]] = {}
+        for owner, a in restored.allocations:
+            self.cluster.apply(a)  # refuses (OvercommitError) a journal that would overcommit
+            if owner is not None:
+                gangs.setdefault(owner, []).append(a.job_id)
+        self._gangs = {job: tuple(parts) for job, parts in gangs.items()}
+        self._touched = set(restored.touched)
+        self.log = ActionLog(self.log.retain, restored.latest, restored.logged)
+
+    # ------------------------------------------------------------------ decisions
+
     def allocate(self, job: Job) -> Decision:
-        """Place `job`, or say why not. Asking again for an allocated job id returns its allocation unchanged."""
+        """Place `job`, or say why not. Asking again for an allocated job id returns its allocation unchanged (a
+        gang: its first part). A job larger than any node runs as a gang over nodes of one GPU type, all or nothing.
+
+        With a co-adaptive policy this is `admit([job])`: the step the simulator runs between rounds."""
         with self.lock:
-            decision = self.decide(job)
-            if isinstance(decision, Allocation) and self.cluster.allocation(job.job_id) is None:
-                self.cluster.apply(decision)
-                self._touched.add(decision.node)
-            return decision
+            decision = self._existing(job)
+            if decision is not None:
+                return decision
+            if self.policy.rounds is not None and job.whole:
+                self.admit([job])
+            else:
+                decision = self.policy.place(job, self.cluster, self.hint_source.current())
+                if isinstance(decision, Allocation):
+                    self._commit([Action("start", job.job_id, (), (decision,))], apply=True)
+                    return decision
+                if self._gang_sized(job):
+                    self.place_gangs([job])
+            parts = self.running([job.job_id]).get(job.job_id)
+            return parts[0] if parts else self._rejection(job, decision)
 
     def decide(self, job: Job) -> Decision:
-        """What `allocate` would return, without applying it (the caller holds `lock` and applies it next).
-
-        For a job id already allocated: its allocation (same class) or a `conflict` rejection.
-        """
+        """What a placement-only `allocate` would return, without applying it (the policy's own answer)."""
         with self.lock:
-            existing = self.cluster.allocation(job.job_id)
-            if existing is not None:
-                if (existing.model, existing.gpus, existing.gpu_milli) == (job.model, job.num_gpus, job.gpu_milli):
-                    return existing
-                return Rejection(job.job_id, Reason.CONFLICT,
-                                 f"job id already allocated for ({existing.model}, {existing.job().gpus:g} GPUs) on "
-                                 f"{existing.node}", existing.hint_version, self.policy.name)
-            return self.policy.place(job, self.cluster, self.hint_source.current())
+            return self._existing(job) or self.policy.place(job, self.cluster, self.hint_source.current())
+
+    def _existing(self, job: Job) -> Decision | None:
+        """For a job id that holds resources: its allocation (its first part), or a `conflict` rejection if asked
+        for another class or another own request; None for a job id that holds none."""
+        parts = self.running([job.job_id]).get(job.job_id)
+        if not parts:
+            return None
+        first = parts[0]
+        held = (first.model, sum(a.gpus for a in parts), first.gpu_milli, first.request_cpu_m, first.request_mem_mib)
+        if held == (job.model, job.num_gpus, job.gpu_milli, job.cpu_m, job.mem_mib):
+            return first
+        return Rejection(job.job_id, Reason.CONFLICT,
+                         f"job id already allocated for ({first.model}, {held[1] or first.job().gpus:g} GPUs"
+                         f"{_own(first.request_cpu_m, first.request_mem_mib)}) on {first.node}; asked "
+                         f"({job.model}, {job.gpus:g} GPUs{_own(job.cpu_m, job.mem_mib)})",
+                         first.hint_version, self.policy.name)
+
+    def _gang_sized(self, job: Job) -> bool:
+        """Larger than any node, yet no larger than all the GPUs of some GPU type: a gang could hold it."""
+        return job.whole and self.cluster.max_gpus() < job.num_gpus <= max(self.cluster.gpus_by_type()[0].values(),
+                                                                           default=0)
+
+    def _rejection(self, job: Job, decision: Decision | None) -> Rejection:
+        """Why `job` did not start: the policy's reason, except that a gang-sized job is not too big."""
+        hints = self.hint_source.current()
+        if decision is None:
+            decision = self.policy.place(job, self.cluster, hints)
+        gang = self._gang_sized(job)
+        if isinstance(decision, Rejection) and not (gang and decision.reason is Reason.TOO_BIG):
+            return decision
+        if gang:
+            message = f"no {job.num_gpus} free GPUs of one GPU type with at least its floor free (a gang)"
+        else:
+            message = "no node has the GPUs free with at least its floor of cores and RAM"
+        return Rejection(job.job_id, Reason.NO_CAPACITY, message, hints.version, self.policy.name)
+
+    def admit(self, waiting: Sequence[Job]) -> list[Action]:
+        """Start waiting jobs (priority order) without stopping or moving running ones; returns what changed.
+
+        The one admission rule between rounds, for the simulator and the service alike. A co-adaptive policy places
+        them in one step (comparative advantage; gangs for jobs larger than a node); jobs that still wait where
+        GPUs are free but cores are not get a second step in which the peers on those nodes may shrink to their
+        floors (Synergy-TUNE). A placement-only policy places each where `allocate` would."""
+        with self.lock:
+            if self.policy.rounds is None:
+                placed: list[Action] = []
+                for job in waiting:
+                    before = self.log.latest
+                    if isinstance(self.allocate(job), Allocation):
+                        placed += [x.action for x in self.log.since(before)]
+                return placed
+            actions = self.rebalance(waiting, preempt=False, move=False, nodes=())
+            started = {x.job_id for x in actions if x.kind == "start"}
+            left = [job for job in waiting if job.job_id not in started and job.whole]
+            smallest = min((job.num_gpus for job in left), default=0)
+            if left and smallest <= self.cluster.free_gpus_total():
+                peers = self.jobs_on(self.cluster.with_free_gpus(None, smallest))
+                if peers:
+                    actions += self.rebalance(peers + left, preempt=False, move=False, nodes=())
+            return actions
+
+    def jobs_on(self, nodes: Iterable[str]) -> list[Job]:
+        """The jobs holding resources on `nodes` (in that order, each once; a gang as one job, all its GPUs)."""
+        with self.lock:
+            owner = {p: job for job, parts in self._gangs.items() for p in parts} if self._gangs else {}
+            ids = dict.fromkeys(owner.get(a, a) for node in nodes for a in self.cluster.jobs_on(node))
+            return [self._job(job_id, parts) for job_id, parts in self.running(ids).items()]
 
     def restore(self, allocation: Allocation) -> bool:
         """Re-apply a released allocation if its node still has room for it (and the job holds none);
         preemptive schedulers use this to keep a job where it ran. False, and nothing changes, otherwise."""
         with self.lock:
             try:
-                self.cluster.apply(allocation)
+                self._commit([Action("start", allocation.job_id, (), (allocation,))], apply=True)
             except OvercommitError:
                 return False
-            self._touched.add(allocation.node)
             return True
 
     def running_jobs(self) -> list[Job]:
         """The jobs holding resources, in the order they got them: the service's priority order for rebalancing.
         A gang is one job (all its GPUs)."""
         with self.lock:
-            return [replace(parts[0].job(), job_id=job_id, num_gpus=sum(a.gpus for a in parts))
-                    for job_id, parts in self.running().items()]
+            return [self._job(job_id, parts) for job_id, parts in self.running().items()]
+
+    @staticmethod
+    def _job(job_id: str, parts: tuple[Allocation, ...]) -> Job:
+        return replace(parts[0].job(), job_id=job_id, num_gpus=sum(a.gpus for a in parts))
 
     def touched(self) -> set[str]:
         """The nodes changed since the last applied step that re-sized them."""
         with self.lock:
             return set(self._touched)
-
-    def touch(self, node: str) -> None:
-        """Mark a node changed outside this class's own methods, so that the next step re-sizes its jobs."""
-        self._touched.add(node)
 
     def release(self, job_id: str) -> Allocation | None:
         """Free a job's resources; None when the job holds none (releasing twice is harmless). For a gang,
@@ -108,10 +210,10 @@ class Allocator:
     def release_parts(self, job_id: str) -> tuple[Allocation, ...]:
         """Free a job's resources on every node it holds (one for most jobs, several for a gang)."""
         with self.lock:
-            released = tuple(a for a in (self.cluster.release(p) for p in self._gangs.pop(job_id, (job_id,)))
-                             if a is not None)
-            self._touched.update(a.node for a in released)
-            return released
+            parts = self.running([job_id]).get(job_id, ())
+            if parts:
+                self._commit([Action("stop", job_id, parts, ())], apply=True)
+            return parts
 
     def running(self, job_ids: Iterable[str] | None = None) -> dict[str, tuple[Allocation, ...]]:
         """Jobs holding resources (all, or those of `job_ids`) -> their allocations (one per node; a gang's
@@ -138,6 +240,14 @@ class Allocator:
             return {job: tuple(sorted(parts, key=lambda a: a.job_id)) if job in self._gangs else tuple(parts)
                     for job, parts in grouped.items()}
 
+    def owner(self, allocation_id: str) -> str:
+        """The job an allocation belongs to (a gang part's job; else the allocation's own id)."""
+        with self.lock:
+            for job, parts in self._gangs.items():
+                if allocation_id in parts:
+                    return job
+            return allocation_id
+
     def place_gangs(self, jobs: Sequence[Job]) -> list[Action]:
         """Jobs larger than any node (priority order), each over nodes of one GPU type, all or nothing, the
         GPU-proportional share (or the hinted one) on each part; returns the starts, applied. Co-adaptive
@@ -149,6 +259,12 @@ class Allocator:
             actions = diff({}, target)
             self.apply_actions(actions, clear_touched=False)
             return actions
+
+    def tick(self) -> list[Action]:
+        """The periodic step of a running service: every running job, in the order it got its resources, may be
+        re-sized or moved to a faster GPU type (no preemption: the service never stops a job)."""
+        with self.lock:
+            return self.rebalance(self.running_jobs(), preempt=False, move=True)
 
     def plan_rebalance(self, order: Sequence[Job], preempt: bool = True, move: bool = True,
                        nodes: Iterable[str] | None = None) -> list[Action]:
@@ -180,11 +296,57 @@ class Allocator:
             if apply:
                 self.cluster.settle([a.job_id for action in actions for a in action.before],
                                     [a for action in actions for a in action.after])
-                self._applied(actions, clear_touched=nodes is None)
+                self._commit(actions, clear_touched=nodes is None)
             return actions
 
     def apply_actions(self, actions: Sequence[Action], clear_touched: bool = True) -> None:
         """Release everything the actions take away, then apply what they give; all or nothing."""
+        with self.lock:
+            self._commit(actions, clear_touched, apply=True)
+
+    # ------------------------------------------------------------------ the one apply point
+
+    def _commit(self, actions: Sequence[Action], clear_touched: bool = False, apply: bool = False,
+                upsert: Sequence[Node] = (), remove: Sequence[str] = ()) -> None:
+        """Apply `actions` in memory (`apply`; else the caller already did), journal them with the node changes
+        (applied after the journal took them: `check_node_changes` said they cannot fail), then book them.
+        All or nothing: if applying or journaling fails, memory is as before and the error raised."""
+        if apply:
+            self._apply(actions)
+        logged = self.log.number(actions, self.clock()) if actions else ()
+        gangs: dict[str, tuple[str, ...] | None] = {}
+        for action in actions:
+            gang = len(action.after) > 1 or (action.after and action.after[0].job_id != action.job_id)
+            gangs[action.job_id] = tuple(a.job_id for a in action.after) if gang else None
+        touched = frozenset(a.node for action in actions for a in action.before + action.after
+                            if a.node not in remove) if not clear_touched else frozenset()
+        change = Change(taken=tuple(a.job_id for action in actions for a in action.before),
+                        given=tuple((action.job_id if gangs[action.job_id] else None, a)
+                                    for action in actions for a in action.after),
+                        upsert=tuple(upsert), remove=tuple(remove), touched_clear=clear_touched,
+                        touched_add=touched, logged=logged)
+        try:
+            self.journal.commit(change, self.log.retain)
+        except BaseException:
+            self._unapply(actions)
+            raise
+        for name in remove:
+            self.cluster.remove_node(name, force=True)
+            self._touched.discard(name)
+        for node in upsert:
+            self.cluster.upsert_node(node)
+        for job_id, gang in gangs.items():
+            if gang:
+                self._gangs[job_id] = gang
+            else:
+                self._gangs.pop(job_id, None)
+        if clear_touched:
+            self._touched.clear()
+        self._touched |= touched
+        self.log.extend(logged)
+
+    def _apply(self, actions: Sequence[Action]) -> None:
+        """Release what the actions take, then apply what they give; on an error undo what was done and raise."""
         released: list[Allocation] = []
         applied: list[Allocation] = []
         try:
@@ -198,37 +360,33 @@ class Allocator:
                     self.cluster.apply(a)
                     applied.append(a)
         except StateError:
-            for a in reversed(applied):
-                self.cluster.release(a.job_id)
-            for a in released:
-                self.cluster.apply(a)
+            self._undo(released, applied)
             raise
-        self._applied(actions, clear_touched)
 
-    def _applied(self, actions: Sequence[Action], clear_touched: bool) -> None:
-        """Book applied actions: which jobs run as gangs (and their parts' ids), which nodes changed."""
-        for action in actions:
-            self._gangs.pop(action.job_id, None)
-            if len(action.after) > 1 or (action.after and action.after[0].job_id != action.job_id):
-                self._gangs[action.job_id] = tuple(a.job_id for a in action.after)
-        if clear_touched:
-            self._touched.clear()
-        else:
-            self._touched.update(a.node for action in actions for a in action.before + action.after)
+    def _unapply(self, actions: Sequence[Action]) -> None:
+        """Undo applied actions in memory (the journal refused them)."""
+        self._undo([a for action in actions for a in action.before], [a for action in actions for a in action.after])
+
+    def _undo(self, released: Sequence[Allocation], applied: Sequence[Allocation]) -> None:
+        for a in reversed(applied):
+            self.cluster.release(a.job_id)
+        for a in released:
+            self.cluster.apply(a)
 
     def change_nodes(self, changes: NodeChanges) -> list[Allocation]:
-        """Apply a batch of node changes atomically; return the allocations evicted by forced removals.
+        """Apply a batch of node changes atomically; return the allocations evicted by forced removals (a gang
+        with a part on a removed node is released whole).
 
         Raises `StateError` (and changes nothing) if any change would be refused.
         """
         with self.lock:
             self.check_node_changes(changes)
-            evicted: list[Allocation] = []
-            for name in changes.remove:
-                evicted.extend(self.cluster.remove_node(name, force=changes.force))
-            for node in changes.upsert:
-                self.cluster.upsert_node(node)
-            return evicted
+            parts_of = {p: job for job, parts in self._gangs.items() for p in parts}
+            evicted = self.running(dict.fromkeys(parts_of.get(a, a) for name in changes.remove
+                                                 for a in self.cluster.jobs_on(name)))
+            actions = [Action("stop", job, parts, ()) for job, parts in evicted.items()]
+            self._commit(actions, apply=True, upsert=changes.upsert, remove=changes.remove)
+            return [a for parts in evicted.values() for a in parts]
 
     def check_node_changes(self, changes: NodeChanges) -> None:
         counts = Counter([n.name for n in changes.upsert] + list(changes.remove))
@@ -249,3 +407,22 @@ class Allocator:
 
     def reload_hints(self) -> HintSet:
         return self.hint_source.reload()
+
+    def close(self) -> None:
+        """Close the journal (nothing to do for one in memory)."""
+        with self.lock:
+            self.journal.close()
+
+    def __enter__(self) -> Allocator:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _own(cpu_m: int | None, mem_mib: int | None) -> str:
+    """A job's own request as words (empty when it stated none)."""
+    if cpu_m is None and mem_mib is None:
+        return ""
+    return f", own request {'-' if cpu_m is None else f'{cpu_m / 1000:g}'} cores, " \
+           f"{'-' if mem_mib is None else f'{mib_to_gib(mem_mib):g}'} GiB"

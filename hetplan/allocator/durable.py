@@ -1,14 +1,16 @@
-"""Durability: the allocator's nodes and allocations in SQLite (WAL), so a restart or a crash loses nothing.
+"""Durability: the allocator's journal in SQLite (WAL), so a restart or a crash loses nothing and renumbers nothing.
 
-Write-ahead order: a decision is made in memory (pure), committed to the database, and only then applied in
-memory and returned. A crash before the commit loses a decision nobody was told about; a crash after it
-loses nothing, and the restart re-applies every committed allocation through `Cluster.apply`, so a database
-that would overcommit a node is refused at start-up rather than served. `synchronous=FULL` (the default)
-makes each commit survive power loss, not only a process crash.
+`SqliteJournal` commits each `Change` an `Allocator` applies (allocations taken and given, node changes, gangs,
+the nodes to re-size next, move histories and the numbered actions) in one transaction before the allocator
+answers; if the commit fails the allocator undoes the change in memory. `load` rebuilds all of it, and the
+restart re-applies every allocation through `Cluster.apply`, so a database that would overcommit a node is
+refused at start-up rather than served. `synchronous=FULL` (the default) makes each commit survive power loss,
+not only a process crash. `DurableAllocator` is an `Allocator` with this journal: the same surface, nothing
+re-written.
 
 Units: a node's `cpus` (cores) and `mem_gb` (GiB) as given; an allocation's `cpu_m` (millicores) and `mem_mib`
 (MiB, 1 GiB = 1024 MiB). Schema 1 counted allocations' memory in 1000-MB units and is refused, not converted;
-schema 2 (no GPU shares, no own requests) is upgraded in place on open.
+schemas 2 (no GPU shares, no own requests) and 3 (no gangs, no action log) are upgraded in place on open.
 """
 
 from __future__ import annotations
@@ -18,25 +20,30 @@ import logging
 import os
 import sqlite3
 import time
+from collections.abc import Callable
+from dataclasses import astuple
 from pathlib import Path
 
-from hetplan.allocator.cluster import Cluster, StateError
-from hetplan.allocator.core import Allocator, NodeChanges
+from hetplan.allocator.cluster import StateError
+from hetplan.allocator.core import Allocator
+from hetplan.allocator.journal import RETAIN, Change, LoggedAction, Restored, Synchronous
 from hetplan.allocator.policies import Policy
 from hetplan.allocator.rebalance import Action
 from hetplan.allocator.sources import HintSource
-from hetplan.allocator.spec import Allocation, Decision, Job, Node
+from hetplan.allocator.spec import Allocation, Node
 from hetplan.hints import HintSet
 
 log = logging.getLogger(__name__)
 
-SCHEMA_VERSION = "3"  # 3: + GPU shares and own requests; 2: memory in MiB, nodes' mem_gb in GiB; 1: 1000-MB units
+SCHEMA_VERSION = "4"  # 4: + gangs, the action log, re-size marks, move histories; 3: + GPU shares and own requests;
+# 2: memory in MiB, nodes' mem_gb in GiB; 1: 1000-MB units
+_TO_4 = ["ALTER TABLE allocations ADD COLUMN owner TEXT"]
 _UPGRADES = {  # from schema -> the statements that take it to SCHEMA_VERSION
     "2": ["ALTER TABLE allocations ADD COLUMN gpu_milli INTEGER NOT NULL DEFAULT 0",
           "ALTER TABLE allocations ADD COLUMN device INTEGER",
           "ALTER TABLE allocations ADD COLUMN request_cpu_m INTEGER",
-          "ALTER TABLE allocations ADD COLUMN request_mem_mib INTEGER",
-          f"UPDATE meta SET value = '{SCHEMA_VERSION}' WHERE key = 'schema'"],
+          "ALTER TABLE allocations ADD COLUMN request_mem_mib INTEGER", *_TO_4],
+    "3": _TO_4,
 }
 _COLUMNS = ("job_id, model, node, gpu_type, gpus, cpu_m, mem_mib, hint_version, policy, share, rank, gpu_milli, "
             "device, request_cpu_m, request_mem_mib")
@@ -68,149 +75,131 @@ CREATE TABLE IF NOT EXISTS allocations (
     gpu_milli INTEGER NOT NULL DEFAULT 0,
     device INTEGER,
     request_cpu_m INTEGER,
-    request_mem_mib INTEGER
+    request_mem_mib INTEGER,
+    owner TEXT
 );
+CREATE TABLE IF NOT EXISTS actions (
+    seq INTEGER PRIMARY KEY,
+    at REAL NOT NULL,
+    kind TEXT NOT NULL,
+    job_id TEXT NOT NULL,
+    parts TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS touched (node TEXT PRIMARY KEY);
+CREATE TABLE IF NOT EXISTS history (job_id TEXT PRIMARY KEY, body TEXT NOT NULL);
 """
 
 
-class DurableAllocator:
-    """An `Allocator` whose every change is committed to SQLite before it is applied and returned; the same
-    `AllocatorAPI` (`hetplan.allocator.protocol`)."""
+class SqliteJournal:
+    """An allocator's journal in one SQLite file (see the module docstring)."""
 
-    def __init__(self, path: str | os.PathLike[str], policy: Policy | str = "hint",
-                 hints: HintSet | HintSource | None = None, synchronous: str = "FULL") -> None:
+    def __init__(self, path: str | os.PathLike[str], synchronous: str = "FULL") -> None:
         if synchronous.upper() not in ("FULL", "NORMAL", "EXTRA"):
             raise ValueError(f"synchronous must be FULL, NORMAL or EXTRA, got {synchronous!r}")
         self.path = Path(path)
-        self.synchronous = synchronous.upper()
+        self.synchronous: Synchronous = synchronous.upper()  # type: ignore[assignment]
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
         try:
             found = _check_schema(self._db, self.path)  # before anything is written to it
             if found in _UPGRADES:
-                self._db.executescript("BEGIN IMMEDIATE;\n" + ";\n".join(_UPGRADES[found]) + ";\nCOMMIT;")
+                self._db.executescript("BEGIN IMMEDIATE;\n" + ";\n".join(_UPGRADES[found]) + ";\n"
+                                       f"UPDATE meta SET value = '{SCHEMA_VERSION}' WHERE key = 'schema';\nCOMMIT;")
                 log.info("%s: allocator database upgraded from schema %s to %s", self.path, found, SCHEMA_VERSION)
+            self._db.execute("PRAGMA journal_mode=WAL")
+            self._db.execute(f"PRAGMA synchronous={self.synchronous}")
+            self._db.execute("PRAGMA busy_timeout=5000")
+            self._db.executescript(_SCHEMA)
+            self._db.execute("INSERT OR IGNORE INTO meta VALUES ('schema', ?)", (SCHEMA_VERSION,))
         except BaseException:
             self._db.close()
             raise
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute(f"PRAGMA synchronous={synchronous.upper()}")
-        self._db.execute("PRAGMA busy_timeout=5000")
-        self._db.executescript(_SCHEMA)
-        self._db.execute("INSERT OR IGNORE INTO meta VALUES ('schema', ?)", (SCHEMA_VERSION,))
-        self.core = Allocator(Cluster(), policy, hints)
-        self._restore()
 
-    # the same surface as Allocator
-    @property
-    def cluster(self) -> Cluster:
-        return self.core.cluster
-
-    @property
-    def lock(self):  # noqa: ANN201 - threading.RLock has no public type
-        return self.core.lock
-
-    @property
-    def policy(self) -> Policy:
-        return self.core.policy
-
-    @property
-    def hints(self) -> HintSet:
-        return self.core.hints
-
-    @property
-    def hint_source(self) -> HintSource:
-        return self.core.hint_source
-
-    def reload_hints(self) -> HintSet:
-        return self.core.reload_hints()
-
-    def _restore(self) -> None:
-        cluster = self.core.cluster
-        for name, gpu_type, gpus, cpus, mem_gb, labels in self._db.execute(
+    def load(self, retain: int) -> Restored:
+        db = self._db
+        out = Restored()
+        for name, gpu_type, gpus, cpus, mem_gb, labels in db.execute(
                 "SELECT name, gpu_type, gpus, cpus, mem_gb, labels FROM nodes ORDER BY seq"):
-            cluster.add_node(Node(name, gpu_type, int(gpus), cpus, mem_gb, json.loads(labels)))
-        rows = self._db.execute(f"SELECT {_COLUMNS} FROM allocations ORDER BY seq").fetchall()
-        for row in rows:
-            cluster.apply(Allocation(*row))  # refuses (OvercommitError) a database that would overcommit
-        log.info("restored %d nodes and %d allocations from %s", len(cluster), len(rows), self.path)
+            out.nodes.append(Node(name, gpu_type, int(gpus), cpus, mem_gb, json.loads(labels)))
+        for row in db.execute(f"SELECT owner, {_COLUMNS} FROM allocations ORDER BY seq"):
+            out.allocations.append((row[0], Allocation(*row[1:])))
+        out.touched = {node for (node,) in db.execute("SELECT node FROM touched")}
+        out.history = {job: json.loads(body) for job, body in db.execute("SELECT job_id, body FROM history")}
+        latest = db.execute("SELECT value FROM meta WHERE key = 'latest'").fetchone()
+        out.latest = int(latest[0]) if latest else 0
+        rows = db.execute("SELECT seq, at, kind, job_id, parts FROM actions WHERE seq > ? ORDER BY seq",
+                          (out.latest - retain,)).fetchall()
+        out.logged = [LoggedAction(seq, at, _action(kind, job_id, parts)) for seq, at, kind, job_id, parts in rows]
+        log.info("restored %d nodes, %d allocations and actions up to %d from %s", len(out.nodes),
+                 len(out.allocations), out.latest, self.path)
+        return out
 
-    def allocate(self, job: Job) -> Decision:
-        with self.core.lock:
-            decision = self.core.decide(job)
-            if isinstance(decision, Allocation) and self.core.cluster.allocation(job.job_id) is None:
-                self._write([_insert(decision)])
-                self.core.cluster.apply(decision)
-                self.core.touch(decision.node)
-            return decision
-
-    def running_jobs(self) -> list[Job]:
-        return self.core.running_jobs()
-
-    def rebalance(self, order: list[Job], preempt: bool = False, move: bool = True,
-                  nodes: list[str] | None = None) -> list[Action]:
-        """`Allocator.rebalance`, each action committed before it is applied (all of them in one transaction)."""
-        with self.core.lock:
-            actions = self.core.plan_rebalance(order, preempt, move, nodes)
-            statements = [("DELETE FROM allocations WHERE job_id = ?", (a.job_id,))
-                          for action in actions for a in action.before]
-            statements += [_insert(a) for action in actions for a in action.after]
-            if statements:
-                self._write(statements)
-            self.core.apply_actions(actions, clear_touched=nodes is None)
-            return actions
-
-    def release(self, job_id: str) -> Allocation | None:
-        with self.core.lock:
-            if self.core.cluster.allocation(job_id) is None:
-                return None
-            self._write([("DELETE FROM allocations WHERE job_id = ?", (job_id,))])
-            return self.core.release(job_id)
-
-    def change_nodes(self, changes: NodeChanges) -> list[Allocation]:
-        with self.core.lock:
-            self.core.check_node_changes(changes)
-            statements: list[tuple[str, tuple]] = []
-            for name in changes.remove:
-                statements.append(("DELETE FROM allocations WHERE node = ?", (name,)))
-                statements.append(("DELETE FROM nodes WHERE name = ?", (name,)))
-            for n in changes.upsert:
-                statements.append((
-                    "INSERT INTO nodes (name, gpu_type, gpus, cpus, mem_gb, labels) VALUES (?,?,?,?,?,?) "
-                    "ON CONFLICT(name) DO UPDATE SET gpu_type=excluded.gpu_type, gpus=excluded.gpus, "
-                    "cpus=excluded.cpus, mem_gb=excluded.mem_gb, labels=excluded.labels",
-                    (n.name, n.gpu_type, n.gpus, float(n.cpus), float(n.mem_gb),
-                     json.dumps(dict(n.labels), sort_keys=True))))
-            self._write(statements)
-            return self.core.change_nodes(changes)  # checked above: cannot fail
-
-    def upsert_node(self, node: Node) -> None:
-        self.change_nodes(NodeChanges(upsert=[node]))
-
-    def remove_node(self, name: str, force: bool = False) -> list[Allocation]:
-        return self.change_nodes(NodeChanges(remove=[name], force=force))
-
-    def _write(self, statements: list[tuple[str, tuple]]) -> None:
-        """Run statements in one transaction; on any error roll back and re-raise (memory is untouched)."""
+    def commit(self, change: Change, retain: int) -> None:
+        """Write `change` in one transaction; on any error roll back and re-raise (nothing of it is kept)."""
         db = self._db
         db.execute("BEGIN IMMEDIATE")
         try:
-            for sql, params in statements:
-                db.execute(sql, params)
+            db.executemany("DELETE FROM allocations WHERE job_id = ?", [(j,) for j in change.taken])
+            now = time.time()
+            db.executemany(f"INSERT INTO allocations ({_COLUMNS}, owner, created_at) VALUES ({', '.join('?' * 17)})",
+                           [(*astuple(a), owner, now) for owner, a in change.given])
+            for name in change.remove:
+                db.execute("DELETE FROM allocations WHERE node = ?", (name,))
+                db.execute("DELETE FROM nodes WHERE name = ?", (name,))
+                db.execute("DELETE FROM touched WHERE node = ?", (name,))
+            db.executemany(
+                "INSERT INTO nodes (name, gpu_type, gpus, cpus, mem_gb, labels) VALUES (?,?,?,?,?,?) "
+                "ON CONFLICT(name) DO UPDATE SET gpu_type=excluded.gpu_type, gpus=excluded.gpus, "
+                "cpus=excluded.cpus, mem_gb=excluded.mem_gb, labels=excluded.labels",
+                [(n.name, n.gpu_type, n.gpus, float(n.cpus), float(n.mem_gb),
+                  json.dumps(dict(n.labels), sort_keys=True)) for n in change.upsert])
+            if change.touched_clear:
+                db.execute("DELETE FROM touched")
+            db.executemany("INSERT OR IGNORE INTO touched VALUES (?)", [(n,) for n in sorted(change.touched_add)])
+            for job, history in change.history.items():
+                if history is None:
+                    db.execute("DELETE FROM history WHERE job_id = ?", (job,))
+                else:
+                    db.execute("INSERT OR REPLACE INTO history VALUES (?, ?)", (job, json.dumps(history)))
+            if change.logged:
+                db.executemany("INSERT INTO actions VALUES (?, ?, ?, ?, ?)",
+                               [(x.seq, x.at, x.action.kind, x.action.job_id, _parts(x.action))
+                                for x in change.logged])
+                latest = change.logged[-1].seq
+                db.execute("DELETE FROM actions WHERE seq <= ?", (latest - retain,))
+                db.execute("INSERT OR REPLACE INTO meta VALUES ('latest', ?)", (str(latest),))
             db.execute("COMMIT")
         except BaseException:
             db.execute("ROLLBACK")
             raise
 
     def close(self) -> None:
-        with self.core.lock:
-            self._db.close()
+        self._db.close()
 
-    def __enter__(self) -> DurableAllocator:
-        return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+class DurableAllocator(Allocator):
+    """An `Allocator` whose every change is committed to SQLite (`SqliteJournal`) before it is answered."""
+
+    def __init__(self, path: str | os.PathLike[str], policy: Policy | str = "hint",
+                 hints: HintSet | HintSource | None = None, synchronous: str = "FULL",
+                 clock: Callable[[], float] = time.time, retain: int = RETAIN) -> None:
+        journal = SqliteJournal(path, synchronous)
+        self.path = journal.path
+        try:
+            super().__init__(None, policy, hints, journal=journal, clock=clock, retain=retain)
+        except BaseException:
+            journal.close()
+            raise
+
+
+def _parts(action: Action) -> str:
+    return json.dumps([[astuple(a) for a in action.before], [astuple(a) for a in action.after]])
+
+
+def _action(kind: str, job_id: str, parts: str) -> Action:
+    before, after = json.loads(parts)
+    return Action(kind, job_id, tuple(Allocation(*a) for a in before),  # type: ignore[arg-type]
+                  tuple(Allocation(*a) for a in after))
 
 
 def check_database(path: str | os.PathLike[str]) -> None:
@@ -236,9 +225,3 @@ def _check_schema(db: sqlite3.Connection, path: Path) -> str | None:
                          f"{SCHEMA_VERSION}; move the file aside (or pass another --db) and re-add the nodes "
                          f"(hetplan serve --nodes/--from-plan or POST /v1/nodes); running jobs must allocate again")
     return None if found is None else found[0]
-
-
-def _insert(a: Allocation) -> tuple[str, tuple]:
-    return (f"INSERT INTO allocations ({_COLUMNS}, created_at) VALUES ({', '.join('?' * 16)})",
-            (a.job_id, a.model, a.node, a.gpu_type, a.gpus, a.cpu_m, a.mem_mib, a.hint_version, a.policy, a.share,
-             a.rank, a.gpu_milli, a.device, a.request_cpu_m, a.request_mem_mib, time.time()))

@@ -47,10 +47,9 @@ from typing import TYPE_CHECKING, Any, Literal, get_args
 from pydantic import ValidationError
 
 from hetplan.allocator.cluster import Cluster, StateError
-from hetplan.allocator.core import NodeChanges
 from hetplan.allocator.extender import GPU_RESOURCE, K8sNode, node_gpu_type, node_resources
 from hetplan.allocator.metrics import Metrics
-from hetplan.allocator.protocol import AllocatorAPI
+from hetplan.allocator.core import Allocator, NodeChanges
 from hetplan.allocator.spec import CLOSED_LABEL, MIB_PER_GIB, Node
 from hetplan.gpus import GPU_PRODUCT_LABEL, UnknownGpuError
 
@@ -159,7 +158,7 @@ class NodeSync:
     and watches again). `backoff`: first and longest wait after an error. `ready` is set after the first list.
     """
 
-    def __init__(self, allocator: AllocatorAPI, api: ApiClient, metrics: Metrics | None = None,
+    def __init__(self, allocator: Allocator, api: ApiClient, metrics: Metrics | None = None,
                  watch_seconds: int = 300, backoff: tuple[float, float] = (1.0, 60.0), page_size: int = 500,
                  request_timeout: float = 60.0) -> None:
         self.allocator, self.api, self.metrics = allocator, api, metrics
@@ -332,7 +331,7 @@ class NodeSync:
             return ("remove", name)
         return None if current.labels.get(CLOSED_LABEL) == want.kind else ("close", _closed(current, want.kind))
 
-    def _apply(self, a: AllocatorAPI, changes: list[tuple[str, Node | str]]) -> None:
+    def _apply(self, a: Allocator, changes: list[tuple[str, Node | str]]) -> None:
         if len(changes) > 1:
             batch = NodeChanges(upsert=[c for _, c in changes if isinstance(c, Node)],
                                 remove=[c for _, c in changes if isinstance(c, str)], force=True)

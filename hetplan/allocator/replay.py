@@ -39,9 +39,10 @@ class PodEvent:
         return "/v1/release" if self.release else "/v1/allocate"
 
 
-def pod_events(path: str | Path, model: str = "pod") -> list[PodEvent]:
+def pod_events(path: str | Path, model: str = "pod", stretch: float = 1.0) -> list[PodEvent]:
     """The creations and deletions of a pod list in time order (a deletion before a creation at the same
-    second); every pod runs as `model`. Bad rows raise `ContractError` naming file, row and column."""
+    second); every pod runs as `model`; `stretch` multiplies every pod's lifetime (a denser cluster).
+    Bad rows raise `ContractError` naming file, row and column."""
     from hetplan.traces._parse import numbers, read_headed, text
 
     raw, labels = read_headed(path, REQUIRED)
@@ -56,6 +57,7 @@ def pod_events(path: str | Path, model: str = "pod") -> list[PodEvent]:
         body = {"job_id": name, "model": model, "num_gpus": share, "cpus": cpu / 1000, "mem_gb": mem / MIB_PER_GIB}
         events.append((float(created), 1, i, PodEvent(float(created), False, body)))
         if not np.isnan(deleted):
+            deleted = created + stretch * (deleted - created)
             events.append((float(deleted), 0, i, PodEvent(float(deleted), True, {"job_id": name})))
     return [e for *_, e in sorted(events, key=lambda e: e[:3])]
 
@@ -125,8 +127,9 @@ def replay(events: list[PodEvent], send: Send, progress: Callable[[int], None] |
 
 
 def in_process(allocator: Any) -> Send:
-    """A `Send` that answers from an `Allocator` (or `DurableAllocator`) directly: its placement decision,
-    without the service's TUNE step on a refusal (re-sizing peers to make room)."""
+    """A `Send` that answers from an `Allocator` (or `DurableAllocator`) directly: its decision (`allocate`: with
+    a co-adaptive policy the admission step, peers shrunk where that makes room), without the service's
+    re-sizing after a release."""
 
     def send(path: str, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
         if path == "/v1/release":

@@ -36,6 +36,7 @@ import numpy as np
 import pandas as pd
 
 from hetplan.allocator import Allocator
+from hetplan.allocator.admission import who_runs
 from hetplan.allocator.policies import Policy, get_policy
 from hetplan.allocator.rebalance import GANG_SEP, Action
 from hetplan.allocator.spec import MIB_PER_GIB, Allocation, Job, Node, mib_to_gib
@@ -175,6 +176,7 @@ class Simulator:
                 self.frame["arrival_s"], self.frame["duration_s"]))
         ]
         self.by_id = {job.request.job_id: job for job in self.jobs}
+        allocator.clock = lambda: self.now  # actions are stamped with simulated time
         totals = allocator.cluster.totals()
         self.capacity = {"gpus": totals["gpus"], "cpus": totals["cpu_m"] / 1000,
                          "mem_gb": mib_to_gib(totals["mem_mib"])}
@@ -265,17 +267,8 @@ class Simulator:
         """
         if not self.queue or self.free_gpus == 0:
             return
-        if self.co_adaptive:  # waiting jobs by comparative advantage, no preemption, no moves
-            order = [self.jobs[entry[-1]].request for entry in self.queue]
-            self._take(self.allocator.rebalance(order, preempt=False, move=False, nodes=()), now)
-            smallest = min((self.jobs[entry[-1]].gpus for entry in self.queue), default=0)
-            if self.queue and 0 < smallest <= self.free_gpus:  # GPUs free, cores not: shrink peers there (TUNE)
-                cluster = self.allocator.cluster
-                peers = [self.by_id[self._job_id(a.job_id)].request
-                         for node in cluster.with_free_gpus(None, smallest)
-                         for a in map(cluster.allocation, cluster.jobs_on(node)) if a is not None]
-                order = list(dict.fromkeys(peers)) + [self.jobs[entry[-1]].request for entry in self.queue]
-                self._take(self.allocator.rebalance(order, preempt=False, move=False, nodes=()), now)
+        if self.co_adaptive:  # the service's admission: comparative advantage, peers shrunk where that makes room
+            self._take(self.allocator.admit([self.jobs[entry[-1]].request for entry in self.queue]), now)
             return
         previous = previous or {}
         failed: set[tuple[str, int]] = set()  # classes that did not fit: nothing is freed during a pass
@@ -323,14 +316,9 @@ class Simulator:
         if not ranked or self.queue[0] > ranked[-1]:
             self._fill(now)
             return
-        room, chosen = self.capacity["gpus"], set()
-        for entry in heapq.merge(ranked, self.queue):
-            job = self.jobs[entry[-1]]
-            if job.gpus <= room:
-                chosen.add(job.idx)
-                room -= job.gpus
-                if room == 0:
-                    break
+        run, _ = who_runs((self.jobs[entry[-1]].request for entry in heapq.merge(ranked, self.queue)),
+                          int(self.capacity["gpus"]), int(self.capacity["gpus"]))
+        chosen = {self.by_id[job.job_id].idx for job in run}
         before = {entry[-1]: self.jobs[entry[-1]].parts for entry in ranked if entry[-1] not in chosen}
         if not before:
             self._fill(now)

@@ -7,9 +7,9 @@ hint reload, tick) need `Authorization: Bearer <token>`; without a configured to
 
 With the co-adaptive `hint` policy the allocator also re-sizes and moves running jobs (`Allocator.rebalance`):
 on a release (the freed node's jobs grow), on an allocation that only fits if peers shrink (TUNE), and on a
-periodic tick (moves to faster GPU types). Every such change is an *action*, returned with the request that
-caused it and kept in a numbered log (`GET /v1/actions?since=N`) that a controller applies to the pods
-(docs/kubernetes.md).
+periodic tick (moves to faster GPU types). Every change the allocator applies is an *action* in its numbered,
+journaled log (`GET /v1/actions?since=N`, numbered across restarts), returned with the request that caused it,
+for a controller to apply to the pods (docs/kubernetes.md).
 
 With `ServiceSettings.kubeconfig` (`hetplan serve --kubeconfig`), a thread keeps the nodes in step with the
 cluster's Nodes while the app runs (`hetplan.allocator.kube_nodes`).
@@ -31,11 +31,10 @@ from contextlib import asynccontextmanager, contextmanager
 from fastapi import FastAPI
 from starlette.concurrency import run_in_threadpool
 
-from hetplan.allocator.core import NodeChanges
 from hetplan.allocator.durable import DurableAllocator
 from hetplan.allocator.nodes_io import load_nodes
 from hetplan.allocator.policies import get_policy
-from hetplan.allocator.protocol import AllocatorAPI
+from hetplan.allocator.core import Allocator, NodeChanges
 from hetplan.allocator.service import allocation, extender, hints, nodes, ops
 from hetplan.allocator.service.context import ServiceContext
 from hetplan.allocator.service.middleware import BodyLimit, RequestMetrics
@@ -48,7 +47,7 @@ __all__ = ["TOKEN_ENV", "ServiceSettings", "app_from_env", "create_app"]
 log = logging.getLogger(__name__)
 
 
-def create_app(settings: ServiceSettings | None = None, allocator: AllocatorAPI | None = None) -> FastAPI:
+def create_app(settings: ServiceSettings | None = None, allocator: Allocator | None = None) -> FastAPI:
     """The FastAPI application. Given no allocator, it opens one from `settings` at start-up and closes it after."""
     settings = settings or ServiceSettings()
     ctx = ServiceContext(settings)
@@ -63,7 +62,8 @@ def create_app(settings: ServiceSettings | None = None, allocator: AllocatorAPI 
         store = HintStore(settings.store if settings.store is not None else default_store_root())
         source = StoreHints(store, poll_seconds=settings.hint_poll_seconds)
         policy = get_policy(settings.policy, strict=True) if settings.strict else get_policy(settings.policy)
-        opened = DurableAllocator(settings.db, policy, source, synchronous=settings.synchronous)
+        opened = DurableAllocator(settings.db, policy, source, synchronous=settings.synchronous,
+                                  retain=settings.action_log)
         if settings.nodes is not None:
             seed = load_nodes(settings.nodes)
             opened.change_nodes(NodeChanges(upsert=seed))
@@ -103,7 +103,7 @@ def create_app(settings: ServiceSettings | None = None, allocator: AllocatorAPI 
 
 
 @contextmanager
-def _node_sync(settings: ServiceSettings, allocator: AllocatorAPI, ctx: ServiceContext) -> Iterator[None]:
+def _node_sync(settings: ServiceSettings, allocator: Allocator, ctx: ServiceContext) -> Iterator[None]:
     """With `settings.kubeconfig`: the Kubernetes node sync runs while the app does (the kubernetes client is
     imported only then)."""
     if settings.kubeconfig is None:

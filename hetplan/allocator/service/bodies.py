@@ -3,14 +3,11 @@ action log. RAM is GiB in every body (the `mem_gb` field names are kept for comp
 
 from __future__ import annotations
 
-import time
-from collections import deque
-from collections.abc import Sequence
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt, model_validator
 
-from hetplan.allocator.rebalance import Action
+from hetplan.allocator.journal import LoggedAction
 from hetplan.allocator.spec import MAX_GPUS, Allocation, Job, Node
 
 Name = Field(min_length=1, max_length=253, pattern=r"^\S(.*\S)?$")
@@ -62,11 +59,15 @@ class AllocationOut(BaseModel):
                                                  "for every job sharing it")
     requested_cpus: float | None = Field(None, description="the job's own CPU request, if it stated one")
     requested_mem_gb: float | None = Field(None, description="the job's own RAM request in GiB, if it stated one")
+    part_of: str | None = Field(None, description="for a part of a gang (a job larger than any node, run over "
+                                                  "several nodes of one GPU type): the job's id; `job_id` is then "
+                                                  "the part's, `<job id>#<k>`")
 
 
 class ActionOut(BaseModel):
-    """A change to a running job the allocator decided: `resize` (same node, other cores/RAM), `migrate`
-    (other node: checkpoint, evict, re-create), `start` or `stop`. `before`/`after`: one allocation per node."""
+    """A change the allocator applied to a job: `start` (allocated), `stop` (released, preempted or evicted with
+    its node), `resize` (same node, other cores/RAM) or `migrate` (other node: checkpoint, evict, re-create).
+    `before`/`after`: one allocation per node (several for a gang)."""
 
     seq: int = Field(description="position in the action log (GET /v1/actions?since=...)")
     at: float = Field(description="when it was decided (Unix seconds)")
@@ -77,7 +78,8 @@ class ActionOut(BaseModel):
 
 
 class ActionsResponse(BaseModel):
-    latest: int = Field(description="the newest action's seq (0: none yet); pass it as `since` next time")
+    latest: int = Field(description="the newest action's seq (0: none yet); pass it as `since` next time. Numbers "
+                                    "go on across restarts, without gaps")
     actions: list[ActionOut]
 
 
@@ -89,6 +91,8 @@ class AllocateResponse(BaseModel):
     replayed: bool = Field(False, description="true when the job id was already allocated (idempotent retry)")
     reason: str | None = None
     message: str | None = None
+    parts: list[AllocationOut] = Field([], description="every part of the allocation: one for a job on one node, "
+                                                       "several for a gang (then `allocation` is the first)")
     actions: list[ActionOut] = Field([], description="peers re-sized to make room for this job")
 
 
@@ -210,31 +214,12 @@ ADMIN_RESPONSES: Responses = {
 REFUSED: Responses = {409: _error("a change was refused (all or nothing: nothing changed)")}
 
 
-def allocation_out(a: Allocation) -> AllocationOut:
-    return AllocationOut(**a.to_dict())
+def allocation_out(a: Allocation, job_id: str | None = None) -> AllocationOut:
+    """An allocation as the API shows it; `job_id`: the job it belongs to (a gang part's `part_of`)."""
+    return AllocationOut(**a.to_dict(), part_of=job_id if job_id is not None and job_id != a.job_id else None)
 
 
-class ActionLog:
-    """The last `size` actions, numbered from 1 in the order they were applied."""
-
-    def __init__(self, size: int) -> None:
-        self._entries: deque[ActionOut] = deque(maxlen=size)
-        self._seq = 0
-
-    def record(self, actions: Sequence[Action]) -> list[ActionOut]:
-        now = time.time()
-        out = []
-        for action in actions:
-            self._seq += 1
-            out.append(ActionOut(seq=self._seq, at=now, kind=action.kind, job_id=action.job_id,
-                                 before=[allocation_out(a) for a in action.before],
-                                 after=[allocation_out(a) for a in action.after]))
-        self._entries.extend(out)
-        return out
-
-    @property
-    def latest(self) -> int:
-        return self._seq
-
-    def since(self, seq: int) -> ActionsResponse:
-        return ActionsResponse(latest=self._seq, actions=[a for a in self._entries if a.seq > seq])
+def action_out(x: LoggedAction) -> ActionOut:
+    return ActionOut(seq=x.seq, at=x.at, kind=x.action.kind, job_id=x.action.job_id,
+                     before=[allocation_out(a, x.action.job_id) for a in x.action.before],
+                     after=[allocation_out(a, x.action.job_id) for a in x.action.after])

@@ -14,8 +14,7 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from starlette.concurrency import run_in_threadpool
 
 from hetplan.allocator.metrics import Metrics
-from hetplan.allocator.protocol import AllocatorAPI
-from hetplan.allocator.service.bodies import ActionLog
+from hetplan.allocator.core import Allocator
 from hetplan.allocator.service.settings import TOKEN_ENV, ServiceSettings
 
 T = TypeVar("T")
@@ -27,8 +26,7 @@ class ServiceContext:
     def __init__(self, settings: ServiceSettings) -> None:
         self.settings = settings
         self.metrics = Metrics()
-        self.actions = ActionLog(settings.action_log)
-        self.allocator: AllocatorAPI | None = None
+        self.allocator: Allocator | None = None
         bearer = HTTPBearer(auto_error=False, description="The admin token (`hetplan serve --token`).")
 
         def require_admin(credentials: HTTPAuthorizationCredentials | None = Depends(bearer)) -> None:
@@ -42,7 +40,7 @@ class ServiceContext:
         self.admin = [Depends(require_admin)]
         """The dependencies of an admin route: `Authorization: Bearer <token>` (403 without a configured token)."""
 
-    def alloc(self) -> AllocatorAPI:
+    def alloc(self) -> Allocator:
         assert self.allocator is not None, "the allocator is opened at start-up"
         return self.allocator
 
