@@ -71,13 +71,20 @@ def test_running_jobs_swap_types_only_when_the_gain_pays_for_the_moves(migration
         assert actions == []
 
 
-def test_a_job_moves_up_into_a_faster_gpu_that_frees():
+@pytest.mark.parametrize("age_s, moved", [
+    (0.0, False),     # expected remaining 300 s (one horizon): 300 x (1 - 0.8/1.0) = 60 s saved, not > 2 x 30 s
+    (3600.0, True),   # an hour old: 3600 x 0.2 = 720 s saved pays for the move twice over
+])
+def test_a_job_moves_up_into_a_faster_gpu_that_frees_when_it_pays_over_its_expected_remaining_time(age_s, moved):
+    clock = [1000.0]
     alloc = allocator(ONE_EACH, SPEEDS)
+    alloc.clock = lambda: clock[0]
     alloc.rebalance([Job("x", "flat", 1), Job("b", "picky", 1)])
     assert where(alloc)["b"] == ("v",)
     alloc.release("b")
+    clock[0] += age_s
     alloc.rebalance([Job("x", "flat", 1)])
-    assert where(alloc) == {"x": ("v",)}  # 1.0 x (1 - 30/300) = 0.9 on the V100 beats 0.8 where it is
+    assert where(alloc) == {"x": ("v",) if moved else ("k",)}
 
 
 # ---------------------------------------------------------------------- preemption and admission

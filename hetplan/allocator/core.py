@@ -7,14 +7,16 @@
 from __future__ import annotations
 
 import threading
+import time
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 
 from hetplan.allocator.cluster import Cluster, OvercommitError, StateError
 from hetplan.allocator.policies import Policy, get_policy
 from hetplan.allocator.rebalance import Action, CoAdaptive, diff
 from hetplan.allocator.sources import HintSource, StaticHints
+from hetplan.allocator.stability import MoveHistory, record
 from hetplan.allocator.spec import Allocation, Decision, Job, Node, Reason, Rejection
 from hetplan.hints import HintSet
 
@@ -40,6 +42,8 @@ class Allocator:
         self.lock = threading.RLock()
         self._gangs: dict[str, tuple[str, ...]] = {}  # job id -> the ids of its parts, for jobs running as gangs
         self._touched: set[str] = set()  # nodes whose allocations changed since the last rebalance
+        self.history: dict[str, MoveHistory] = {}  # job id -> its moves, for the stability rule (in memory only)
+        self.clock: Callable[[], float] = time.time  # the simulator sets simulated time
 
     synchronous = "OFF"
     """Nothing is written: a change is in memory only (`AllocatorAPI.synchronous`)."""
@@ -55,6 +59,7 @@ class Allocator:
             if isinstance(decision, Allocation) and self.cluster.allocation(job.job_id) is None:
                 self.cluster.apply(decision)
                 self._touched.add(decision.node)
+                record(self.history, [Action("start", job.job_id, (), (decision,))], self.clock())
             return decision
 
     def decide(self, job: Job) -> Decision:
@@ -111,6 +116,7 @@ class Allocator:
             released = tuple(a for a in (self.cluster.release(p) for p in self._gangs.pop(job_id, (job_id,)))
                              if a is not None)
             self._touched.update(a.node for a in released)
+            self.history.pop(job_id, None)
             return released
 
     def running(self, job_ids: Iterable[str] | None = None) -> dict[str, tuple[Allocation, ...]]:
@@ -175,7 +181,7 @@ class Allocator:
             current = self.running(job.job_id for job in order)
             touched = self._touched if nodes is None else set(nodes)
             target = rounds.target(order, self.cluster, self.hint_source.current(), current, touched, preempt, move,
-                                   keep=apply)
+                                   keep=apply, history=self.history, now=self.clock())
             actions = diff(current, target)
             if apply:
                 self.cluster.settle([a.job_id for action in actions for a in action.before],
@@ -206,7 +212,9 @@ class Allocator:
         self._applied(actions, clear_touched)
 
     def _applied(self, actions: Sequence[Action], clear_touched: bool) -> None:
-        """Book applied actions: which jobs run as gangs (and their parts' ids), which nodes changed."""
+        """Book applied actions: which jobs run as gangs (and their parts' ids), which nodes changed, the jobs'
+        move histories."""
+        record(self.history, actions, self.clock())
         for action in actions:
             self._gangs.pop(action.job_id, None)
             if len(action.after) > 1 or (action.after and action.after[0].job_id != action.job_id):

@@ -39,6 +39,7 @@ from hetplan.allocator import Allocator
 from hetplan.allocator.policies import Policy, get_policy
 from hetplan.allocator.rebalance import GANG_SEP, Action
 from hetplan.allocator.spec import MIB_PER_GIB, Allocation, Job, Node, mib_to_gib
+from hetplan.allocator.stability import Stability
 from hetplan.hints import HintSet
 from hetplan.sim.truth import TruthCurves
 
@@ -74,6 +75,8 @@ class SimConfig:
     """Seeds the random node draws of the `proportional` baseline."""
     check_every: int = 0
     """Check the cluster's invariants every N events (0: at the end only); tests use 1."""
+    stability: Stability = Stability()
+    """When a running job may change GPU type under `hint` (`hetplan.allocator.stability`)."""
 
     def __post_init__(self) -> None:
         if self.scheduler not in SCHEDULERS:
@@ -88,7 +91,8 @@ class SimConfig:
 
     def policy(self, name: str) -> Policy:
         """The named allocator policy with this configuration's costs, round length and seed."""
-        options = {"hint": {"migration_s": self.migration_s, "horizon_s": self.round_s},
+        options = {"hint": {"migration_s": self.migration_s, "horizon_s": self.round_s,
+                            "stability": self.stability},
                    "proportional": {"seed": self.seed}}.get(name, {})
         return get_policy(name, **options)
 
@@ -163,6 +167,7 @@ class Simulator:
 
     def __init__(self, jobs: pd.DataFrame, allocator: Allocator, truth: TruthCurves, config: SimConfig) -> None:
         self.allocator = allocator
+        allocator.clock = lambda: self.now  # the stability rule reads jobs' ages in simulated time
         self.truth = truth
         self.config = config
         self.priority = SCHEDULERS[config.scheduler]
