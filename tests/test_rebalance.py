@@ -11,7 +11,7 @@ from hetplan.allocator import Allocator, rebalance
 from hetplan.allocator.cluster import Cluster, StateError
 from hetplan.allocator.policies import get_policy
 from hetplan.allocator.rebalance import Action, diff
-from hetplan.allocator.spec import Allocation, Job, Node
+from hetplan.allocator.spec import CLOSED_LABEL, Allocation, Job, Node
 from hetplan.hints import HintSet
 from hetplan.hints.index import HintEntry, class_key
 
@@ -339,3 +339,31 @@ def _hinted(table: HintSet, job: Job, part: Allocation) -> tuple[int, int]:
         if e.gpu_type == part.gpu_type:
             return round(e.cpus_per_gpu * part.gpus * 1000), round(e.mem_gb_per_gpu * part.gpus * 1000)
     return (10**12, 10**12)  # no hint: the floor is the proportional share
+
+
+# ---------------------------------------------------------------------- faults never spread
+
+def _closed(node: Node) -> Node:
+    return Node(node.name, node.gpu_type, node.gpus, node.cpus, node.mem_gb, {**node.labels, CLOSED_LABEL: "true"})
+
+
+@pytest.mark.parametrize("nodes, closed, released, kept", [
+    # the only V100 node is cordoned, a job on it ends: its peer is re-sized on a type no open node has
+    ([Node("v", "V100", 2, 8, 32), Node("k", "K80", 1, 4, 16)], ["v"], "a", {"b": ("v",)}),
+    # every node cordoned: nothing to move to, the running job stays
+    ([Node("v", "V100", 2, 8, 32)], ["v"], "a", {"b": ("v",)}),
+    # a cordoned V100 node while another is open: the job may stay or move up, never an error
+    ([Node("v", "V100", 2, 8, 32), Node("v2", "V100", 2, 8, 32)], ["v"], "a", {"b": ("v",)}),
+])
+def test_a_step_knows_the_types_of_jobs_on_cordoned_nodes(nodes, closed, released, kept):
+    alloc = allocator(nodes, SPEEDS)
+    alloc.cluster.apply(Allocation("a", "flat", "v", "V100", 1, 1000, 4000, "h1", "hint", "hinted", 1))
+    alloc.cluster.apply(Allocation("b", "flat", "v", "V100", 1, 1000, 4000, "h1", "hint", "hinted", 1))
+    for name in closed:
+        alloc.upsert_node(_closed(alloc.cluster.node(name)))
+    alloc.release(released)
+    for _ in range(2):  # the service's tick, twice: it used to fail from then on (KeyError in _want via _grow)
+        alloc.rebalance(alloc.running_jobs(), preempt=False)
+        alloc.rebalance([Job("b", "flat", 1), Job("new", "flat", 1)])
+    assert {j: p for j, p in where(alloc).items() if j in kept} == kept
+    assert not alloc.cluster.check()

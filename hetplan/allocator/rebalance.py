@@ -228,8 +228,13 @@ class _Step:
         self.rank = {job.job_id: i for i, job in enumerate(order)}
         # jobs running but not asked about stay exactly as they are (pinned)
         self.placed: Target = {j: parts for j, parts in current.items() if j not in self.rank}
-        self.types = tuple(cluster.gpu_types())
+        # every type a job of the step can be on: the open nodes' and those of running jobs on closed nodes
+        # (cordoned: they hold their jobs but take no new ones, and count for no GPUs here)
+        self.types = tuple(sorted({*cluster.gpu_types(), *(a.gpu_type for parts in current.values() for a in parts)}))
         self.type_gpus, self.type_largest = cluster.gpus_by_type()
+        for t in self.types:
+            self.type_gpus.setdefault(t, 0)
+            self.type_largest.setdefault(t, 0)
         self.largest_type = max(self.type_gpus.values(), default=0)
         # (model, GPUs, own request, GPU type) that found no single node this step: only placements happen after the first
         # try (no release), and each leaves every node's free-plus-shrinkable share no larger, so they would
@@ -287,8 +292,10 @@ class _Step:
     def _admit(self) -> tuple[list[Job], list[Job]]:
         """Who runs: in priority order while GPUs last (with `preempt` every GPU but those of jobs not asked
         about; without it, running jobs stay and waiting ones share the free GPUs)."""
-        if self.preempt:
-            room = sum(self.type_gpus.values()) - sum(a.gpus for parts in self.placed.values() for a in parts)
+        if self.preempt:  # a cordoned node's GPUs count only while held: they stay with who holds them
+            held = {a.job_id: a for parts in chain(self.current.values(), self.placed.values()) for a in parts}
+            closed = sum(a.gpus for a in held.values() if not self.cluster.node(a.node).open)
+            room = sum(self.type_gpus.values()) + closed - sum(a.gpus for parts in self.placed.values() for a in parts)
         else:
             room = sum(self.cluster.free_gpus_by_type().values())
         admitted, left_out = [], []
@@ -296,7 +303,7 @@ class _Step:
         for job in self.order:
             if job.job_id in current:  # stays
                 admitted.append(job)
-            elif job.num_gpus <= room and job.num_gpus <= largest:  # fits, and could ever run
+            elif job.num_gpus <= room and (job.num_gpus <= largest or job.job_id in self.current):  # fits, could run
                 admitted.append(job)
                 room -= job.num_gpus
             else:
@@ -312,7 +319,7 @@ class _Step:
         left, so it cannot ping-pong between types (before issue 21 it could: a job moved up into free GPUs
         for its own gain and was swapped back down for a pair's, 86 times on Gavel's setting).
         """
-        room = self.cluster.free_gpus_by_type()  # after the left-out jobs were released
+        room = dict.fromkeys(self.types, 0) | self.cluster.free_gpus_by_type()  # after the left-out were released
         assigned: dict[str, str] = {}
         newcomers = []
         for job in admitted:
