@@ -367,3 +367,49 @@ def test_a_step_knows_the_types_of_jobs_on_cordoned_nodes(nodes, closed, release
         alloc.rebalance([Job("b", "flat", 1), Job("new", "flat", 1)])
     assert {j: p for j, p in where(alloc).items() if j in kept} == kept
     assert not alloc.cluster.check()
+
+
+def _faulty_step(monkeypatch, what: str, bad: str) -> None:
+    """Make `_Step.<what>` raise for job or node `bad` (its first argument, a job or a node name)."""
+    original = getattr(rebalance._Step, what)
+
+    def faulty(self, first, *args):
+        if getattr(first, "job_id", first) == bad:
+            raise RuntimeError(f"injected fault for {bad}")
+        return original(self, first, *args)
+
+    monkeypatch.setattr(rebalance._Step, what, faulty)
+
+
+FAULTY = hints({"flat": {"V100": (1, 4, 1.0), "K80": (1, 4, 0.8)},
+                "broken": {"V100": (float("nan"), 4, 1.0)}})  # its need cannot be worked out
+
+
+@pytest.mark.parametrize("fault, expected", [
+    # a class whose hints make its need raise: that job sits the step out, the others are placed
+    (None, {"ok": ("v",)}),
+    # one job's placement raises: it is left out (its part undone), the others are placed
+    (("_place_single", "bad"), {"ok": ("v",)}),
+    # one node's re-sizing raises: its growth is undone, every job still placed
+    (("_grow", "v"), {"ok": ("v",), "bad": ("v",)}),
+])
+def test_a_fault_in_one_job_or_node_never_fails_the_step(monkeypatch, caplog, fault, expected):
+    alloc = allocator([Node("v", "V100", 2, 8, 32)], FAULTY)
+    if fault is not None:
+        _faulty_step(monkeypatch, *fault)
+    bad = Job("bad", "broken" if fault is None else "flat", 1)
+    with caplog.at_level("WARNING", logger="hetplan.allocator.rebalance"):
+        alloc.rebalance([bad, Job("ok", "flat", 1)])
+    assert where(alloc) == expected
+    assert not alloc.cluster.check()
+    named = "node v" if fault and fault[1] == "v" else "job bad"
+    assert any(named in r.getMessage() for r in caplog.records), caplog.text
+
+
+def test_a_running_job_whose_move_faults_keeps_its_place(monkeypatch):
+    alloc = allocator(ONE_EACH, SPEEDS)
+    alloc.cluster.apply(Allocation("b", "picky", "k", "K80", 1, 1000, 4000, "h1", "hint", "hinted", 2))
+    _faulty_step(monkeypatch, "_place_single", "b")  # b's move up to the free V100 faults
+    actions = alloc.rebalance([Job("b", "picky", 1)])
+    assert where(alloc) == {"b": ("k",)} and kinds(actions).get("b") in (None, "resize")  # its old place back
+    assert not alloc.cluster.check()

@@ -39,7 +39,7 @@ is released, so such a job finds none again in that step. Both are exact: the st
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from itertools import chain
 from types import MappingProxyType
@@ -242,6 +242,7 @@ class _Step:
         self.full: set[tuple[str, int, int | None, int | None, str]] = set()
         self.views: dict[tuple[str, int], ClassView] = {}
         self._moving: dict[str, tuple[dict[str, float], str | None, float, MoveHistory | None]] = {}
+        self._placed_log: list[tuple[str, tuple[Allocation, ...] | None]] = []  # (job, what it had): undo
 
     def _view(self, job: Job) -> ClassView:
         view = self.views.get((job.model, job.num_gpus))
@@ -252,6 +253,7 @@ class _Step:
     # ------------------------------------------------------------------ the step
 
     def run(self) -> Target:
+        self._drop_faulty_classes()
         admitted, left_out = self._admit()
         for job in left_out:
             if job.job_id in self.current:
@@ -261,12 +263,12 @@ class _Step:
         for job in admitted:
             before = self.current.get(job.job_id, ())
             if before and before[0].gpu_type == assigned.get(job.job_id):
-                self.placed[job.job_id] = before
+                self._set_placed(job.job_id, before)
             else:
                 self._release(job.job_id)
                 movers.append(job)
         for job in movers:  # priority order
-            self._place(job, assigned.get(job.job_id))
+            self._guarded(f"placing job {job.job_id}", self._place, job, assigned.get(job.job_id))
         failed: set[tuple[str, int, int | None, int | None]] = set()  # classes that found no place: nothing is freed while backfilling
         free = self.cluster.free_gpus_total()
         for job in chain(admitted, left_out):  # backfill, a preempted or unplaced job its old place first
@@ -274,20 +276,63 @@ class _Step:
                 break  # nobody else can start or get their old place back
             if job.job_id in self.placed:
                 continue
-            if self._restore(job):
+            if self._guarded(f"restoring job {job.job_id}", self._restore, job):
                 free = self.cluster.free_gpus_total()
                 continue
             key = (job.model, job.num_gpus, job.cpu_m, job.mem_mib)
             if key in failed or job.num_gpus > free:
                 continue
-            if self._place(job, None):
+            if self._guarded(f"placing job {job.job_id}", self._place, job, None):
                 free = self.cluster.free_gpus_total()
             else:
                 failed.add(key)
         for node in sorted(self.touched):
             if node in self.cluster:
-                self._grow(node)
+                self._guarded(f"re-sizing node {node}", self._grow, node)
         return dict(self.placed)
+
+    # ------------------------------------------------------------------ fault barriers
+
+    def _drop_faulty_classes(self) -> None:
+        """Jobs whose class cannot be read (its hints make no sense) sit this step out: as they are if running."""
+        faulty = []
+        for job in self.order:
+            try:
+                self._view(job)
+            except Exception as exc:  # noqa: BLE001 - one job's fault must not stop the step
+                log.warning("rebalance: job %s (%s, %d GPUs) left as it is this step: %s: %s", job.job_id,
+                            job.model, job.num_gpus, type(exc).__name__, exc)
+                faulty.append(job.job_id)
+        if faulty:
+            drop = set(faulty)
+            self.order = [job for job in self.order if job.job_id not in drop]
+            self.rank = {job.job_id: i for i, job in enumerate(self.order)}
+            self.placed.update((j, self.current[j]) for j in faulty if j in self.current)  # pinned
+
+    def _guarded(self, what: str, step: Callable[..., object], *args: object) -> object:
+        """`step(*args)`, or, when it raises, its part of the trial undone (cluster and `placed`), one line
+        logged, and None: a job's placement or a node's re-sizing never fails the whole step."""
+        mark, logged = self.cluster.mark(), len(self._placed_log)
+        try:
+            return step(*args)
+        except Exception as exc:  # noqa: BLE001 - the barrier
+            self.cluster.undo_to(mark)
+            while len(self._placed_log) > logged:
+                job_id, had = self._placed_log.pop()
+                if had is None:
+                    self.placed.pop(job_id, None)
+                else:
+                    self.placed[job_id] = had
+            log.warning("rebalance: %s failed, left out of this step: %s: %s", what, type(exc).__name__, exc)
+            return None
+
+    def _set_placed(self, job_id: str, parts: tuple[Allocation, ...] | None) -> None:
+        """Record where a job ends up in this step (None: nowhere), undoably."""
+        self._placed_log.append((job_id, self.placed.get(job_id)))
+        if parts is None:
+            self.placed.pop(job_id, None)
+        else:
+            self.placed[job_id] = parts
 
     def _admit(self) -> tuple[list[Job], list[Job]]:
         """Who runs: in priority order while GPUs last (with `preempt` every GPU but those of jobs not asked
@@ -565,7 +610,7 @@ class _Step:
             self.cluster.apply(a)
             self.touched.add(name)
             parts.append(a)
-        self.placed[job.job_id] = tuple(parts)
+        self._set_placed(job.job_id, tuple(parts))
         return True
 
     def _restore(self, job: Job) -> bool:
@@ -579,7 +624,7 @@ class _Step:
                 self.cluster.undo_to(mark)
                 return False
             self.cluster.apply(a)
-        self.placed[job.job_id] = before
+        self._set_placed(job.job_id, before)
         return True
 
     # ------------------------------------------------------------------ shares
@@ -665,7 +710,7 @@ class _Step:
         self.touched.add(a.node)
         parts = self.placed.get(job.job_id)
         if parts is not None:
-            self.placed[job.job_id] = tuple(new if p.job_id == a.job_id else p for p in parts)
+            self._set_placed(job.job_id, tuple(new if p.job_id == a.job_id else p for p in parts))
 
     # ------------------------------------------------------------------ bookkeeping
 
@@ -680,12 +725,12 @@ class _Step:
         for a in parts:
             self.cluster.apply(a)
             self.touched.add(a.node)
-        self.placed[job.job_id] = parts
+        self._set_placed(job.job_id, parts)
 
     def _release(self, job_id: str) -> None:
         for a in self.current.get(job_id, ()):
             if self.cluster.allocation(a.job_id) is not None:
                 self.cluster.release(a.job_id)
                 self.touched.add(a.node)
-        self.placed.pop(job_id, None)
+        self._set_placed(job_id, None)
 
