@@ -413,3 +413,22 @@ def test_a_running_job_whose_move_faults_keeps_its_place(monkeypatch):
     actions = alloc.rebalance([Job("b", "picky", 1)])
     assert where(alloc) == {"b": ("k",)} and kinds(actions).get("b") in (None, "resize")  # its old place back
     assert not alloc.cluster.check()
+
+
+def test_a_gang_that_fails_on_its_second_node_leaves_its_first_nodes_peers_as_they_were():
+    """Issue 21: the gang's first part shrank a peer, its second found no room, the cluster undid the shrink
+    but the step still booked it: the kept trial then held a share nobody had (the Lambda 8x V100 replay's
+    'free capacity out of step', memory held with no GPU in use)."""
+    wide = hints({"wide": {"V100": (16, 200, 1.0)}})
+    alloc = allocator([Node("a", "V100", 8, 64, 488), Node("b", "V100", 8, 64, 488)], wide)
+    p, q, g = Job("p", "wide", 1), Job("q", "plain", 1, mem_mib=400 * 1024), Job("g", "plain", 14)
+    alloc.rebalance([p, q])
+    grown = alloc.cluster.allocation("p")
+    assert (grown.node, grown.cpu_m) == ("a", 16000)
+    # g's 7 GPUs on a fit once p shrinks to its floor; on b, q's own request leaves too little RAM: no gang
+    assert alloc.rebalance([p, q, g], preempt=False) == []
+    assert alloc.cluster.allocation("p") == grown and not alloc.cluster.check()
+    for job in ("p", "q"):
+        alloc.release(job)
+    totals = alloc.cluster.totals()
+    assert (totals["free_cpu_m"], totals["free_mem_mib"]) == (totals["cpu_m"], totals["mem_mib"])

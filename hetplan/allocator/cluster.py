@@ -506,7 +506,7 @@ class Cluster:
         for job_id in taken:
             del table[job_id]
         table.update((a.job_id, a) for a in given)
-        if table.keys() != self._allocations.keys():
+        if table.keys() != self._allocations.keys() or any(a != self._allocations[k] for k, a in table.items()):
             raise StateError("settle: the kept trial does not hold what releasing and applying would")
         self._allocations.clear()
         self._allocations.update(table)

@@ -312,19 +312,29 @@ class _Step:
     def _guarded(self, what: str, step: Callable[..., object], *args: object) -> object:
         """`step(*args)`, or, when it raises, its part of the trial undone (cluster and `placed`), one line
         logged, and None: a job's placement or a node's re-sizing never fails the whole step."""
-        mark, logged = self.cluster.mark(), len(self._placed_log)
+        mark = self._mark()
         try:
             return step(*args)
         except Exception as exc:  # noqa: BLE001 - the barrier
-            self.cluster.undo_to(mark)
-            while len(self._placed_log) > logged:
-                job_id, had = self._placed_log.pop()
-                if had is None:
-                    self.placed.pop(job_id, None)
-                else:
-                    self.placed[job_id] = had
+            self._undo_to(mark)
             log.warning("rebalance: %s failed, left out of this step: %s: %s", what, type(exc).__name__, exc)
             return None
+
+    def _mark(self) -> tuple[int, int]:
+        """A point to undo back to: the trial's and `placed`'s (`_undo_to`)."""
+        return self.cluster.mark(), len(self._placed_log)
+
+    def _undo_to(self, mark: tuple[int, int]) -> None:
+        """Undo the cluster's changes and `placed`'s since `mark` together: undoing the cluster alone leaves a
+        peer shrunk in `placed` but not in the cluster, and a kept trial then books an allocation the cluster
+        does not hold (issue 21: memory held by nobody, out of step with the free counters)."""
+        self.cluster.undo_to(mark[0])
+        while len(self._placed_log) > mark[1]:
+            job_id, had = self._placed_log.pop()
+            if had is None:
+                self.placed.pop(job_id, None)
+            else:
+                self.placed[job_id] = had
 
     def _set_placed(self, job_id: str, parts: tuple[Allocation, ...] | None) -> None:
         """Record where a job ends up in this step (None: nowhere), undoably."""
@@ -569,7 +579,7 @@ class _Step:
         """All or nothing: nodes of `gpu_type` with the most free GPUs first, each part at least its floor."""
         if self.cluster.free_gpus_total(gpu_type) < job.num_gpus:
             return False  # the walk below would come up short
-        mark = self.cluster.mark()
+        mark = self._mark()
         left = job.num_gpus
         pieces: list[tuple[str, int]] = []
         for name in sorted(self.cluster.with_free_gpus(gpu_type, 1),
@@ -580,14 +590,14 @@ class _Step:
             if left == 0:
                 break
         if left > 0 or not self._put(job, tuple(pieces), gpu_type):
-            self.cluster.undo_to(mark)
+            self._undo_to(mark)
             return False
         return True
 
     def _put(self, job: Job, pieces: tuple[tuple[str, int], ...], gpu_type: str) -> bool:
         """Give `job` the given GPUs on each node with the largest share its free cores and RAM allow, at least
         its floor (peers shrunk if they must); False (nothing kept) when some node cannot give the floor."""
-        mark = self.cluster.mark()
+        mark = self._mark()
         parts = []
         hinted = self._hinted(job, gpu_type)
         gang = len(pieces) > 1 or job.num_gpus > self.type_largest[gpu_type]
@@ -601,7 +611,7 @@ class _Step:
                     self._shrink(a)
                 free = self.cluster.free(name)
             if free.gpus < gpus or free.cpu_m < floor[0] or free.mem_mib < floor[1]:
-                self.cluster.undo_to(mark)
+                self._undo_to(mark)  # the peers shrunk on earlier nodes too, in the cluster and in `placed`
                 return False
             cpu, mem = min(want[0], free.cpu_m), min(want[1], free.mem_mib)
             share: Share = ("hinted" if (cpu, mem) == want else "reduced") if hinted else "proportional"
@@ -617,11 +627,11 @@ class _Step:
         before = self.current.get(job.job_id, ())
         if not before:
             return False
-        mark = self.cluster.mark()
+        mark = self._mark()
         for a in before:
             free = self.cluster.free(a.node) if a.node in self.cluster else None
             if free is None or a.gpus > free.gpus or a.cpu_m > free.cpu_m or a.mem_mib > free.mem_mib:
-                self.cluster.undo_to(mark)
+                self._undo_to(mark)
                 return False
             self.cluster.apply(a)
         self._set_placed(job.job_id, before)
