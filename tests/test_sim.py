@@ -430,3 +430,18 @@ def test_scheduling_orders_are_registered_like_policies(tiny_truth):
         del SCHEDULERS["lifo-test"]
     with pytest.raises(ValueError, match="unknown scheduler"):
         SimConfig("lifo-test")
+
+
+def test_an_invariant_failure_names_the_node_its_jobs_and_the_last_action_never_an_input(monkeypatch):
+    from hetplan.allocator.cluster import Cluster
+    from hetplan.sim.engine import InvariantError
+
+    jobs = trace(("flat", "flat", 1, 0, 100.0), ("picky", "picky", 1, 0, 100.0))
+    real = Cluster.check
+    monkeypatch.setattr(Cluster, "check", lambda self: real(self) + ["v free capacity out of step with its "
+                                                                     "allocations"])  # an injected bug
+    with pytest.raises(InvariantError) as caught:
+        run(TWO_TYPES, jobs, ONE_EACH, "fifo", "hint", TWO_TYPE_HINTS, round_s=30.0)
+    message = str(caught.value)
+    assert "node v: jobs" in message and "last action: t=0 s" in message and "picky@v" in message
+    assert "profiles" not in message and "not in the inputs" in message

@@ -17,7 +17,7 @@ from hetplan.contracts import CURVES, PROFILES, ContractError, Problem, gpu_decl
 from hetplan.fsio import atomic_write_bytes, save_figure
 from hetplan.evaluation import EvaluationResult, ProblemInputs, evaluate as run_evaluation
 from hetplan.planner.entry import read_catalog, read_fleet
-from hetplan.sim.engine import SCHEDULERS, SimulationError
+from hetplan.sim.engine import SCHEDULERS, InvariantError, SimulationError
 from hetplan.sim.plots import plot_jct_cdf, plot_utilisation
 from hetplan.sim.truth import TruthCurves
 from hetplan.sim.workload import MIX
@@ -102,6 +102,8 @@ def evaluate(
                                         rhos=rhos, loads=loads, schedulers=schedulers, unknown_model=unknown_model,
                                         relabel_unknown=relabel_unknown, seed=seed, round_s=round_s,
                                         solver=solver, time_limit=time_limit, progress=step)  # type: ignore[arg-type]
+            except InvariantError as exc:  # a bug: name what broke, not an input file
+                raise ContractError([Problem("hetplan simulator", str(exc))]) from None
             except SimulationError as exc:  # e.g. a truth with no throughput at a share a policy granted
                 raise ContractError([Problem(str(truth), str(exc))]) from None
     report = {**{f"import_{k}": v for k, v in import_report.items()}, **result.report,

@@ -55,7 +55,7 @@ def simulate(
     """
     from hetplan.allocator.nodes_io import NodeFileError, load_nodes
     from hetplan.contracts import CURVES, PROFILES
-    from hetplan.sim.engine import SimConfig, SimulationError, simulate as run_simulation
+    from hetplan.sim.engine import InvariantError, SimConfig, SimulationError, simulate as run_simulation
     from hetplan.sim.metrics import summarize
     from hetplan.sim.setups import knee_hints, read_hints, truth_hints
     from hetplan.sim.truth import TruthCurves
@@ -87,6 +87,8 @@ def simulate(
         with console.status(f"simulating {len(workload.jobs):,} jobs on {len(fleet):,} nodes"):
             try:
                 result = run_simulation(workload.jobs, fleet, truth_curves, policy.value, hint_set, config)
+            except InvariantError as exc:  # a bug: name what broke, not an input file
+                raise ContractError([Problem("hetplan simulator", str(exc))]) from None
             except SimulationError as exc:
                 raise ContractError([Problem(str(truth), str(exc))]) from None
     row = {"policy": policy.value, "scheduler": scheduler.value, "hints": source, "nodes": len(fleet),
