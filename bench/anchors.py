@@ -30,6 +30,7 @@ import pandas as pd
 from scipy.optimize import linprog
 
 from hetplan.allocator.spec import Node
+from hetplan.allocator.stability import Stability
 from hetplan.hints import HintSet
 from hetplan.hints.index import HintEntry, class_key
 from hetplan.reference.speed import gavel_table
@@ -172,11 +173,18 @@ def run_synergy(args: argparse.Namespace) -> tuple[list[dict], float]:
 
 def _config(args: argparse.Namespace, round_s: float, scheduler: str = "las") -> SimConfig:
     return SimConfig(scheduler, round_s, migration_s=args.migration_s, resize_s=args.resize_s,  # type: ignore[arg-type]
-                     seed=args.seed)
+                     seed=args.seed, stability=_stability(args))
+
+
+def _stability(args: argparse.Namespace) -> Stability:
+    return Stability(args.move_margin, args.return_window_h * 3600, args.return_margin, args.move_budget)
 
 
 def _counts(result: SimResult) -> dict:
-    return {k: result.counts[k] for k in ("preemptions", "migrations", "resizes")}
+    moves = result.jobs["migrations"]
+    return {**{k: result.counts[k] for k in ("preemptions", "migrations", "resizes")},
+            "moves_p99": float(np.percentile(moves, 99)), "moves_max": int(moves.max()),
+            "moved": float((moves > 0).mean())}
 
 
 def _pct(value: float) -> str:
@@ -188,7 +196,8 @@ def _report(gavel: list[dict], synergy: list[dict], synergy_bound: float, args, 
         "\n## Anchors: Gavel's and Synergy's settings, co-adaptive rounds (`bench/anchors.py`, issue 14)\n",
         f"Run: `.venv/bin/python bench/anchors.py` on {dt.datetime.now(dt.UTC):%Y-%m-%d %H:%M} UTC; {machine()}; "
         f"{total:.0f} s in all; hetplan/sim sha256 `{sim_fingerprint()}`. Moves and resumes cost "
-        f"{args.migration_s:g} s, re-sizes {args.resize_s:g} s (stated assumptions; the anchors charge nothing). "
+        f"{args.migration_s:g} s, re-sizes {args.resize_s:g} s (stated assumptions; the anchors charge nothing); "
+        f"stability {_stability(args).to_dict()}. "
         "Setups and truths as the script's docstring says: **truths are the anchors' published tables**, the "
         "**workloads are synthetic** (drawn like the anchors' generators, seed "
         f"{args.seed}).\n",
@@ -196,8 +205,9 @@ def _report(gavel: list[dict], synergy: list[dict], synergy_bound: float, args, 
         f"Fluid capacity of this cluster for this job mix (an LP over GPU time per job type, perfect comparative "
         f"advantage): **{gavel[0]['bound']:.2f} jobs/h**; above it no scheduler's queue is stable.\n",
         "| jobs/h | Gavel's published LAS | proportional | hint-static | **hint (co-adaptive)** | "
-        "hint: jobs in system at 1/4, 1/2, 3/4, end of arrivals | hint: migrations / preemptions | sim time hint |",
-        "|---:|---:|---:|---:|---:|---|---:|---:|",
+        "hint: jobs in system at 1/4, 1/2, 3/4, end of arrivals | hint: migrations / preemptions | "
+        "hint: jobs moved, moves per job p99 / max | sim time hint |",
+        "|---:|---:|---:|---:|---:|---|---:|---:|---:|",
     ]
     for rate in sorted({r["rate"] for r in gavel}):
         by = {r["policy"]: r for r in gavel if r["rate"] == rate}
@@ -206,7 +216,8 @@ def _report(gavel: list[dict], synergy: list[dict], synergy_bound: float, args, 
         lines.append(f"| {rate:g} | {f'{published:.2f} h' if published else '-'} | "
                      f"{by['proportional']['window_jct_h']:.2f} h | {by['hint-static']['window_jct_h']:.2f} h | "
                      f"**{h['window_jct_h']:.2f} h** | {', '.join(map(str, h['in_system']))} | "
-                     f"{h['migrations']:,} / {h['preemptions']:,} | {h['seconds']:.1f} s |")
+                     f"{h['migrations']:,} / {h['preemptions']:,} | {h['moved']:.0%}, {h['moves_p99']:g} / "
+                     f"{h['moves_max']} | {h['seconds']:.1f} s |")
     lines += [
         "",
         f"### Synergy: 16 x (8 V100, 24 cores, 500 GB), 30/60/10 mix, one-GPU jobs ({args.synergy_jobs:,} per load)\n",
@@ -240,6 +251,10 @@ def main() -> None:
     parser.add_argument("--migration-s", type=float, default=30.0)
     parser.add_argument("--resize-s", type=float, default=5.0)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--move-margin", type=float, default=Stability.margin)
+    parser.add_argument("--return-window-h", type=float, default=Stability.return_window_s / 3600)
+    parser.add_argument("--return-margin", type=float, default=Stability.return_margin)
+    parser.add_argument("--move-budget", type=int, default=Stability.budget)
     parser.add_argument("--no-record", action="store_true")
     args = parser.parse_args()
     started = time.perf_counter()

@@ -64,7 +64,7 @@ def _job(rng: random.Random, k: int) -> Job:
 def _state(a: Allocator) -> dict:
     """Everything that decides what the allocator does next, comparable with `==`."""
     return {"cluster": a.cluster.snapshot(), "order": list(a.cluster.allocation_table()),
-            "gangs": dict(a._gangs), "touched": a.touched(), "latest": a.log.latest,
+            "gangs": dict(a._gangs), "touched": a.touched(), "history": dict(a.history), "latest": a.log.latest,
             "log": [(x.seq, x.at, x.action) for x in a.log.entries()], "hints": a.hints.version}
 
 
@@ -182,6 +182,8 @@ def test_the_random_sequences_reach_gangs_shares_moves_and_evictions(tmp_path):
     assert any(len(a.after) > 1 for a in actions)  # gangs started
     assert any(p.gpu_milli for a in actions for p in a.after)  # GPU shares
     assert any(p.gpus == 0 and not p.gpu_milli for a in actions for p in a.after)  # CPU-only jobs
+    assert any(len({p.gpu_type for p in a.before + a.after}) > 1 for a in actions)  # moves across GPU types
+    assert any(h.moves for h in pair.memory.history.values())  # move histories (journaled)
 
 
 # ---------------------------------------------------------------- the action log's contract

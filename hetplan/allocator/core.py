@@ -18,6 +18,7 @@ from hetplan.allocator.rebalance import Action, CoAdaptive, diff
 from hetplan.allocator.sources import HintSource, StaticHints
 from hetplan.allocator.journal import RETAIN, ActionLog, Change, Journal, MemoryJournal, Restored, Synchronous
 from hetplan.allocator.spec import Allocation, Decision, Job, Node, Reason, Rejection, mib_to_gib
+from hetplan.allocator.stability import MoveHistory, record
 from hetplan.hints import HintSet
 
 
@@ -53,6 +54,7 @@ class Allocator:
         self.log = ActionLog(retain)
         self._gangs: dict[str, tuple[str, ...]] = {}  # job id -> the ids of its parts, for jobs running as gangs
         self._touched: set[str] = set()  # nodes whose allocations changed since the last rebalance
+        self.history: dict[str, MoveHistory] = {}  # job id -> its moves, for the stability rule
         self._restore(self.journal.load(retain))
 
     @property
@@ -79,6 +81,7 @@ class Allocator:
                 gangs.setdefault(owner, []).append(a.job_id)
         self._gangs = {job: tuple(parts) for job, parts in gangs.items()}
         self._touched = set(restored.touched)
+        self.history = {job: MoveHistory.from_dict(h) for job, h in restored.history.items()}
         self.log = ActionLog(self.log.retain, restored.latest, restored.logged)
 
     # ------------------------------------------------------------------ decisions
@@ -212,7 +215,7 @@ class Allocator:
         with self.lock:
             parts = self.running([job_id]).get(job_id, ())
             if parts:
-                self._commit([Action("stop", job_id, parts, ())], apply=True)
+                self._commit([Action("stop", job_id, parts, ())], apply=True, forget=True)
             return parts
 
     def running(self, job_ids: Iterable[str] | None = None) -> dict[str, tuple[Allocation, ...]]:
@@ -291,7 +294,7 @@ class Allocator:
             current = self.running(job.job_id for job in order)
             touched = self._touched if nodes is None else set(nodes)
             target = rounds.target(order, self.cluster, self.hint_source.current(), current, touched, preempt, move,
-                                   keep=apply)
+                                   keep=apply, history=self.history, now=self.clock())
             actions = diff(current, target)
             if apply:
                 self.cluster.settle([a.job_id for action in actions for a in action.before],
@@ -307,13 +310,21 @@ class Allocator:
     # ------------------------------------------------------------------ the one apply point
 
     def _commit(self, actions: Sequence[Action], clear_touched: bool = False, apply: bool = False,
-                upsert: Sequence[Node] = (), remove: Sequence[str] = ()) -> None:
+                forget: bool = False, upsert: Sequence[Node] = (), remove: Sequence[str] = ()) -> None:
         """Apply `actions` in memory (`apply`; else the caller already did), journal them with the node changes
-        (applied after the journal took them: `check_node_changes` said they cannot fail), then book them.
-        All or nothing: if applying or journaling fails, memory is as before and the error raised."""
+        (applied after the journal took them: `check_node_changes` said they cannot fail), then book them: gangs,
+        the nodes to re-size next, move histories (`stability.record`; `forget`: stopped jobs are gone for good,
+        their histories dropped) and the log. All or nothing: if applying or journaling fails, memory is as
+        before and the error raised."""
         if apply:
             self._apply(actions)
-        logged = self.log.number(actions, self.clock()) if actions else ()
+        now = self.clock()
+        logged = self.log.number(actions, now) if actions else ()
+        history = {a.job_id: self.history[a.job_id] for a in actions if a.job_id in self.history}
+        record(history, actions, now)
+        histories: dict[str, MoveHistory | None] = {a.job_id: history.get(a.job_id) for a in actions}
+        if forget:
+            histories.update((a.job_id, None) for a in actions if a.kind == "stop")
         gangs: dict[str, tuple[str, ...] | None] = {}
         for action in actions:
             gang = len(action.after) > 1 or (action.after and action.after[0].job_id != action.job_id)
@@ -324,7 +335,8 @@ class Allocator:
                         given=tuple((action.job_id if gangs[action.job_id] else None, a)
                                     for action in actions for a in action.after),
                         upsert=tuple(upsert), remove=tuple(remove), touched_clear=clear_touched,
-                        touched_add=touched, logged=logged)
+                        touched_add=touched, logged=logged,
+                        history={job: None if h is None else h.to_dict() for job, h in histories.items()})
         try:
             self.journal.commit(change, self.log.retain)
         except BaseException:
@@ -343,6 +355,11 @@ class Allocator:
         if clear_touched:
             self._touched.clear()
         self._touched |= touched
+        for job_id, h in histories.items():
+            if h is None:
+                self.history.pop(job_id, None)
+            else:
+                self.history[job_id] = h
         self.log.extend(logged)
 
     def _apply(self, actions: Sequence[Action]) -> None:
@@ -385,7 +402,7 @@ class Allocator:
             evicted = self.running(dict.fromkeys(parts_of.get(a, a) for name in changes.remove
                                                  for a in self.cluster.jobs_on(name)))
             actions = [Action("stop", job, parts, ()) for job, parts in evicted.items()]
-            self._commit(actions, apply=True, upsert=changes.upsert, remove=changes.remove)
+            self._commit(actions, apply=True, forget=True, upsert=changes.upsert, remove=changes.remove)
             return [a for parts in evicted.values() for a in parts]
 
     def check_node_changes(self, changes: NodeChanges) -> None:

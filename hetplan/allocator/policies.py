@@ -30,6 +30,7 @@ from typing import Protocol
 
 from hetplan.allocator.cluster import ClusterView, Fit, GpuTypes, Need, hinted_need
 from hetplan.allocator.rebalance import CoAdaptive
+from hetplan.allocator.stability import Stability
 from hetplan.allocator.spec import (
     MILLI_PER_GPU, Allocation, Decision, Job, Reason, Rejection, Shape, Share, mib_to_gib,
 )
@@ -124,10 +125,11 @@ class HintPolicy:
     `CoAdaptive` (see the module docstring)."""
 
     def __init__(self, strict: bool = False, co_adaptive: bool = True, migration_s: float = 30.0,
-                 horizon_s: float = 300.0) -> None:
+                 horizon_s: float = 300.0, stability: Stability | None = None) -> None:
         self.strict = strict  # strict: only the GPU types the class's hints list
         self.name = "hint" if co_adaptive else "hint-static"
-        self.rounds = CoAdaptive(migration_s, horizon_s, self.name, strict) if co_adaptive else None
+        self.rounds = CoAdaptive(migration_s, horizon_s, self.name, strict, stability or Stability()) \
+            if co_adaptive else None
 
     def place(self, job: Job, state: ClusterView, hints: HintSet) -> Decision:
         if not job.whole:
@@ -236,7 +238,7 @@ def register_policy(name: str, factory: Callable[..., Policy]) -> None:
 
 
 def get_policy(name: str, **options: object) -> Policy:
-    """A policy by name: `hint` (options: strict, migration_s, horizon_s), `hint-static` (strict),
+    """A policy by name: `hint` (options: strict, migration_s, horizon_s, stability), `hint-static` (strict),
     `proportional` (seed), `first-fit`."""
     try:
         factory = POLICIES[name]

@@ -11,9 +11,11 @@ One step, given every job that wants to run (running and waiting) in priority or
    Running jobs change GPU type (steps 2 and 3) only with `move`.
 2. **GPU types by comparative advantage**: a job's normalised speed on a type is its class's hinted expected
    throughput there over its best type's (1 everywhere for a class without hints; 0 for a type its hints do
-   not list, usable only as a last resort). For a running job every other type is discounted by the
-   migration cost over the horizon (`1 - migration_s / horizon_s`). Jobs with the most to lose from their
-   second choice pick first (greedy regret), each its best type with GPUs left.
+   not list, usable only as a last resort). Jobs with the most to lose from their second choice pick first
+   (greedy regret), each its best type with GPUs left. Then (with `move`) running jobs move into free GPUs of
+   a faster type and pairs of jobs swap types only as the stability rule allows (`hetplan.allocator.stability`:
+   the speed gained over the expected remaining time pays for the moves with a margin; a budget of moves per
+   job; no quick return to a type a job left).
 3. **Placement**: jobs keeping their type keep their node(s). The others, in priority order, take their
    hinted share (best fit), else the largest share down to their floor; else the peers on a node with the
    GPUs free shrink to their floors to make room (Synergy-TUNE); else another type. A job larger than any
@@ -36,15 +38,20 @@ is released, so such a job finds none again in that step. Both are exact: the st
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+import logging
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from itertools import chain
+from types import MappingProxyType
 from typing import Literal
 
 from hetplan.allocator.admission import who_runs
 from hetplan.allocator.cluster import Cluster, Need, hinted_need, proportional_need
 from hetplan.allocator.spec import Allocation, Job, Shape, Share
+from hetplan.allocator.stability import MoveHistory, Stability, remaining_s, saved_s
 from hetplan.hints.index import HintEntry, HintSet
+
+log = logging.getLogger(__name__)
 
 Target = dict[str, tuple[Allocation, ...]]
 """Job id -> its allocations after the step: one per node (several for a gang); jobs absent do not run."""
@@ -103,27 +110,34 @@ class ClassView:
     gains: dict[tuple[str | None, str], tuple[tuple[float, str], ...]] = field(default_factory=dict)
 
 
+_NO_HISTORY: Mapping[str, MoveHistory] = MappingProxyType({})
+
+
 @dataclass
 class CoAdaptive:
     """The round policy of the `hint` policy (see the module docstring). `migration_s` is what a move costs
-    (checkpoint and restart); a move must pay it back within `horizon_s` (the round length)."""
+    (checkpoint and restart); `horizon_s` (the round length) is the least remaining time a running job is
+    expected to have; `stability` says when a running job may change GPU type (`hetplan.allocator.stability`)."""
 
     migration_s: float = 30.0
     horizon_s: float = 300.0
     name: str = "hint"
     strict: bool = False  # only the GPU types a class's hints list (classes without hints: any)
+    stability: Stability = Stability()
     _views: dict[tuple[str, int, str | None, tuple[str, ...]], ClassView] = field(default_factory=dict, repr=False)
 
     def target(self, order: Sequence[Job], cluster: Cluster, hints: HintSet,
                current: Mapping[str, tuple[Allocation, ...]], touched: Iterable[str] = (),
-               preempt: bool = True, move: bool = True, keep: bool = False) -> Target:
+               preempt: bool = True, move: bool = True, keep: bool = False,
+               history: Mapping[str, MoveHistory] = _NO_HISTORY, now: float = 0.0) -> Target:
         """Where every job of `order` (priority order) should run after this step; `current` says where the
         running ones are, `touched` which nodes changed since the last step (they get re-sized). `preempt`:
-        running jobs may be stopped for higher-priority ones; `move`: they may change GPU type. `keep`: leave
-        the cluster holding the target (the trial kept), for a mechanism that applies it in place."""
+        running jobs may be stopped for higher-priority ones; `move`: they may change GPU type (as `stability`
+        allows, reading the jobs' `history` at clock time `now`). `keep`: leave the cluster holding the target
+        (the trial kept), for a mechanism that applies it in place."""
         order = [job for job in order if job.whole]  # the others, if running, stay as they are
         with cluster.trial():
-            target = _Step(self, order, cluster, hints, current, set(touched), preempt, move).run()
+            target = _Step(self, order, cluster, hints, current, set(touched), preempt, move, history, now).run()
             if keep:
                 cluster.keep_trial()
             return target
@@ -207,21 +221,29 @@ class _Step:
     """One planning step on a trial cluster (undone by the caller)."""
 
     def __init__(self, policy: CoAdaptive, order: Sequence[Job], cluster: Cluster, hints: HintSet,
-                 current: Mapping[str, tuple[Allocation, ...]], touched: set[str], preempt: bool, move: bool) -> None:
+                 current: Mapping[str, tuple[Allocation, ...]], touched: set[str], preempt: bool, move: bool,
+                 history: Mapping[str, MoveHistory] = _NO_HISTORY, now: float = 0.0) -> None:
         self.policy, self.order, self.cluster, self.hints = policy, order, cluster, hints
         self.current, self.touched, self.preempt, self.move = current, touched, preempt, move
+        self.history, self.now = history, now
         self.rank = {job.job_id: i for i, job in enumerate(order)}
         # jobs running but not asked about stay exactly as they are (pinned)
         self.placed: Target = {j: parts for j, parts in current.items() if j not in self.rank}
-        self.types = tuple(cluster.gpu_types())
+        # every type a job of the step can be on: the open nodes' and those of running jobs on closed nodes
+        # (cordoned: they hold their jobs but take no new ones, and count for no GPUs here)
+        self.types = tuple(sorted({*cluster.gpu_types(), *(a.gpu_type for parts in current.values() for a in parts)}))
         self.type_gpus, self.type_largest = cluster.gpus_by_type()
+        for t in self.types:
+            self.type_gpus.setdefault(t, 0)
+            self.type_largest.setdefault(t, 0)
         self.largest_type = max(self.type_gpus.values(), default=0)
         # (model, GPUs, own request, GPU type) that found no single node this step: only placements happen after the first
         # try (no release), and each leaves every node's free-plus-shrinkable share no larger, so they would
         # find none again
         self.full: set[tuple[str, int, int | None, int | None, str]] = set()
-        self.resized: list[tuple[str, tuple[Allocation, ...]]] = []  # (job, its parts before a re-size), for `_undo_to`
         self.views: dict[tuple[str, int], ClassView] = {}
+        self._moving: dict[str, tuple[dict[str, float], str | None, float, MoveHistory | None]] = {}
+        self._placed_log: list[tuple[str, tuple[Allocation, ...] | None]] = []  # (job, what it had): undo
 
     def _view(self, job: Job) -> ClassView:
         view = self.views.get((job.model, job.num_gpus))
@@ -232,6 +254,7 @@ class _Step:
     # ------------------------------------------------------------------ the step
 
     def run(self) -> Target:
+        self._drop_faulty_classes()
         admitted, left_out = self._admit()
         for job in left_out:
             if job.job_id in self.current:
@@ -241,12 +264,12 @@ class _Step:
         for job in admitted:
             before = self.current.get(job.job_id, ())
             if before and before[0].gpu_type == assigned.get(job.job_id):
-                self.placed[job.job_id] = before
+                self._set_placed(job.job_id, before)
             else:
                 self._release(job.job_id)
                 movers.append(job)
         for job in movers:  # priority order
-            self._place(job, assigned.get(job.job_id))
+            self._guarded(f"placing job {job.job_id}", self._place, job, assigned.get(job.job_id))
         failed: set[tuple[str, int, int | None, int | None]] = set()  # classes that found no place: nothing is freed while backfilling
         free = self.cluster.free_gpus_total()
         for job in chain(admitted, left_out):  # backfill, a preempted or unplaced job its old place first
@@ -254,19 +277,19 @@ class _Step:
                 break  # nobody else can start or get their old place back
             if job.job_id in self.placed:
                 continue
-            if self._restore(job):
+            if self._guarded(f"restoring job {job.job_id}", self._restore, job):
                 free = self.cluster.free_gpus_total()
                 continue
             key = (job.model, job.num_gpus, job.cpu_m, job.mem_mib)
             if key in failed or job.num_gpus > free:
                 continue
-            if self._place(job, None):
+            if self._guarded(f"placing job {job.job_id}", self._place, job, None):
                 free = self.cluster.free_gpus_total()
             else:
                 failed.add(key)
         for node in sorted(self.touched):
             if node in self.cluster:
-                self._grow(node)
+                self._guarded(f"re-sizing node {node}", self._grow, node)
         self._keep_unchanged()
         return dict(self.placed)
 
@@ -284,25 +307,82 @@ class _Step:
                 self.cluster.release(a.job_id)
             for b in before:
                 self.cluster.apply(b)
-            self.placed[job_id] = before
+            self._set_placed(job_id, before)
+
+    # ------------------------------------------------------------------ fault barriers
+
+    def _drop_faulty_classes(self) -> None:
+        """Jobs whose class cannot be read (its hints make no sense) sit this step out: as they are if running."""
+        faulty = []
+        for job in self.order:
+            try:
+                self._view(job)
+            except Exception as exc:  # noqa: BLE001 - one job's fault must not stop the step
+                log.warning("rebalance: job %s (%s, %d GPUs) left as it is this step: %s: %s", job.job_id,
+                            job.model, job.num_gpus, type(exc).__name__, exc)
+                faulty.append(job.job_id)
+        if faulty:
+            drop = set(faulty)
+            self.order = [job for job in self.order if job.job_id not in drop]
+            self.rank = {job.job_id: i for i, job in enumerate(self.order)}
+            self.placed.update((j, self.current[j]) for j in faulty if j in self.current)  # pinned
+
+    def _guarded(self, what: str, step: Callable[..., object], *args: object) -> object:
+        """`step(*args)`, or, when it raises, its part of the trial undone (cluster and `placed`), one line
+        logged, and None: a job's placement or a node's re-sizing never fails the whole step."""
+        mark = self._mark()
+        try:
+            return step(*args)
+        except Exception as exc:  # noqa: BLE001 - the barrier
+            self._undo_to(mark)
+            log.warning("rebalance: %s failed, left out of this step: %s: %s", what, type(exc).__name__, exc)
+            return None
+
+    def _mark(self) -> tuple[int, int]:
+        """A point to undo back to: the trial's and `placed`'s (`_undo_to`)."""
+        return self.cluster.mark(), len(self._placed_log)
+
+    def _undo_to(self, mark: tuple[int, int]) -> None:
+        """Undo the cluster's changes and `placed`'s since `mark` together: undoing the cluster alone leaves a
+        peer shrunk in `placed` but not in the cluster, and a kept trial then books an allocation the cluster
+        does not hold (issue 21: memory held by nobody, out of step with the free counters)."""
+        self.cluster.undo_to(mark[0])
+        while len(self._placed_log) > mark[1]:
+            job_id, had = self._placed_log.pop()
+            if had is None:
+                self.placed.pop(job_id, None)
+            else:
+                self.placed[job_id] = had
+
+    def _set_placed(self, job_id: str, parts: tuple[Allocation, ...] | None) -> None:
+        """Record where a job ends up in this step (None: nowhere), undoably."""
+        self._placed_log.append((job_id, self.placed.get(job_id)))
+        if parts is None:
+            self.placed.pop(job_id, None)
+        else:
+            self.placed[job_id] = parts
 
     def _admit(self) -> tuple[list[Job], list[Job]]:
         """Who runs: in priority order while GPUs last (with `preempt` every GPU but those of jobs not asked
         about; without it, running jobs stay and waiting ones share the free GPUs)."""
-        if self.preempt:
-            room = sum(self.type_gpus.values()) - sum(a.gpus for parts in self.placed.values() for a in parts)
+        if self.preempt:  # a cordoned node's GPUs count only while held: they stay with who holds them
+            held = {a.job_id: a for parts in chain(self.current.values(), self.placed.values()) for a in parts}
+            closed = sum(a.gpus for a in held.values() if not self.cluster.node(a.node).open)
+            room = sum(self.type_gpus.values()) + closed - sum(a.gpus for parts in self.placed.values() for a in parts)
         else:
             room = sum(self.cluster.free_gpus_by_type().values())
-        return who_runs(self.order, room, self.largest_type, () if self.preempt else self.current)
+        return who_runs(self.order, room, self.largest_type, () if self.preempt else self.current, self.current)
 
     def _assign_types(self, admitted: list[Job]) -> dict[str, str]:
         """Comparative advantage: each admitted job's GPU type (absent: none had GPUs left).
 
         Running jobs start on their type; newcomers pick by greedy regret in what is left; then (with
-        `move`) running jobs move up into free GPUs and pairs swap types, each only when the speed gained
-        beats the migration cost, so the assignment never oscillates from one step to the next.
+        `move`) running jobs move up into free GPUs and pairs swap types, each only as the stability rule
+        allows: a job changes type at most `Stability.budget` times and does not return quickly to a type it
+        left, so it cannot ping-pong between types (before issue 21 it could: a job moved up into free GPUs
+        for its own gain and was swapped back down for a pair's, 86 times on Gavel's setting).
         """
-        room = self.cluster.free_gpus_by_type()  # after the left-out jobs were released
+        room = dict.fromkeys(self.types, 0) | self.cluster.free_gpus_by_type()  # after the left-out were released
         assigned: dict[str, str] = {}
         newcomers = []
         for job in admitted:
@@ -330,65 +410,111 @@ class _Step:
         return assigned
 
     def _improve(self, jobs: list[Job], assigned: dict[str, str], room: dict[str, int]) -> None:
-        """Moves into free GPUs, then pairwise swaps of equal-sized jobs, while each gains more than it costs
-        (values: `CoAdaptive.values`)."""
-        value: dict[str, dict[str, float]] = {}
-        gains: list[tuple[Job, tuple[tuple[float, str], ...]]] = []
-        of_class: dict[tuple[str, int, str | None], dict[str, float]] = {}
-        for job in jobs:
+        """Moves into free GPUs, then pairwise swaps of equal-sized jobs, each only as the stability rule allows
+        (`hetplan.allocator.stability`: the speed gained over the expected remaining time pays for the moves
+        with a margin, within each job's budget, no quick return to a type it left)."""
+        self._move(jobs, assigned, room)
+        self._swap(jobs, assigned)
+
+    def _mover(self, job: Job) -> tuple[dict[str, float], str | None, float, MoveHistory | None]:
+        """What the rule reads of a job: its class's speeds, the type it runs on (None: not running), its
+        expected remaining time and its history."""
+        got = self._moving.get(job.job_id)
+        if got is None:
             parts = self.current.get(job.job_id)
-            running_on = parts[0].gpu_type if parts else None
-            key = (job.model, job.num_gpus, running_on)
-            v = of_class.get(key)
-            if v is None:
-                v = of_class[key] = self.policy.values(self._view(job), running_on)
-            value[job.job_id] = v
-            better = self.policy.gains(self._view(job), running_on, assigned[job.job_id])
-            if better:
-                gains.append((job, better))
-        self._move(gains, value, assigned, room)
-        self._swap(jobs, value, assigned)
+            speeds = self._view(job).speeds
+            if parts:
+                h = self.history.get(job.job_id)
+                got = (speeds, parts[0].gpu_type, remaining_s(h, self.now, self.policy.horizon_s), h)
+            else:
+                got = (speeds, None, self.policy.horizon_s, None)
+            self._moving[job.job_id] = got
+        return got
 
-    def _move(self, gains: list[tuple[Job, tuple[tuple[float, str], ...]]], value: dict[str, dict[str, float]],
-              assigned: dict[str, str], room: dict[str, int]) -> None:
-        """Jobs move into free GPUs of a type worth more to them, the largest gain first."""
-        smallest = min((job.num_gpus for job, _ in gains), default=0)
-        open_types = {t for t, free in room.items() if free >= smallest}
-        if not any(t in open_types for _, better in gains for _, t in better):
-            return  # the first move needs room where some job gains, and every later one follows a first
-        moves = [(loss, self.rank[job.job_id], job, t) for job, better in gains for loss, t in better]
-        for _, _, job, t in sorted(moves, key=lambda m: m[:2]):
-            v, now = value[job.job_id], assigned[job.job_id]
-            if room[t] >= job.num_gpus and v[t] - v[now] > EPS:
-                assigned[job.job_id] = t
-                room[t] -= job.num_gpus
-                room[now] += job.num_gpus
+    def _change(self, job: Job, frm: str, to: str) -> tuple[float, float, float] | None:
+        """(speed gained, expected remaining s, speed of the moves it adds) when `job` goes from the type it is
+        assigned (`frm`) to `to`; None when its own part of the rule (budget, no quick return) forbids it. A job
+        not running yet moves for free; one sent back to the type it runs on saves the move it had."""
+        speeds, r, remaining, h = self._mover(job)
+        cost = 0.0
+        if r is not None:
+            if to != r:
+                if not self.policy.stability.admits(h, to, saved_s(remaining, speeds[r], speeds[to]), self.now,
+                                                    self.policy.migration_s, self._view(job).preference[0] == to
+                                                    or speeds[to] >= max(speeds.values()) - EPS):
+                    return None
+                cost = speeds[to] if frm == r else 0.0
+            elif frm != r:
+                cost = -speeds[frm]
+        return speeds[to] - speeds[frm], remaining, cost
 
-    def _swap(self, jobs: list[Job], value: dict[str, dict[str, float]], assigned: dict[str, str]) -> None:
-        """Pairs of equal-sized jobs on two types trade places while the pair gains, the best pairs first."""
-        by_type: dict[tuple[str, int], list[Job]] = {}
-        kinds: dict[tuple[str, int], dict[int, dict[str, float]]] = {}  # a group's distinct values, first seen first
+    def _pays(self, change: tuple[float, float, float] | None) -> bool:
+        return change is not None and self.policy.stability.pays(*change, self.policy.migration_s)
+
+    def _move(self, jobs: list[Job], assigned: dict[str, str], room: dict[str, int]) -> None:
+        """Jobs move into free GPUs of a faster type where the rule allows, the largest gain first."""
+        smallest = min((job.num_gpus for job in jobs), default=0)
+        open_types = {t for t, free in room.items() if free >= smallest and self.type_gpus.get(t, 0) > 0}
+        moves: list[tuple[float, int, Job, str]] = []
+        first = False  # the first move needs room where some job gains, and every later one follows a first
         for job in jobs:
-            key, v = (assigned[job.job_id], job.num_gpus), value[job.job_id]
-            by_type.setdefault(key, []).append(job)
-            kinds.setdefault(key, {}).setdefault(id(v), v)
-        for x in self.types:
-            for y in self.types:
+            frm = assigned[job.job_id]
+            for loss, t in self.policy.gains(self._view(job), None, frm):
+                if self._pays(self._change(job, frm, t)):
+                    moves.append((loss, self.rank[job.job_id], job, t))
+                    first = first or t in open_types
+        if not first:
+            return
+        for _, _, job, t in sorted(moves, key=lambda m: m[:2]):
+            now = assigned[job.job_id]
+            if room[t] < job.num_gpus or self.type_gpus.get(t, 0) == 0 or not self._pays(self._change(job, now, t)):
+                continue
+            assigned[job.job_id] = t
+            room[t] -= job.num_gpus
+            room[now] += job.num_gpus
+
+    def _swap(self, jobs: list[Job], assigned: dict[str, str]) -> None:
+        """Pairs of equal-sized jobs on two types trade places when each is allowed to (its budget, no quick
+        return) and the pair's speed gained over the shorter expected remaining time pays for both moves, the
+        pairs that gain most first (a pair that does not pay drops its member with less time left)."""
+        by_type: dict[tuple[str, int], list[Job]] = {}
+        for job in jobs:
+            by_type.setdefault((assigned[job.job_id], job.num_gpus), []).append(job)
+        types = [t for t in self.types if self.type_gpus.get(t, 0) > 0]  # a closed type takes nobody
+        stability, migration = self.policy.stability, self.policy.migration_s
+        for x in types:
+            for y in types:
                 if x >= y:
                     continue
                 for g in sorted({g for (t, g) in by_type if t == x} & {g for (t, g) in by_type if t == y}):
-                    # the best pair first: when it gains nothing, no pair does (and sorting is spared)
-                    vi = min(kinds[(x, g)].values(), key=lambda v: v[x] - v[y])
-                    vj = min(kinds[(y, g)].values(), key=lambda v: v[y] - v[x])
-                    if (vi[y] + vj[x]) - (vi[x] + vj[y]) <= EPS:
-                        continue
-                    on_x = sorted(by_type[(x, g)], key=lambda j: value[j.job_id][x] - value[j.job_id][y])
-                    on_y = sorted(by_type[(y, g)], key=lambda j: value[j.job_id][y] - value[j.job_id][x])
-                    for i, j in zip(on_x, on_y):
-                        vi, vj = value[i.job_id], value[j.job_id]
-                        if (vi[y] + vj[x]) - (vi[x] + vj[y]) <= EPS:
-                            break
-                        assigned[i.job_id], assigned[j.job_id] = y, x
+                    on_x = self._swappers(by_type[(x, g)], x, y, assigned)
+                    on_y = self._swappers(by_type[(y, g)], y, x, assigned) if on_x else []
+                    a = b = 0
+                    while a < len(on_x) and b < len(on_y):
+                        (gi, ri, ci, i), (gj, rj, cj, j) = on_x[a][1], on_y[b][1]
+                        if gi + gj <= EPS:
+                            break  # sorted: no later pair gains
+                        if stability.pays(gi + gj, min(ri, rj), ci + cj, migration):
+                            assigned[i.job_id], assigned[j.job_id] = y, x
+                            a, b = a + 1, b + 1
+                        elif ri <= rj:
+                            a += 1
+                        else:
+                            b += 1
+
+    def _swappers(self, jobs: list[Job], frm: str, to: str, assigned: dict[str, str]
+                  ) -> list[tuple[tuple[float, int], tuple[float, float, float, Job]]]:
+        """The jobs assigned `frm` allowed to go to `to`, the largest speed gain first (then priority), each with
+        (speed gained, expected remaining s, speed of the move it adds, job)."""
+        out = []
+        for job in jobs:
+            if assigned[job.job_id] != frm:
+                continue  # swapped already this step
+            change = self._change(job, frm, to)
+            if change is not None:
+                out.append(((-change[0], self.rank[job.job_id]), (*change, job)))
+        out.sort(key=lambda n: n[0])
+        return out
 
     # ------------------------------------------------------------------ placing one job
 
@@ -402,6 +528,8 @@ class _Step:
         for t in preference:
             if self.type_gpus[t] < g or (self.policy.strict and view.speeds[t] <= 0):
                 continue
+            if t != gpu_type and not self._may_run_on(job, t):
+                continue
             if g > self.type_largest[t]:
                 if self._place_gang(job, t):
                     return True
@@ -412,6 +540,14 @@ class _Step:
             else:
                 self.full.add((job.model, g, job.cpu_m, job.mem_mib, t))
         return False
+
+    def _may_run_on(self, job: Job, gpu_type: str) -> bool:
+        """Whether a job may be placed on `gpu_type` other than the one this step assigned it: always if it is
+        not running or runs on that type; else (a move) only as far as the stability rule allows."""
+        parts = self.current.get(job.job_id)
+        if not parts or parts[0].gpu_type == gpu_type:
+            return True
+        return self.move and self._pays(self._change(job, parts[0].gpu_type, gpu_type))
 
     def _place_single(self, job: Job, view: ClassView, gpu_type: str) -> bool:
         g = job.num_gpus
@@ -483,7 +619,7 @@ class _Step:
                     self._shrink(a)
                 free = self.cluster.free(name)
             if free.gpus < gpus or free.cpu_m < floor[0] or free.mem_mib < floor[1]:
-                self._undo_to(mark)
+                self._undo_to(mark)  # the peers shrunk on earlier nodes too, in the cluster and in `placed`
                 return False
             cpu, mem = min(want[0], free.cpu_m), min(want[1], free.mem_mib)
             share: Share = ("hinted" if (cpu, mem) == want else "reduced") if hinted else "proportional"
@@ -492,21 +628,21 @@ class _Step:
             self.cluster.apply(a)
             self.touched.add(name)
             parts.append(a)
-        self.placed[job.job_id] = tuple(parts)
+        self._set_placed(job.job_id, tuple(parts))
         return True
 
     def _restore(self, job: Job) -> bool:
         before = self.current.get(job.job_id, ())
         if not before:
             return False
-        mark = self.cluster.mark()
+        mark = self._mark()
         for a in before:
             free = self.cluster.free(a.node) if a.node in self.cluster else None
             if free is None or a.gpus > free.gpus or a.cpu_m > free.cpu_m or a.mem_mib > free.mem_mib:
-                self.cluster.undo_to(mark)
+                self._undo_to(mark)
                 return False
             self.cluster.apply(a)
-        self.placed[job.job_id] = before
+        self._set_placed(job.job_id, before)
         return True
 
     # ------------------------------------------------------------------ shares
@@ -592,20 +728,7 @@ class _Step:
         self.touched.add(a.node)
         parts = self.placed.get(job.job_id)
         if parts is not None:
-            self.resized.append((job.job_id, parts))
-            self.placed[job.job_id] = tuple(new if p.job_id == a.job_id else p for p in parts)
-
-    def _mark(self) -> tuple[int, int]:
-        """A point to undo back to: the trial's changes and the target's re-sizes since (`_undo_to`)."""
-        return self.cluster.mark(), len(self.resized)
-
-    def _undo_to(self, mark: tuple[int, int]) -> None:
-        """Undo the trial and the target back to `mark` together: a peer shrunk for a placement that then failed
-        holds its old share again in both (the target must never say what the cluster does not hold)."""
-        self.cluster.undo_to(mark[0])
-        while len(self.resized) > mark[1]:
-            job_id, parts = self.resized.pop()
-            self.placed[job_id] = parts
+            self._set_placed(job.job_id, tuple(new if p.job_id == a.job_id else p for p in parts))
 
     # ------------------------------------------------------------------ bookkeeping
 
@@ -620,12 +743,12 @@ class _Step:
         for a in parts:
             self.cluster.apply(a)
             self.touched.add(a.node)
-        self.placed[job.job_id] = parts
+        self._set_placed(job.job_id, parts)
 
     def _release(self, job_id: str) -> None:
         for a in self.current.get(job_id, ()):
             if self.cluster.allocation(a.job_id) is not None:
                 self.cluster.release(a.job_id)
                 self.touched.add(a.node)
-        self.placed.pop(job_id, None)
+        self._set_placed(job_id, None)
 

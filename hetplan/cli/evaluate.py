@@ -12,12 +12,13 @@ import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from hetplan.allocator.stability import Stability
 from hetplan.cli.common import EXIT_INVALID, choices, console, contract_errors, errors, read_trace, warn
 from hetplan.contracts import CURVES, PROFILES, ContractError, Problem, gpu_declarations
 from hetplan.fsio import atomic_write_bytes, save_figure
 from hetplan.evaluation import EvaluationResult, ProblemInputs, evaluate as run_evaluation
 from hetplan.planner.entry import read_catalog, read_fleet
-from hetplan.sim.engine import SCHEDULERS, SimulationError
+from hetplan.sim.engine import SCHEDULERS, InvariantError, SimulationError
 from hetplan.sim.plots import plot_jct_cdf, plot_utilisation
 from hetplan.sim.truth import TruthCurves
 from hetplan.sim.workload import MIX
@@ -64,6 +65,14 @@ def evaluate(
                                          "in both traces (else the planner plans them on its unprofiled default)."),
     round_s: float = typer.Option(300.0, "--round-s", min=1.0, help="Scheduling round (s): preemption points."),
     seed: int = typer.Option(0, "--seed", help="Seed for arrivals and model draws."),
+    move_margin: float = typer.Option(Stability.margin, "--move-margin", min=0.0, help="hint: a job changes GPU "
+                                      "type only when the time it saves (over its age) is >= this x the move cost (30 s)."),
+    return_window_h: float = typer.Option(Stability.return_window_s / 3600, "--return-window-h", min=0.0,
+                                          help="hint: no return to a GPU type left within this many hours ..."),
+    return_margin: float = typer.Option(Stability.return_margin, "--return-margin", min=0.0,
+                                        help="... unless the time saved is >= this x the move cost (30 s)."),
+    move_budget: int = typer.Option(Stability.budget, "--move-budget", min=0, help="hint: GPU-type changes per "
+                                    "job at most."),
     solver: Solver = typer.Option("auto", "--solver", help="auto | gurobi | highs."),
     time_limit: float = typer.Option(60.0, "--time-limit", min=0.1),
     out_dir: Path = typer.Option(Path(".hetplan/evaluation"), "--out-dir", help="Where tables and plots go."),
@@ -101,7 +110,11 @@ def evaluate(
                 result = run_evaluation(jobs, inputs, truth_curves, plan_trace=plan_jobs, objective=objective.value,
                                         rhos=rhos, loads=loads, schedulers=schedulers, unknown_model=unknown_model,
                                         relabel_unknown=relabel_unknown, seed=seed, round_s=round_s,
-                                        solver=solver, time_limit=time_limit, progress=step)  # type: ignore[arg-type]
+                                        solver=solver, time_limit=time_limit, progress=step,  # type: ignore[arg-type]
+                                        stability=Stability(move_margin, return_window_h * 3600, return_margin,
+                                                            move_budget))
+            except InvariantError as exc:  # a bug: name what broke, not an input file
+                raise ContractError([Problem("hetplan simulator", str(exc))]) from None
             except SimulationError as exc:  # e.g. a truth with no throughput at a share a policy granted
                 raise ContractError([Problem(str(truth), str(exc))]) from None
     report = {**{f"import_{k}": v for k, v in import_report.items()}, **result.report,

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import typer
 
+from hetplan.allocator.stability import Stability
 from hetplan.cli.common import EXIT_INVALID, console, contract_errors, errors, read_trace, warn
 from hetplan.contracts import ContractError, Problem
 
@@ -44,6 +45,14 @@ def simulate(
                                       "move or a resume (s; a stated assumption)."),
     resize_s: float = typer.Option(5.0, "--resize-s", min=0.0, help="Cost of an in-place re-size (s)."),
     seed: int = typer.Option(0, "--seed", help="Seed for arrivals, model draws and the agnostic node draws."),
+    move_margin: float = typer.Option(Stability.margin, "--move-margin", min=0.0, help="hint: a job changes GPU "
+                                      "type only when the time it saves (over its age) is >= this x --migration-s."),
+    return_window_h: float = typer.Option(Stability.return_window_s / 3600, "--return-window-h", min=0.0,
+                                          help="hint: no return to a GPU type left within this many hours ..."),
+    return_margin: float = typer.Option(Stability.return_margin, "--return-margin", min=0.0,
+                                        help="... unless the time saved is >= this x --migration-s."),
+    move_budget: int = typer.Option(Stability.budget, "--move-budget", min=0, help="hint: GPU-type changes per "
+                                    "job at most."),
     out_dir: Path = typer.Option(Path(".hetplan/simulation"), "--out-dir", help="Where tables and plots go."),
     no_mlflow: bool = typer.Option(False, "--no-mlflow", help="Do not log the run to MLflow."),
     tracking_uri: str | None = typer.Option(None, "--tracking-uri"),
@@ -55,7 +64,7 @@ def simulate(
     """
     from hetplan.allocator.nodes_io import NodeFileError, load_nodes
     from hetplan.contracts import CURVES, PROFILES
-    from hetplan.sim.engine import SimConfig, SimulationError, simulate as run_simulation
+    from hetplan.sim.engine import InvariantError, SimConfig, SimulationError, simulate as run_simulation
     from hetplan.sim.metrics import summarize
     from hetplan.sim.setups import knee_hints, read_hints, truth_hints
     from hetplan.sim.truth import TruthCurves
@@ -82,17 +91,20 @@ def simulate(
         else:
             hint_set = truth_hints(truth_curves, classes, gpu_types)
             source = "ORACLE: read off the truth"
+        stability = Stability(move_margin, return_window_h * 3600, return_margin, move_budget)
         config = SimConfig(scheduler.value, round_s, migration_s=migration_s, resize_s=resize_s,  # type: ignore[arg-type]
-                           seed=seed)
+                           seed=seed, stability=stability)
         with console.status(f"simulating {len(workload.jobs):,} jobs on {len(fleet):,} nodes"):
             try:
                 result = run_simulation(workload.jobs, fleet, truth_curves, policy.value, hint_set, config)
+            except InvariantError as exc:  # a bug: name what broke, not an input file
+                raise ContractError([Problem("hetplan simulator", str(exc))]) from None
             except SimulationError as exc:
                 raise ContractError([Problem(str(truth), str(exc))]) from None
     row = {"policy": policy.value, "scheduler": scheduler.value, "hints": source, "nodes": len(fleet),
            "gpus": int(result.capacity["gpus"]), **summarize(result, 0.0)}
     row.pop("work_per_dollar")
-    files = _write(result, row, workload.warnings + import_warnings, out_dir)
+    files = _write(result, row, workload.warnings + import_warnings, out_dir, stability.to_dict())
     console.print(" ".join(f"{k}={_fmt(v)}" for k, v in row.items()), highlight=False, soft_wrap=True)
     warn(import_warnings + workload.warnings)
     console.print(f"wrote {', '.join(str(f) for f in files)}", highlight=False, soft_wrap=True)
@@ -110,7 +122,7 @@ def _fmt(value) -> str:
     return f"{value:.4g}" if isinstance(value, float) else str(value)
 
 
-def _write(result, row: dict, warnings: list[str], out_dir: Path) -> list[Path]:
+def _write(result, row: dict, warnings: list[str], out_dir: Path, stability: dict) -> list[Path]:
     """summary.csv, jobs.csv (one row per job), report.json and the JCT and utilisation plots, each atomically."""
     import pandas as pd
 
@@ -124,7 +136,8 @@ def _write(result, row: dict, warnings: list[str], out_dir: Path) -> list[Path]:
     files = [out_dir / "summary.csv", out_dir / "jobs.csv", out_dir / "report.json"]
     atomic_write_bytes(files[0], pd.DataFrame([row]).to_csv(index=False, lineterminator="\n").encode())
     atomic_write_bytes(files[1], per_job.to_csv(index=False, lineterminator="\n").encode())
-    atomic_write_bytes(files[2], json.dumps({"summary": row, "counts": result.counts, "warnings": warnings},
+    atomic_write_bytes(files[2], json.dumps({"summary": row, "counts": result.counts, "stability": stability,
+                                             "warnings": warnings},
                                             indent=2, default=str).encode())
     label = f"{row['policy']}, {row['scheduler'].upper()}"
     capacity = {row["policy"]: result.capacity}

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 import pandas as pd
 
+from hetplan.allocator.stability import Stability
 from hetplan.allocator.spec import Node, to_mib, to_milli
 from hetplan.codesign import plan_workload, workload_from_trace
 from hetplan.codesign.candidates import HINT, STATUS_QUO
@@ -70,7 +71,7 @@ class EvaluationResult:
     timelines: pd.DataFrame  # resource use over time per run
     setups: dict[str, list[Setup]]  # by load label
     plans: dict[str, WorkloadPlan]  # the workload plan behind `hetplan` at each load (not for `throughput`)
-    report: dict[str, int] = field(default_factory=dict)
+    report: dict[str, object] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
 
 
@@ -78,7 +79,8 @@ def evaluate(trace: pd.DataFrame, problem_inputs: ProblemInputs, truth: TruthCur
              plan_trace: pd.DataFrame | None = None, objective: str = "jct", rhos: Sequence[float] = (),
              loads: Sequence[float] = (), schedulers: Sequence[str] = ("las",), unknown_model: str = MIX,
              relabel_unknown: bool = False, seed: int = 0, round_s: float = 300.0, solver: SolverName = "auto",
-             time_limit: float = 60.0, progress: Progress | None = None) -> EvaluationResult:
+             time_limit: float = 60.0, progress: Progress | None = None,
+             stability: Stability | None = None) -> EvaluationResult:
     """Plan on `plan_trace` (default: `trace`, in-sample), replay `trace`, at every load and scheduler.
 
     Jobs of models the truth lacks run as `unknown_model` (a truth model, or `mix`: one drawn per job). The
@@ -134,7 +136,8 @@ def evaluate(trace: pd.DataFrame, problem_inputs: ProblemInputs, truth: TruthCur
                 if progress:
                     progress(done, steps, f"{setup.name} | {scheduler} | {label}")
                 done += 1
-                result = simulate(jobs, setup.nodes, truth, setup.policy, setup.hints, SimConfig(scheduler, round_s))  # type: ignore[arg-type]
+                result = simulate(jobs, setup.nodes, truth, setup.policy, setup.hints, SimConfig(scheduler, round_s,
+                                                                                   stability=stability or Stability()))  # type: ignore[arg-type]
                 key = {**point.key, "scheduler": scheduler, "setup": setup.name}
                 rows.append({**key, "policy": setup.policy, "gpus": setup.gpus, "cost_per_hour": setup.cost_per_hour,
                              "predicted_mix": setup.predicted_mix, **summarize(result, setup.cost_per_hour)})
@@ -145,7 +148,8 @@ def evaluate(trace: pd.DataFrame, problem_inputs: ProblemInputs, truth: TruthCur
     warnings += truth_warnings(truth, set(replay.jobs["sim_model"]),
                                [s for setups in setups_by_load.values() for s in setups])
     return EvaluationResult(summary, all_jobs, pd.concat(timelines, ignore_index=True),
-                            setups_by_load, plans, dict(replay.report), warnings)
+                            setups_by_load, plans, {**replay.report,
+                                                    "stability": (stability or Stability()).to_dict()}, warnings)
 
 
 @dataclass(frozen=True)

@@ -29,6 +29,7 @@ from __future__ import annotations
 import bisect
 import heapq
 import math
+from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
@@ -40,6 +41,7 @@ from hetplan.allocator.admission import who_runs
 from hetplan.allocator.policies import Policy, get_policy
 from hetplan.allocator.rebalance import GANG_SEP, Action
 from hetplan.allocator.spec import MIB_PER_GIB, Allocation, Job, Node, mib_to_gib
+from hetplan.allocator.stability import Stability
 from hetplan.hints import HintSet
 from hetplan.sim.truth import TruthCurves
 
@@ -49,7 +51,17 @@ EPS = 1e-9
 
 
 class SimulationError(RuntimeError):
-    """An invariant broke during a simulation (a bug, never an input error)."""
+    """A simulation cannot go on: the inputs make a job unable to finish (e.g. a truth with no throughput at
+    the share it got), or an invariant broke (`InvariantError`)."""
+
+
+class InvariantError(SimulationError):
+    """The cluster's or the simulator's books broke an invariant: a bug in hetplan, never an input error. The
+    message names the node(s), the jobs on them and the last actions (`Simulator.recent`)."""
+
+
+RECENT = 24
+"""How many recent allocation changes the simulator keeps to explain an invariant failure."""
 
 
 MIGRATION_S = 30.0
@@ -75,6 +87,8 @@ class SimConfig:
     """Seeds the random node draws of the `proportional` baseline."""
     check_every: int = 0
     """Check the cluster's invariants every N events (0: at the end only); tests use 1."""
+    stability: Stability = Stability()
+    """When a running job may change GPU type under `hint` (`hetplan.allocator.stability`)."""
 
     def __post_init__(self) -> None:
         if self.scheduler not in SCHEDULERS:
@@ -89,7 +103,8 @@ class SimConfig:
 
     def policy(self, name: str) -> Policy:
         """The named allocator policy with this configuration's costs, round length and seed."""
-        options = {"hint": {"migration_s": self.migration_s, "horizon_s": self.round_s},
+        options = {"hint": {"migration_s": self.migration_s, "horizon_s": self.round_s,
+                            "stability": self.stability},
                    "proportional": {"seed": self.seed}}.get(name, {})
         return get_policy(name, **options)
 
@@ -164,6 +179,7 @@ class Simulator:
 
     def __init__(self, jobs: pd.DataFrame, allocator: Allocator, truth: TruthCurves, config: SimConfig) -> None:
         self.allocator = allocator
+        allocator.clock = lambda: self.now  # ages (the stability rule) and actions in simulated time
         self.truth = truth
         self.config = config
         self.priority = SCHEDULERS[config.scheduler]
@@ -176,7 +192,6 @@ class Simulator:
                 self.frame["arrival_s"], self.frame["duration_s"]))
         ]
         self.by_id = {job.request.job_id: job for job in self.jobs}
-        allocator.clock = lambda: self.now  # actions are stamped with simulated time
         totals = allocator.cluster.totals()
         self.capacity = {"gpus": totals["gpus"], "cpus": totals["cpu_m"] / 1000,
                          "mem_gb": mib_to_gib(totals["mem_mib"])}
@@ -196,6 +211,8 @@ class Simulator:
                        "kept": 0, "preemptions": 0, "migrations": 0, "resizes": 0, "gangs": 0, "rounds": 0,
                        "reschedules": 0, "events": 0}
         self.status = ["pending"] * len(self.jobs)
+        # the last allocation changes (time, what, before, after), to explain a failed check
+        self.recent: deque[tuple[float, str, tuple[Allocation, ...], tuple[Allocation, ...]]] = deque(maxlen=RECENT)
 
     # ------------------------------------------------------------------ the main loop
 
@@ -365,6 +382,7 @@ class Simulator:
         stopped = []
         for action in actions:
             job = self.by_id[action.job_id]
+            self.recent.append((now, f"{action.kind} {action.job_id}", action.before, action.after))
             if action.kind == "start":
                 self._start(job, action.after, now)
             elif action.kind == "stop":
@@ -470,6 +488,7 @@ class Simulator:
         self.counts["completed"] += 1
 
     def _use(self, a: Allocation, sign: int) -> None:
+        self.recent.append((self.now, "simulator books" if sign > 0 else "simulator frees", (), (a,)))
         self.used[0] += sign * a.gpus
         self.used[1] += sign * a.cpu_m
         self.used[2] += sign * a.mem_mib
@@ -511,7 +530,19 @@ class Simulator:
             if abs(held - used) > 1e-6 * max(held, 1.0):
                 problems.append(f"GPU-seconds not conserved: jobs held {held:.6g}, the cluster lent {used:.6g}")
         if problems:
-            raise SimulationError("; ".join(problems))
+            raise InvariantError(self._explain(problems))
+
+    def _explain(self, problems: list[str]) -> str:
+        """The problems, then for each node they name: its jobs and the recent changes that touched it."""
+        cluster = self.allocator.cluster
+        nodes = [n for n in dict.fromkeys(p.split(" ", 1)[0] for p in problems) if n in cluster]
+        lines = [f"invariant broken at t={self.now:g} s (a bug in hetplan, not in the inputs): " + "; ".join(problems)]
+        for node in nodes:
+            touched = [r for r in self.recent if any(a.node == node for a in r[2] + r[3])]
+            lines.append(f"node {node}: jobs {cluster.jobs_on(node) or 'none'}; its last changes: "
+                         + (" | ".join(map(_change, touched[-6:])) or "none recorded"))
+        lines.append(f"last action: {_change(self.recent[-1]) if self.recent else 'none'}")
+        return "\n".join(lines)
 
     def _job_frame(self) -> pd.DataFrame:
         f = self.frame
@@ -536,6 +567,14 @@ class Simulator:
         return pd.DataFrame({"time_s": t[:, 0], "gpus": t[:, 1], "cpus": t[:, 2] / 1000,
                              "mem_gb": t[:, 3] / MIB_PER_GIB,
                              "waiting": t[:, 4].astype(int)})
+
+
+def _change(change: tuple[float, str, tuple[Allocation, ...], tuple[Allocation, ...]]) -> str:
+    """One of `Simulator.recent`, for messages: `t=.. s what: job@node (GPUs, millicores, MiB) -> ...`."""
+    t, what, before, after = change
+    parts = [", ".join(f"{a.job_id}@{a.node} ({a.gpus} GPUs, {a.cpu_m}m, {a.mem_mib} MiB)" for a in side) or "-"
+             for side in (before, after)]
+    return f"t={t:g} s {what}: {parts[0]} -> {parts[1]}"
 
 
 def simulate(jobs: pd.DataFrame, nodes: Iterable[Node], truth: TruthCurves, policy: Policy | str = "hint",

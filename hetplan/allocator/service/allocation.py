@@ -103,7 +103,7 @@ def router(ctx: ServiceContext) -> APIRouter:
                                                                  "continue from the `latest` it reports"}})
     def get_actions(since: int = 0) -> ActionsResponse:
         """Every change applied after action `since` (oldest first): starts, stops, re-sizes and moves, numbered
-        without gaps across restarts; the log keeps the last `--action-log` (default 10,000)."""
+        without gaps across restarts; the log keeps the last `HETPLAN_ALLOCATOR_ACTION_LOG` (default 10,000)."""
         a = ctx.alloc()
         with a.lock:
             try:

@@ -1,0 +1,136 @@
+"""Stability of co-adaptive rounds: when a running job may change GPU type (issue 21).
+
+A co-adaptive step (`hetplan.allocator.rebalance`) may move a running job to another GPU type, alone into free
+GPUs or by trading places with another job (a swap). Judged one round at a time, moves ping-pong: on Gavel's
+setting a job that runs fine anywhere moved up into a free V100, was swapped down to a K80 by a job that gains
+more (the pair gained, it lost), moved up again, 86 times. The rule here is written once and used by both kinds
+of move (`_Step._move`, `_Step._swap`):
+
+- **Pays over the expected remaining time.** A move from type a to type b saves `R * s_r * (1/s_a - 1/s_b)`
+  seconds (`saved_s`), R the job's expected remaining time where it runs now (type r, speed s_r; speeds are the
+  class's normalised speeds). It is made only when that is at least `margin * migration_s` (a move costs
+  `migration_s` of no progress: checkpoint and restart).
+- **Remaining time estimator** (`remaining_s`): R = max(age, horizon_s), age = now minus when the job first
+  started (`MoveHistory.started_at`; queueing and preemptions after that count). For heavy-tailed deep-learning
+  jobs the expected remaining time grows with the time attained (the LAS/Tiresias argument), and the age is
+  known to the simulator and to the online service alike (trace durations are not). A job without a history
+  (or just started) gets the floor, one round (`horizon_s`).
+- **No quick return.** A job does not go back to a type it left less than `return_window_s` ago unless its own
+  saving clears `return_margin * migration_s`.
+- **Budget.** A job changes type at most `budget` times (`MoveHistory.moves`).
+- **Swaps.** Each job of the pair must pass its own budget and return rules (a job swapped *down* saves a
+  negative time, so it is never swapped back to a type it just left); the pair's savings together must pay for
+  both moves with the margin. A job not running yet (being placed this step) moves for free.
+
+`net_s` folds the margin into one number per job, so that a pair passes when the sum of its members' passes
+(the step sorts each side of a swap by it).
+
+`record` keeps the histories from applied actions; the mechanism (`Allocator`) owns them and passes them, and
+its clock's now, to `CoAdaptive.target`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, replace
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from hetplan.allocator.rebalance import Action
+
+LEFT_KEPT = 8
+"""How many (GPU type, time left) a history keeps, the latest."""
+EPS = 1e-9
+"""Speed gains at or below this are ties (no move)."""
+SPEED_FLOOR = 1e-3
+"""A normalised speed of 0 (a type the class's hints do not list) counts as this: leaving it always pays."""
+
+
+@dataclass(frozen=True, slots=True)
+class MoveHistory:
+    """What the stability rule remembers of one job that holds or held resources."""
+
+    started_at: float  # clock seconds when the job first started
+    moves: int = 0  # GPU-type changes so far (migrate actions that change the type)
+    left: tuple[tuple[str, float], ...] = ()  # (gpu_type, clock seconds when it left it), oldest first, bounded
+
+    def to_dict(self) -> dict:
+        return {"started_at": self.started_at, "moves": self.moves, "left": [list(x) for x in self.left]}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> MoveHistory:
+        return cls(float(d["started_at"]), int(d.get("moves", 0)),
+                   tuple((str(t), float(at)) for t, at in d.get("left", ())))
+
+    def left_since(self, gpu_type: str, since: float) -> bool:
+        """Whether the job left `gpu_type` after `since`."""
+        return any(t == gpu_type and at > since for t, at in self.left)
+
+
+@dataclass(frozen=True)
+class Stability:
+    """The rule (module docstring). Defaults tuned on Gavel's setting (bench/RESULTS.md, issue 21)."""
+
+    margin: float = 2.0  # a move's time saved must be >= margin * migration_s
+    return_window_s: float = 6 * 3600.0  # no return to a type left within this window ...
+    return_margin: float = 8.0  # ... unless the gain clears this higher margin
+    budget: int = 4  # moves per job at most
+
+    def __post_init__(self) -> None:
+        for name in ("margin", "return_window_s", "return_margin"):
+            if not getattr(self, name) >= 0:
+                raise ValueError(f"stability {name} must be >= 0, got {getattr(self, name)}")
+        if self.budget < 0:
+            raise ValueError(f"stability budget must be >= 0, got {self.budget}")
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    def admits(self, history: MoveHistory | None, to_type: str, own_saved_s: float, now: float,
+               migration_s: float, to_best: bool = True) -> bool:
+        """The job's own part of the rule for a running job going to another type than the one it runs on:
+        budget left (the last move only to its fastest type, `to_best`, so that no job ends its budget on a
+        slower type than it could have), and a return within the window only when its own saving clears the
+        higher margin."""
+        moves = history.moves if history is not None else 0
+        if moves >= self.budget or (moves == self.budget - 1 and not to_best):
+            return False
+        if history is None:
+            return True
+        if history.left_since(to_type, now - self.return_window_s):
+            return own_saved_s >= self.return_margin * migration_s
+        return True
+
+    def pays(self, speed_gain: float, remaining: float, moved_speed: float, migration_s: float) -> bool:
+        """Whether a change pays: the normalised speed it gains, over the expected remaining time, is at least
+        `margin` times what its moves cost (`migration_s` at the speed of each job moved, on its new type)."""
+        return speed_gain > EPS and speed_gain * remaining >= self.margin * migration_s * moved_speed
+
+
+def remaining_s(history: MoveHistory | None, now: float, horizon_s: float) -> float:
+    """The job's expected remaining time: its age (now - first start), at least one horizon."""
+    age = now - history.started_at if history is not None else 0.0
+    return max(age, horizon_s)
+
+
+def saved_s(remaining: float, speed_from: float, speed_to: float) -> float:
+    """Seconds saved by running the rest of a job with `remaining` seconds left at `speed_from` at `speed_to`
+    instead (negative: lost)."""
+    return remaining * (1.0 - max(speed_from, SPEED_FLOOR) / max(speed_to, SPEED_FLOOR))
+
+
+def record(history: dict[str, MoveHistory], actions: Sequence[Action], now: float) -> None:
+    """Update histories in place from applied actions (start: a new entry if absent; migrate that changes the GPU
+    type: moves + 1 and the type left; stop: kept, the job may come back; the caller drops an entry when the job
+    is released for good)."""
+    for action in actions:
+        if action.kind == "start":
+            if action.job_id not in history:
+                history[action.job_id] = MoveHistory(now)
+        elif action.kind == "migrate":
+            h = history.get(action.job_id) or MoveHistory(now)
+            was, becomes = action.before[0].gpu_type, action.after[0].gpu_type
+            if was != becomes:
+                h = replace(h, moves=h.moves + 1, left=(*h.left, (was, now))[-LEFT_KEPT:])
+            history[action.job_id] = h
+
