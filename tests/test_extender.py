@@ -58,13 +58,21 @@ def test_pathological_and_malformed_quantities_are_refused_before_conversion(tex
         parse_quantity(text)
 
 
+@pytest.mark.parametrize("text", ["٤", "４", "1_000", "1e3Gi", " 4", "4 ", "0x10", "4\n", "৪Gi", "1.5\u00a0Gi"])
+def test_quantities_are_ascii_as_kubernetes_writes_them(text):
+    """Python's int(), float() and Decimal() (and so kubernetes.utils.parse_quantity) take Unicode digits, `_` and
+    spaces; Kubernetes' grammar takes none of them."""
+    with pytest.raises(ValueError, match="not a quantity"):
+        parse_quantity(text)
+
+
 @pytest.mark.parametrize("number", [float("nan"), float("inf"), 1e309, 10**30, -(2**63), True])
 def test_json_numbers_out_of_range_are_refused(number):
     with pytest.raises(ValueError, match="not a quantity|out of range"):
         parse_quantity(number)
 
 
-@given(st.from_regex(r"\A[+-]?(\d{1,12}(\.\d{0,6})?|\.\d{1,6})(e[+-]?\d{1,2}|Ki|Mi|Gi|Ti|m|k|M|G|T)?\Z"))
+@given(st.from_regex(r"\A[+-]?([0-9]{1,12}(\.[0-9]{0,6})?|\.[0-9]{1,6})(e[+-]?[0-9]{1,2}|Ki|Mi|Gi|Ti|m|k|M|G|T)?\Z"))
 def test_inside_the_bounds_the_value_is_the_kubernetes_clients(text):
     try:
         ours = parse_quantity(text)
@@ -138,10 +146,12 @@ def test_pathological_pod_quantities_get_a_400_and_the_service_keeps_answering(c
 
 
 @pytest.mark.parametrize("literal", ["NaN", "Infinity", "1e309"])
-def test_non_finite_json_numbers_get_a_400_not_a_500(client, literal):
+def test_non_finite_json_numbers_get_a_422_naming_the_quantity_not_a_500(client, literal):
+    """A number that is no finite float is a 422 wherever it is in a body (`middleware.JSONRequest`)."""
     body = json.dumps(args_with("__Q__")).replace('"__Q__"', literal)
     response = client.post("/filter", content=body, headers={"content-type": "application/json"})
-    assert response.status_code == 400, response.text
+    assert response.status_code == 422, response.text
+    assert response.json()["detail"][0]["loc"][-1] == "nvidia.com/gpu" and literal not in response.text
 
 
 def test_a_node_item_whose_metadata_is_no_object_is_unresolvable_not_a_500(client):

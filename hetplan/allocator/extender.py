@@ -34,7 +34,9 @@ from decimal import Decimal
 from functools import lru_cache
 from typing import Any
 
-from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    AliasChoices, BaseModel, ConfigDict, Field, StrictFloat, StrictInt, StrictStr, ValidationError, model_validator,
+)
 
 from hetplan.allocator.cluster import Free
 from hetplan.allocator.policies import hinted_need
@@ -53,8 +55,10 @@ MAX_SCORE = 10  # extenderv1.MaxExtenderPriority
 
 # Kubernetes' quantity grammar (resource.Quantity; the pattern Kubernetes' own CRD schemas use, with a whole
 # exponent as its parser requires). Checked, with the length and exponent bounds, before any conversion, so that
-# "1e200000" costs a regex match, not a 200,000-digit number.
-_QUANTITY = re.compile(r"^[+-]?(?:\d+\.?\d*|\.\d+)(?:(?:[eE]([+-]?\d+))|Ki|Mi|Gi|Ti|Pi|Ei|n|u|m|k|M|G|T|P|E)?\Z")
+# "1e200000" costs a regex match, not a 200,000-digit number. ASCII digits only (`[0-9]`, not `\d`, which would
+# take "٤" or "４" as Python's int() and Decimal do), no spaces, no underscores.
+_QUANTITY = re.compile(r"^[+-]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)"
+                       r"(?:(?:[eE]([+-]?[0-9]+))|Ki|Mi|Gi|Ti|Pi|Ei|n|u|m|k|M|G|T|P|E)?\Z")
 MAX_QUANTITY_CHARS = 64
 MAX_EXPONENT = 24  # |e| in "1e24"; the largest suffix, E, is 1e18
 MAX_QUANTITY = Decimal(2) ** 63  # Kubernetes keeps quantities in int64 (scaled); anything larger is no real node
@@ -79,7 +83,8 @@ def parse_quantity(value: str | int | float) -> Decimal:
         raise ValueError(f"not a quantity: {_short(text)} (longer than {MAX_QUANTITY_CHARS} characters)")
     match = _QUANTITY.match(text)
     if match is None:
-        raise ValueError(f"not a quantity: {text!r}")
+        raise ValueError(f"not a quantity: {text!r} (Kubernetes' grammar: ASCII digits, an optional point, then "
+                         "an exponent or a suffix such as m, k, Ki, Gi)")
     if match.group(1) is not None and abs(int(match.group(1))) > MAX_EXPONENT:
         raise ValueError(f"quantity out of range (exponent beyond +-{MAX_EXPONENT}): {text!r}")
     try:
@@ -117,7 +122,8 @@ def _whole(value: str | int | float, what: str) -> int:
 
 # ------------------------------------------------------------------ the Kubernetes objects we read
 
-Quantity = str | int | float
+Quantity = StrictStr | StrictInt | StrictFloat
+"""A quantity as received: a string (`parse_quantity` reads it where it is used) or a JSON number; never a bool."""
 
 
 class ObjectMeta(BaseModel):
@@ -312,7 +318,8 @@ def node_gpu_type(labels: Mapping[str, str]) -> str | None:
     if not product:
         return None
     memory = labels.get(GPU_MEMORY_LABEL)
-    memory_gb = float(memory) / 1024 if memory and memory.isdigit() and len(memory) < 10 else None
+    memory_gb = float(memory) / 1024 if memory and memory.isascii() and memory.isdigit() and len(memory) < 10 \
+        else None
     return canonical_gpu(product, memory_gb)
 
 
