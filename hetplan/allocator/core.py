@@ -60,16 +60,18 @@ class Allocator:
     def decide(self, job: Job) -> Decision:
         """What `allocate` would return, without applying it (the caller holds `lock` and applies it next).
 
-        For a job id already allocated: its allocation (same class) or a `conflict` rejection.
+        For a job id already allocated: its allocation (the same request: model, GPUs and own cores/RAM) or a
+        `conflict` rejection saying what differs.
         """
         with self.lock:
             existing = self.cluster.allocation(job.job_id)
             if existing is not None:
-                if (existing.model, existing.gpus, existing.gpu_milli) == (job.model, job.num_gpus, job.gpu_milli):
+                differences = existing.differences(job)
+                if not differences:
                     return existing
                 return Rejection(job.job_id, Reason.CONFLICT,
-                                 f"job id already allocated for ({existing.model}, {existing.job().gpus:g} GPUs) on "
-                                 f"{existing.node}", existing.hint_version, self.policy.name)
+                                 f"job id already allocated on {existing.node} for another request: "
+                                 f"{'; '.join(differences)}", existing.hint_version, self.policy.name)
             return self.policy.place(job, self.cluster, self.hint_source.current())
 
     def restore(self, allocation: Allocation) -> bool:

@@ -254,6 +254,25 @@ class Allocation:
         """RAM given, in GiB."""
         return mib_to_gib(self.mem_mib)
 
+    def differences(self, job: Job) -> list[str]:
+        """How `job` (a request under this allocation's job id) differs from the request this allocation serves:
+        empty for an idempotent retry (same model, GPUs and own cores/RAM request), else one phrase per field."""
+        def amount(value: int | None, unit: float, what: str) -> str:
+            return "none" if value is None else f"{value / unit:g} {what}"
+
+        out = []
+        if job.model != self.model:
+            out.append(f"model {job.model!r}, allocated for {self.model!r}")
+        if (job.num_gpus, job.gpu_milli) != (self.gpus, self.gpu_milli):
+            out.append(f"{job.gpus:g} GPUs, allocated for {self.job().gpus:g}")
+        if job.cpu_m != self.request_cpu_m:
+            out.append(f"own cpus {amount(job.cpu_m, 1000, 'cores')}, allocated for "
+                       f"{amount(self.request_cpu_m, 1000, 'cores')}")
+        if job.mem_mib != self.request_mem_mib:
+            out.append(f"own mem_gb {amount(job.mem_mib, MIB_PER_GIB, 'GiB')}, allocated for "
+                       f"{amount(self.request_mem_mib, MIB_PER_GIB, 'GiB')}")
+        return out
+
     def to_dict(self) -> dict:
         return {"job_id": self.job_id, "model": self.model, "node": self.node, "gpu_type": self.gpu_type,
                 "gpus": self.gpus, "cpus": self.cpus, "mem_gb": self.mem_gb, "hint_version": self.hint_version,
@@ -270,7 +289,8 @@ class Reason(str, Enum):
     """No node of the cluster could ever hold the job (more GPUs, or more of its own cores/RAM request, than
     any node has; or no nodes at all)."""
     CONFLICT = "conflict"
-    """The job id is already allocated, for a different class: job ids are idempotency keys."""
+    """The job id is already allocated for another request (model, GPUs, or own cores/RAM): job ids are
+    idempotency keys, and a retry must repeat the request it retries."""
     NO_CAPACITY = "no-capacity"
     """Some node could hold the job when empty, none has the GPUs plus the minimum share free now."""
 
