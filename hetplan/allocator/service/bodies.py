@@ -241,12 +241,14 @@ def _error(description: str, **extra: Any) -> dict[str, Any]:
     return {"model": ErrorOut, "description": description, **extra}
 
 
-def posted(body: bool = True, bad_request: str = "") -> Responses:
+def posted(body: bool = True, bad_request: str = "", too_large: str = "") -> Responses:
     """The answers every POST route gives besides its own: the body limit's (`middleware.BodyLimit`) and, for a route
-    that takes a JSON body, `middleware.JSONRoute`'s 415; `bad_request`: what else the route answers 400 to."""
+    that takes a JSON body, `middleware.JSONRoute`'s 415; `bad_request`: what else the route answers 400 to,
+    `too_large`: what else it answers 413 to."""
     unreadable = "Content-Length is no number"
+    limit = "the body is over the size limit (refused before it is read)"
     out = {400: _error(f"{bad_request}; or {unreadable}" if bad_request else unreadable),
-           413: _error("the body is over the size limit (refused before it is read)")}
+           413: _error(f"{limit}; or {too_large}" if too_large else limit)}
     if body:
         out[415] = _error("the body is no JSON (Content-Type: application/json)")
     return out
