@@ -7,7 +7,8 @@ nodes. A probe client sends `GET /healthz` and `POST /v1/allocate` (then `/v1/re
 time, for `--seconds` per phase, and records each request's latency (send to last byte). Phases: idle; while
 another process posts `/filter` bodies of 150,000 `NodeNames` (4.5 MB, the body of issue 21's 2.2 s stall)
 in a loop; and the same with 1,000,000 names (31 MB, just under the 32 MiB body limit). The hostile sender runs
-in its own process, so the probe's figures are the server's. Target: no probe request waits over 100 ms.
+in its own process, so the probe's figures are the server's (status 0: the server closed the connection on a
+Content-Length over the limit, before reading the body). Target: no probe request waits over 100 ms.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import multiprocessing
+import queue
 import statistics
 import subprocess
 import tempfile
@@ -39,11 +41,14 @@ def node_file(path: Path, n: int) -> Path:
 
 def hostile(url: str, names: int, stop: multiprocessing.Event, answers: multiprocessing.Queue) -> None:
     body = json.dumps({"Pod": POD, "NodeNames": [f"node-{i:07d}.hostile.example" for i in range(names)]}).encode()
-    with httpx.Client(base_url=url, timeout=120) as client:
-        while not stop.is_set():
+    while not stop.is_set():
+        with httpx.Client(base_url=url, timeout=120) as client:
             start = time.perf_counter()
-            response = client.post("/filter", content=body, headers={"content-type": "application/json"})
-            answers.put((response.status_code, time.perf_counter() - start, len(body)))
+            try:
+                status = client.post("/filter", content=body, headers={"content-type": "application/json"}).status_code
+            except httpx.HTTPError:  # refused before the body was read (Content-Length over the limit): closed
+                status = 0
+            answers.put((status, time.perf_counter() - start, len(body)))
 
 
 def probe(url: str, seconds: float) -> dict[str, list[float]]:
@@ -77,9 +82,11 @@ def phase(url: str, names: int, seconds: float) -> tuple[dict[str, list[float]],
     stop.set()
     sender.join(timeout=180)
     got = []
-    while not answers.empty():
-        got.append(answers.get())
-    return figures, got
+    while True:
+        try:
+            got.append(answers.get(timeout=1))
+        except queue.Empty:
+            return figures, got
 
 
 def ms(x: float) -> str:

@@ -7,8 +7,8 @@ import time
 from fastapi import APIRouter
 
 from hetplan.allocator.service.bodies import (
-    ADMIN_RESPONSES, ActionOut, ActionsResponse, AllocateRequest, AllocateResponse, AllocationOut, ReleaseRequest,
-    ReleaseResponse, allocation_out, posted,
+    ADMIN_RESPONSES, ActionOut, ActionsResponse, AllocateRequest, AllocateResponse, AllocationOut, AsciiInt,
+    ReleaseRequest, ReleaseResponse, allocation_out, posted,
 )
 from hetplan.allocator.service.context import ServiceContext
 from hetplan.allocator.service.middleware import JSONRoute
@@ -87,7 +87,7 @@ def router(ctx: ServiceContext) -> APIRouter:
                                actions=actions)
 
     @api.get("/v1/actions", response_model=ActionsResponse)
-    def get_actions(since: int = 0) -> ActionsResponse:
+    def get_actions(since: AsciiInt = 0) -> ActionsResponse:
         """Re-sizes and moves decided after action `since` (oldest first; the log keeps the last few thousand)."""
         return ctx.actions.since(since)
 

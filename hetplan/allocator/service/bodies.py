@@ -4,14 +4,15 @@ action log. RAM is GiB in every body (the `mem_gb` field names are kept for comp
 from __future__ import annotations
 
 import math
+import re
 import time
 from collections import deque
 from collections.abc import Sequence
 from typing import Annotated, Any, Literal
 
 from pydantic import (
-    AfterValidator, BaseModel, ConfigDict, Field, PlainValidator, StrictInt, ValidationInfo, WithJsonSchema,
-    model_validator,
+    AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, PlainValidator, StrictInt, ValidationInfo,
+    WithJsonSchema, model_validator,
 )
 from pydantic_core import PydanticCustomError
 
@@ -51,6 +52,16 @@ def number(low: float, high: float) -> Any:
 
     return Annotated[int | float, PlainValidator(check),
                      WithJsonSchema({"type": "number", "minimum": low, "maximum": high})]
+
+
+def _ascii_int(value: object) -> object:
+    if isinstance(value, str) and not re.fullmatch(r"-?[0-9]{1,18}", value):
+        raise PydanticCustomError("int_parsing", "Input should be a whole number in ASCII digits (at most 18)")
+    return value
+
+
+AsciiInt = Annotated[int, BeforeValidator(_ascii_int)]
+"""A whole number as a query parameter writes it: ASCII digits only (int() would take "1_0", " 1" or "٤")."""
 
 
 def _gpus(value: int | float) -> int | float:
