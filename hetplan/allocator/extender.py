@@ -181,7 +181,9 @@ class NodeList(BaseModel):
 class ExtenderArgs(BaseModel):
     """extenderv1.ExtenderArgs. Go decodes field names case-insensitively; so do we for the usual spellings."""
 
-    model_config = ConfigDict(extra="ignore", populate_by_name=True)
+    model_config = ConfigDict(extra="ignore", populate_by_name=True, json_schema_extra={"anyOf": [
+        {"properties": {"Nodes": {"type": "object"}}, "required": ["Nodes"]},
+        {"properties": {"NodeNames": {"type": "array"}}, "required": ["NodeNames"]}]})
     pod: Pod = Field(validation_alias=AliasChoices("Pod", "pod"))
     nodes: NodeList | None = Field(None, validation_alias=AliasChoices("Nodes", "nodes"))
     node_names: list[str] | None = Field(None, validation_alias=AliasChoices("NodeNames", "nodeNames", "nodenames"))

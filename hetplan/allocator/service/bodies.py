@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from typing import Annotated, Any, Literal
 
 from pydantic import (
-    AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, PlainValidator, StrictInt, ValidationInfo,
+    AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, PlainValidator, StrictBool, ValidationInfo,
     WithJsonSchema, model_validator,
 )
 from pydantic_core import PydanticCustomError
@@ -30,8 +30,12 @@ NAME_PATTERN = r"^[^\p{C}\p{Z}]( *[^\p{C}\p{Z}])*$"
 """`spec.check_name`'s rule as an ECMA-262 pattern for the OpenAPI schema (`\p{C}`: control, format, surrogate,
 private-use and unassigned; `\p{Z}`: separators). `check_name` alone enforces it."""
 
+NAME_FORMAT = "printable"
+"""The name's `format` in the OpenAPI schema (an annotation: `NAME_RULE` says what it means), for generators that
+cannot read `\\p{...}` classes (schemathesis registers a strategy for it, tests/test_openapi.py)."""
+
 Name = Annotated[str, Field(min_length=1, max_length=MAX_NAME, description=NAME_RULE,
-                            json_schema_extra={"pattern": NAME_PATTERN}), AfterValidator(_name)]
+                            json_schema_extra={"pattern": NAME_PATTERN, "format": NAME_FORMAT}), AfterValidator(_name)]
 """A job id, model or node name: `spec.check_name` (one rule for the library and the API)."""
 
 def number(low: float, high: float) -> Any:
@@ -55,13 +59,25 @@ def number(low: float, high: float) -> Any:
 
 
 def _ascii_int(value: object) -> object:
-    if isinstance(value, str) and not re.fullmatch(r"-?[0-9]{1,18}", value):
-        raise PydanticCustomError("int_parsing", "Input should be a whole number in ASCII digits (at most 18)")
+    if isinstance(value, str) and not re.fullmatch(r"-?[0-9]{1,4000}", value):
+        raise PydanticCustomError("int_parsing", "Input should be a whole number in ASCII digits")
     return value
 
 
 AsciiInt = Annotated[int, BeforeValidator(_ascii_int)]
 """A whole number as a query parameter writes it: ASCII digits only (int() would take "1_0", " 1" or "٤")."""
+
+
+def _whole(value: int | float) -> int:
+    if value != int(value):
+        raise PydanticCustomError("int_from_float", "Input should be a whole number")
+    return int(value)
+
+
+def whole(low: int, high: int) -> Any:
+    """A whole JSON number from `low` to `high`; 8.0 is whole (JSON Schema's `integer` says so too)."""
+    return Annotated[number(low, high), AfterValidator(_whole),
+                     WithJsonSchema({"type": "integer", "minimum": low, "maximum": high})]
 
 
 def _gpus(value: int | float) -> int | float:
@@ -166,7 +182,7 @@ class NodeIn(BaseModel):
     gpu_type: str = Field(min_length=1, max_length=64, pattern=GPU_TYPE_PATTERN,
                           description="a GPU type: a known one in any common spelling (V100, Tesla-T4, A100-80GB), "
                                       "else kept as an opaque type")
-    gpus: StrictInt = Field(ge=1, le=1024)
+    gpus: whole(1, 1024)
     cpus: number(0.001, 1e6) = Field(description="cores (whole millicores, rounded down)")
     mem_gb: number(1 / 1024, 1e9) = Field(description="RAM in GiB (2^30 bytes; whole MiB, rounded down; the field "
                                                        "keeps its name for compatibility)")
@@ -204,7 +220,7 @@ class NodeChangesIn(BaseModel):
     model_config = ConfigDict(extra="forbid")
     upsert: list[NodeIn] = Field(default_factory=list, max_length=100_000)
     remove: list[str] = Field(default_factory=list, max_length=100_000)
-    force: bool = Field(False, description="removing a busy node releases its allocations instead of refusing")
+    force: StrictBool = Field(False, description="removing a busy node releases its allocations instead of refusing")
 
 
 class NodeChangesResponse(BaseModel):

@@ -225,3 +225,19 @@ class JSONRoute(APIRoute):
             return await handler(strict)
 
         return json_body
+
+
+async def method_not_allowed(request: Request, exc: Exception) -> Response:
+    """A 405 whose `Allow` lists every method the path answers: Starlette's names only the first route matching the
+    path (`GET /v1/nodes` and `POST /v1/nodes` are two routes), and RFC 9110 wants them all."""
+    from starlette.routing import Match
+
+    allowed: set[str] = set()
+    for route in request.app.router.routes:
+        match, _ = route.matches({**request.scope, "method": "\x00"})
+        if match is Match.PARTIAL and getattr(route, "methods", None):
+            allowed |= set(route.methods)
+    if "GET" in allowed:
+        allowed.add("HEAD")
+    return JSONResponse({"detail": "Method Not Allowed"}, status_code=405,
+                        headers={"Allow": ", ".join(sorted(allowed))})
