@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
-import statistics
 import tempfile
 import time
 from collections import Counter

@@ -15,9 +15,11 @@ from hypothesis import given
 from hypothesis import strategies as st
 from kubernetes.utils.quantity import parse_quantity as k8s_parse_quantity
 
+from hetplan.allocator.cluster import Free
 from hetplan.allocator.extender import (
-    ExtenderArgs, PodClass, filter_nodes, node_candidate, parse_quantity, pod_class, score_nodes,
+    Candidate, ExtenderArgs, PodClass, filter_nodes, node_candidate, parse_quantity, pod_class, score_nodes,
 )
+from hetplan.allocator.spec import Shape
 from hetplan.hints import HintSet, HintStore
 from allocator_helpers import fixture, hint_set
 from servers import Server
@@ -58,13 +60,21 @@ def test_pathological_and_malformed_quantities_are_refused_before_conversion(tex
         parse_quantity(text)
 
 
+@pytest.mark.parametrize("text", ["٤", "４", "1_000", "1e3Gi", " 4", "4 ", "0x10", "4\n", "৪Gi", "1.5\u00a0Gi"])
+def test_quantities_are_ascii_as_kubernetes_writes_them(text):
+    """Python's int(), float() and Decimal() (and so kubernetes.utils.parse_quantity) take Unicode digits, `_` and
+    spaces; Kubernetes' grammar takes none of them."""
+    with pytest.raises(ValueError, match="not a quantity"):
+        parse_quantity(text)
+
+
 @pytest.mark.parametrize("number", [float("nan"), float("inf"), 1e309, 10**30, -(2**63), True])
 def test_json_numbers_out_of_range_are_refused(number):
     with pytest.raises(ValueError, match="not a quantity|out of range"):
         parse_quantity(number)
 
 
-@given(st.from_regex(r"\A[+-]?(\d{1,12}(\.\d{0,6})?|\.\d{1,6})(e[+-]?\d{1,2}|Ki|Mi|Gi|Ti|m|k|M|G|T)?\Z"))
+@given(st.from_regex(r"\A[+-]?([0-9]{1,12}(\.[0-9]{0,6})?|\.[0-9]{1,6})(e[+-]?[0-9]{1,2}|Ki|Mi|Gi|Ti|m|k|M|G|T)?\Z"))
 def test_inside_the_bounds_the_value_is_the_kubernetes_clients(text):
     try:
         ours = parse_quantity(text)
@@ -138,10 +148,12 @@ def test_pathological_pod_quantities_get_a_400_and_the_service_keeps_answering(c
 
 
 @pytest.mark.parametrize("literal", ["NaN", "Infinity", "1e309"])
-def test_non_finite_json_numbers_get_a_400_not_a_500(client, literal):
+def test_non_finite_json_numbers_get_a_422_naming_the_quantity_not_a_500(client, literal):
+    """A number that is no finite float is a 422 wherever it is in a body (`middleware.JSONRequest`)."""
     body = json.dumps(args_with("__Q__")).replace('"__Q__"', literal)
     response = client.post("/filter", content=body, headers={"content-type": "application/json"})
-    assert response.status_code == 400, response.text
+    assert response.status_code == 422, response.text
+    assert response.json()["detail"][0]["loc"][-1] == "nvidia.com/gpu" and literal not in response.text
 
 
 def test_a_node_item_whose_metadata_is_no_object_is_unresolvable_not_a_500(client):
@@ -184,10 +196,52 @@ def test_bad_quantities_are_refused(bad):
 
 def test_job_class_from_pod_labels_annotations_and_gpu_requests():
     res50 = ExtenderArgs.model_validate(fixture("filter_args_res50_nodes.json"))
-    assert pod_class(res50.pod) == pod_class(res50.pod).__class__("train-res50-7x2kq", "ml-training", "res50", 2)
+    # own request: the containers' requests summed (8 + 0.1 cores, 64 GiB + 64 MiB)
+    assert pod_class(res50.pod) == PodClass("train-res50-7x2kq", "ml-training", "res50", 2, 8100, 64 * 1024 + 64)
     transformer = ExtenderArgs.model_validate(fixture("prioritize_args_transformer_nodes.json"))
     cls = pod_class(transformer.pod)  # model from the annotation, GPUs from limits only, plus an init container
     assert (cls.model, cls.gpus) == ("transformer", 8)
+    assert (cls.cpu_m, cls.mem_mib) == (16100, 200 * 1024 + 64)  # limits where no request, as Kubernetes defaults
+
+
+def _node(name: str, gpus: int = 8, cpus: int = 64, mem_gib: int = 488, free_gpus: int = 8, free_cpus: int = 64,
+          free_gib: int = 488) -> Candidate:
+    return Candidate(name, Shape("V100", gpus, cpus * 1000, mem_gib * 1024),
+                     Free(free_gpus, free_cpus * 1000, free_gib * 1024))
+
+
+@pytest.mark.parametrize(("cpu_m", "mem_mib", "free_cpus", "outcome"), [
+    (None, None, 16, "passed"),  # no own request: the GPU-proportional share (16 cores for 2 of 8 V100s) fits
+    (None, None, 15, "failed"),
+    (24000, None, 20, "failed"),  # its own 24 cores are its floor: 20 free do not do, whatever the share
+    (24000, None, 24, "passed"),
+    (4000, 8 * 1024, 4, "passed"),  # an own request below the share is the floor too (as the policies place)
+    (65000, None, 64, "unresolvable"),  # more than the node has: preemption cannot help
+])
+def test_the_pods_own_request_is_its_floor_as_in_the_policies(cpu_m, mem_mib, free_cpus, outcome):
+    """The extender once ignored a pod's own cpu/memory requests; it now uses `policies.floor_need` on the pod's
+    `Job`, so it passes a node exactly when the policies could place the pod there."""
+    pod = PodClass("p", "ns", "never-hinted", 2, cpu_m, mem_mib)
+    result = filter_nodes(pod, [_node("n", free_gpus=2, free_cpus=free_cpus)], hints())
+    where = {"passed": "n" in result.passed, "failed": "n" in result.failed,
+             "unresolvable": "n" in result.unresolvable}
+    assert where[outcome], result
+
+
+def test_a_hinted_type_degrades_to_the_smaller_of_the_own_request_and_the_hinted_share():
+    """res50 x2 on V100 is hinted 18 cores; a pod asking 8 cores fits where 8 are free, one asking 20 where 20 are."""
+    nodes = [_node("eight", free_gpus=2, free_cpus=8), _node("twenty", free_gpus=2, free_cpus=20)]
+    assert filter_nodes(PodClass("p", "ns", "res50", 2, 8000), nodes, hints()).passed == ["eight", "twenty"]
+    asks_twenty = filter_nodes(PodClass("p", "ns", "res50", 2, 20000), nodes, hints())
+    assert asks_twenty.passed == ["twenty"] and "eight" in asks_twenty.failed
+
+
+@pytest.mark.parametrize("cpu", ["٤", "４", "1_000", "-4", " 4"])
+def test_a_pod_whose_cpu_request_is_no_quantity_is_refused(cpu):
+    args = ExtenderArgs.model_validate(args_with())
+    args.pod.spec.containers[0].resources.requests["cpu"] = cpu
+    with pytest.raises(ValueError, match=r"container '[\w-]+' cpu"):
+        pod_class(args.pod)
 
 
 def test_node_objects_map_to_catalog_gpu_types_and_allocatable_capacity():

@@ -130,6 +130,22 @@ def test_allocate_is_idempotent_per_job_id_and_release_twice_is_harmless():
     assert alloc.cluster.free("v1").gpus == 8
 
 
+def test_a_retry_must_repeat_its_own_request_or_it_is_a_conflict_saying_what_differs():
+    """Once a larger own `cpus` under the same job id got the earlier, smaller allocation back (issue 21)."""
+    alloc = Allocator([v100("v1")], "hint", hint_set())
+    first = allocated(alloc.allocate(Job.request("j", "res50", 1, cpus=4, mem_gb=16)))
+    before = alloc.cluster.snapshot()
+    assert alloc.allocate(Job.request("j", "res50", 1, cpus=4, mem_gb=16)) is first
+    for retry, differs in [(Job.request("j", "res50", 1, cpus=12, mem_gb=16), "own cpus 12 cores, allocated for 4"),
+                           (Job.request("j", "res50", 1, cpus=4, mem_gb=32), "own mem_gb 32 GiB, allocated for 16"),
+                           (Job.request("j", "res50", 1), "own cpus none, allocated for 4 cores"),
+                           (Job.request("j", "res50", 0.5, cpus=4, mem_gb=16), "0.5 GPUs, allocated for 1"),
+                           (Job.request("j", "vit", 1, cpus=4, mem_gb=16), "model 'vit', allocated for 'res50'")]:
+        conflict = rejected(alloc.allocate(retry))
+        assert conflict.reason is Reason.CONFLICT and differs in conflict.message, conflict.message
+    assert alloc.cluster.snapshot() == before
+
+
 def test_node_changes_never_strand_an_allocation():
     alloc = Allocator([v100("v1"), T4], "hint", hint_set())
     a = allocated(alloc.allocate(Job("j", "res50", 2)))  # v1: 2 GPUs, 18 cores

@@ -164,6 +164,18 @@ class Cluster:
             raise StateError(f"unknown node {name!r}")
         return Free(state.free_gpus, state.free_cpu, state.free_mem)
 
+    def view(self, names: Iterable[str]) -> dict[str, tuple[Node, Free]]:
+        """Each named node the cluster has, with what is free on it: one consistent look, in O(len(names)), for a
+        caller holding the allocator's lock that then works on it without the lock (the extender's `/filter`).
+        Unknown names are left out; `Node` is immutable, `Free` a copy."""
+        states = self._states
+        out: dict[str, tuple[Node, Free]] = {}
+        for name in names:
+            state = states.get(name)
+            if state is not None:
+                out[name] = (state.node, Free(state.free_gpus, state.free_cpu, state.free_mem))
+        return out
+
     def shared_devices(self, name: str) -> dict[int, int]:
         """A node's shared devices: slot -> thousandths of it taken by GPU shares."""
         state = self._states.get(name)

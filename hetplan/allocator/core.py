@@ -17,7 +17,7 @@ from hetplan.allocator.policies import Policy, get_policy
 from hetplan.allocator.rebalance import Action, CoAdaptive, diff
 from hetplan.allocator.sources import HintSource, StaticHints
 from hetplan.allocator.journal import RETAIN, ActionLog, Change, Journal, MemoryJournal, Restored, Synchronous
-from hetplan.allocator.spec import Allocation, Decision, Job, Node, Reason, Rejection, mib_to_gib
+from hetplan.allocator.spec import Allocation, Decision, Job, Node, Reason, Rejection
 from hetplan.allocator.stability import MoveHistory, record
 from hetplan.hints import HintSet
 
@@ -119,14 +119,11 @@ class Allocator:
         if not parts:
             return None
         first = parts[0]
-        held = (first.model, sum(a.gpus for a in parts), first.gpu_milli, first.request_cpu_m, first.request_mem_mib)
-        if held == (job.model, job.num_gpus, job.gpu_milli, job.cpu_m, job.mem_mib):
+        differences = replace(first, gpus=sum(a.gpus for a in parts)).differences(job)
+        if not differences:
             return first
-        return Rejection(job.job_id, Reason.CONFLICT,
-                         f"job id already allocated for ({first.model}, {held[1] or first.job().gpus:g} GPUs"
-                         f"{_own(first.request_cpu_m, first.request_mem_mib)}) on {first.node}; asked "
-                         f"({job.model}, {job.gpus:g} GPUs{_own(job.cpu_m, job.mem_mib)})",
-                         first.hint_version, self.policy.name)
+        return Rejection(job.job_id, Reason.CONFLICT, f"job id already allocated on {first.node} for another "
+                         f"request: {'; '.join(differences)}", first.hint_version, self.policy.name)
 
     def _gang_sized(self, job: Job) -> bool:
         """Larger than any node, yet no larger than all the GPUs of some GPU type: a gang could hold it."""
@@ -436,10 +433,3 @@ class Allocator:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-
-def _own(cpu_m: int | None, mem_mib: int | None) -> str:
-    """A job's own request as words (empty when it stated none)."""
-    if cpu_m is None and mem_mib is None:
-        return ""
-    return f", own request {'-' if cpu_m is None else f'{cpu_m / 1000:g}'} cores, " \
-           f"{'-' if mem_mib is None else f'{mib_to_gib(mem_mib):g}'} GiB"

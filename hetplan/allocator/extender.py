@@ -34,11 +34,13 @@ from decimal import Decimal
 from functools import lru_cache
 from typing import Any
 
-from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    AliasChoices, BaseModel, ConfigDict, Field, StrictFloat, StrictInt, StrictStr, ValidationError, model_validator,
+)
 
 from hetplan.allocator.cluster import Free
-from hetplan.allocator.policies import hinted_need
-from hetplan.allocator.spec import Shape, mib_to_gib
+from hetplan.allocator.policies import floor_need, want_need
+from hetplan.allocator.spec import Job, Shape, mib_to_gib
 from hetplan.gpus import UnknownGpuError, canonical_gpu
 from hetplan.hints.index import HintEntry, HintSet
 
@@ -53,8 +55,10 @@ MAX_SCORE = 10  # extenderv1.MaxExtenderPriority
 
 # Kubernetes' quantity grammar (resource.Quantity; the pattern Kubernetes' own CRD schemas use, with a whole
 # exponent as its parser requires). Checked, with the length and exponent bounds, before any conversion, so that
-# "1e200000" costs a regex match, not a 200,000-digit number.
-_QUANTITY = re.compile(r"^[+-]?(?:\d+\.?\d*|\.\d+)(?:(?:[eE]([+-]?\d+))|Ki|Mi|Gi|Ti|Pi|Ei|n|u|m|k|M|G|T|P|E)?\Z")
+# "1e200000" costs a regex match, not a 200,000-digit number. ASCII digits only (`[0-9]`, not `\d`, which would
+# take "٤" or "４" as Python's int() and Decimal do), no spaces, no underscores.
+_QUANTITY = re.compile(r"^[+-]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)"
+                       r"(?:(?:[eE]([+-]?[0-9]+))|Ki|Mi|Gi|Ti|Pi|Ei|n|u|m|k|M|G|T|P|E)?\Z")
 MAX_QUANTITY_CHARS = 64
 MAX_EXPONENT = 24  # |e| in "1e24"; the largest suffix, E, is 1e18
 MAX_QUANTITY = Decimal(2) ** 63  # Kubernetes keeps quantities in int64 (scaled); anything larger is no real node
@@ -79,7 +83,8 @@ def parse_quantity(value: str | int | float) -> Decimal:
         raise ValueError(f"not a quantity: {_short(text)} (longer than {MAX_QUANTITY_CHARS} characters)")
     match = _QUANTITY.match(text)
     if match is None:
-        raise ValueError(f"not a quantity: {text!r}")
+        raise ValueError(f"not a quantity: {text!r} (Kubernetes' grammar: ASCII digits, an optional point, then "
+                         "an exponent or a suffix such as m, k, Ki, Gi)")
     if match.group(1) is not None and abs(int(match.group(1))) > MAX_EXPONENT:
         raise ValueError(f"quantity out of range (exponent beyond +-{MAX_EXPONENT}): {text!r}")
     try:
@@ -117,7 +122,8 @@ def _whole(value: str | int | float, what: str) -> int:
 
 # ------------------------------------------------------------------ the Kubernetes objects we read
 
-Quantity = str | int | float
+Quantity = StrictStr | StrictInt | StrictFloat
+"""A quantity as received: a string (`parse_quantity` reads it where it is used) or a JSON number; never a bool."""
 
 
 class ObjectMeta(BaseModel):
@@ -175,7 +181,9 @@ class NodeList(BaseModel):
 class ExtenderArgs(BaseModel):
     """extenderv1.ExtenderArgs. Go decodes field names case-insensitively; so do we for the usual spellings."""
 
-    model_config = ConfigDict(extra="ignore", populate_by_name=True)
+    model_config = ConfigDict(extra="ignore", populate_by_name=True, json_schema_extra={"anyOf": [
+        {"properties": {"Nodes": {"type": "object"}}, "required": ["Nodes"]},
+        {"properties": {"NodeNames": {"type": "array"}}, "required": ["NodeNames"]}]})
     pod: Pod = Field(validation_alias=AliasChoices("Pod", "pod"))
     nodes: NodeList | None = Field(None, validation_alias=AliasChoices("Nodes", "nodes"))
     node_names: list[str] | None = Field(None, validation_alias=AliasChoices("NodeNames", "nodeNames", "nodenames"))
@@ -211,28 +219,61 @@ class HostPriority(BaseModel):
 
 @dataclass(frozen=True)
 class PodClass:
-    """The job class of a pod: model (None when the pod names none) and GPUs."""
+    """The job class of a pod: model (None when the pod names none) and GPUs, and the pod's own request of cores
+    (`cpu_m`, millicores) and RAM (`mem_mib`), None where no container states one."""
 
     name: str
     namespace: str
     model: str | None
     gpus: int
+    cpu_m: int | None = None
+    mem_mib: int | None = None
+
+    def job(self) -> Job:
+        """The pod as the allocator's policies see a request (`Job`): its GPUs and its own request, the floor
+        (`policies.floor_need`). The id and model are placeholders: no floor depends on them."""
+        return Job("pod", "pod", self.gpus, 0, self.cpu_m, self.mem_mib)
 
 
 def pod_class(pod: Pod) -> PodClass:
-    """Read a pod's job class; `ValueError` when a GPU quantity is not a whole number."""
+    """Read a pod's job class and own request; `ValueError` when a GPU quantity is not a whole number or a cpu or
+    memory quantity is none (or negative).
+
+    As Kubernetes sums a pod's requests: over its containers, the larger of that and any single init container;
+    a container's request, else its limit (the API server defaults a request to the limit)."""
     meta = pod.metadata
     model = meta.labels.get(MODEL_KEY) or meta.annotations.get(MODEL_KEY)
     model = model.strip() if model and model.strip() else None
 
-    def gpus(container: Container) -> int:
+    def requested(container: Container, key: str) -> Quantity | None:
         res = container.resources
-        value = res.requests.get(GPU_RESOURCE, res.limits.get(GPU_RESOURCE, 0))
-        return _whole(value, f"container {container.name!r} {GPU_RESOURCE}")
+        return res.requests.get(key, res.limits.get(key))
+
+    def gpus(container: Container) -> int:
+        value = requested(container, GPU_RESOURCE)
+        return 0 if value is None else _whole(value, f"container {container.name!r} {GPU_RESOURCE}")
+
+    def own(key: str, unit: Decimal) -> int | None:
+        def amount(container: Container) -> int | None:
+            value = requested(container, key)
+            if value is None:
+                return None
+            try:
+                q = parse_quantity(value)
+            except ValueError as exc:
+                raise ValueError(f"container {container.name!r} {key}: {exc}") from None
+            if q < 0:
+                raise ValueError(f"container {container.name!r} {key} must be >= 0, got {value!r}")
+            return math.ceil(q / unit)  # a request rounds up: a job never gets less than it asked for
+
+        main = [x for x in map(amount, pod.spec.containers) if x is not None]
+        init = [x for x in map(amount, pod.spec.init_containers) if x is not None]
+        return max(sum(main), max(init, default=0)) if main or init else None
 
     total = sum(gpus(c) for c in pod.spec.containers)
     init = max((gpus(c) for c in pod.spec.init_containers), default=0)
-    return PodClass(meta.name, meta.namespace, model, max(total, init))
+    return PodClass(meta.name, meta.namespace, model, max(total, init), own("cpu", Decimal("0.001")),
+                    own("memory", Decimal(BYTES_PER_MIB)))
 
 
 @dataclass(frozen=True)
@@ -312,7 +353,8 @@ def node_gpu_type(labels: Mapping[str, str]) -> str | None:
     if not product:
         return None
     memory = labels.get(GPU_MEMORY_LABEL)
-    memory_gb = float(memory) / 1024 if memory and memory.isdigit() and len(memory) < 10 else None
+    memory_gb = float(memory) / 1024 if memory and memory.isascii() and memory.isdigit() and len(memory) < 10 \
+        else None
     return canonical_gpu(product, memory_gb)
 
 
@@ -331,8 +373,10 @@ class FilterOutcome:
 
 
 def filter_nodes(pod: PodClass, candidates: Iterable[Candidate], hints: HintSet, strict: bool = False) -> FilterOutcome:
-    """Keep the nodes that can run the pod's class: GPU type known (and hinted, when `strict`), enough GPUs, and,
-    when usage is known, the GPUs and the class's minimum share (min of hinted and GPU-proportional) free.
+    """Keep the nodes that can run the pod: GPU type known (and hinted, when `strict`), enough GPUs and at least the
+    pod's own request of cores and RAM, and, when usage is known, the GPUs and the pod's floor free: the policies'
+    (`policies.floor_need`: its own request, else the GPU-proportional share; on a hinted type, as `HintPolicy`
+    degrades, the smaller of that and the hinted share raised to the own request).
 
     Failures that preemption cannot fix (wrong node, too small) go to `unresolvable`; the others to `failed`.
     """
@@ -341,6 +385,7 @@ def filter_nodes(pod: PodClass, candidates: Iterable[Candidate], hints: HintSet,
     unresolvable: dict[str, str] = {}
     entries = hints.lookup(pod.model, pod.gpus) if pod.model and pod.gpus else ()
     g = pod.gpus
+    job = pod.job()
     for c in candidates:
         if g == 0:
             passed.append(c.name)  # not a GPU pod: not ours to judge
@@ -355,6 +400,10 @@ def filter_nodes(pod: PodClass, candidates: Iterable[Candidate], hints: HintSet,
         if shape.gpus < g:
             unresolvable[c.name] = f"has {shape.gpus} {shape.gpu_type} GPUs; the pod needs {g} on one node"
             continue
+        if (job.cpu_m or 0) > shape.cpu_m or (job.mem_mib or 0) > shape.mem_mib:
+            unresolvable[c.name] = (f"has {shape.cpu_m / 1000:g} cores and {mib_to_gib(shape.mem_mib):g} GiB; the pod "
+                                    f"asks {(job.cpu_m or 0) / 1000:g} cores and {mib_to_gib(job.mem_mib or 0):g} GiB")
+            continue
         entry = _entry(entries, shape.gpu_type)
         if strict and entries and entry is None:
             unresolvable[c.name] = (f"class ({pod.model}, {g}) has no hint for {shape.gpu_type} "
@@ -365,9 +414,10 @@ def filter_nodes(pod: PodClass, candidates: Iterable[Candidate], hints: HintSet,
             if free.gpus < g:
                 failed[c.name] = f"{free.gpus} of {shape.gpus} GPUs free; the pod needs {g}"
                 continue
-            prop_cpu, prop_mem = shape.proportional(g)
-            want_cpu, want_mem = hinted_need(entry, g)(shape) if entry else (prop_cpu, prop_mem)
-            floor_cpu, floor_mem = min(prop_cpu, want_cpu), min(prop_mem, want_mem)
+            floor_cpu, floor_mem = floor_need(job)(shape)  # the policies' floor: the own request, else the share
+            if entry is not None:  # a hinted type: as `HintPolicy`, degrading toward min(floor, hinted share)
+                want_cpu, want_mem = want_need(entry, job)(shape)
+                floor_cpu, floor_mem = min(floor_cpu, want_cpu), min(floor_mem, want_mem)
             if free.cpu_m < floor_cpu or free.mem_mib < floor_mem:
                 failed[c.name] = (f"{free.cpu_m / 1000:g} cores and {mib_to_gib(free.mem_mib):g} GiB free; the class "
                                   f"needs at least {floor_cpu / 1000:g} cores and {mib_to_gib(floor_mem):g} GiB")
@@ -378,10 +428,12 @@ def filter_nodes(pod: PodClass, candidates: Iterable[Candidate], hints: HintSet,
 
 def score_nodes(pod: PodClass, candidates: Iterable[Candidate], hints: HintSet) -> list[tuple[str, int]]:
     """Score 0..10 per node: the class's rank-1 GPU type scores 10, the last hinted type 10/R (R types ranked);
-    halved when usage is known and the hinted share is not free; 0 for unhinted types, unusable nodes, or a
-    class with no hints (then every node is equal to the extender and the scheduler's own scores decide)."""
+    halved when usage is known and the hinted share (raised to the pod's own request) is not free; 0 for unhinted
+    types, unusable nodes, or a class with no hints (then every node is equal to the extender and the scheduler's
+    own scores decide)."""
     entries = hints.lookup(pod.model, pod.gpus) if pod.model and pod.gpus else ()
     ranks = sorted({e.rank for e in entries})
+    job = pod.job()
     out: list[tuple[str, int]] = []
     for c in candidates:
         score = 0
@@ -390,7 +442,7 @@ def score_nodes(pod: PodClass, candidates: Iterable[Candidate], hints: HintSet) 
             position = ranks.index(entry.rank)  # 0 = best
             score = math.ceil(MAX_SCORE * (len(ranks) - position) / len(ranks))
             if c.free is not None:
-                cpu, mem = hinted_need(entry, pod.gpus)(c.shape)
+                cpu, mem = want_need(entry, job)(c.shape)  # the hinted share, raised to the own request
                 if c.free.gpus < pod.gpus or c.free.cpu_m < cpu or c.free.mem_mib < mem:
                     score = max(score // 2, 1) if c.free.gpus >= pod.gpus else 0
         out.append((c.name, max(0, min(MAX_SCORE, score))))

@@ -19,6 +19,7 @@ import io
 import json
 import math
 import os
+import re
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -191,11 +192,18 @@ def _text(at: str, field: str, value: Any) -> str:
     return str(value).strip()
 
 
+_NUMBER = re.compile(r"[+-]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?")
+"""A decimal number as a file writes one: ASCII digits only (Python's float() would also take "٤", "４", "1_000",
+" 4" or "nan"), an optional sign, point and exponent."""
+
+
 def _float(at: str, field: str, value: Any) -> float:
     if value is None or (isinstance(value, str) and not value.strip()):
         raise NodeFileError(f"{at}:{field}: missing")
     if isinstance(value, bool) or len(str(value)) > 40:
         raise NodeFileError(f"{at}:{field}: not a number: {str(value)[:40]!r}")
+    if isinstance(value, str) and not _NUMBER.fullmatch(value):
+        raise NodeFileError(f"{at}:{field}: not a number: {value!r}")
     try:
         number = float(value)
     except (TypeError, ValueError):

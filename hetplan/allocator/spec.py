@@ -63,10 +63,25 @@ def mib_to_gib(mib: int) -> float:
     return mib / MIB_PER_GIB
 
 
-def _check_name(name: object, what: str) -> str:
-    if not isinstance(name, str) or not name.strip() or len(name) > MAX_NAME:
-        raise ValueError(f"{what} must be a non-blank string of at most {MAX_NAME} characters, got {name!r}")
+NAME_RULE = (f"1 to {MAX_NAME} printable characters, no leading or trailing space (printable as Python's "
+             "str.isprintable: no control, format such as U+200B or U+FEFF, surrogate, private-use, unassigned, "
+             "line/paragraph separator or space other than U+0020)")
+"""The rule for a job id, a model and a node name, the one `check_name` enforces (and the HTTP bodies use)."""
+
+
+def check_name(name: object, what: str) -> str:
+    """`name` if it is a valid job id, model or node name (`NAME_RULE`), else `ValueError` naming `what`.
+
+    The rule is one test: `str.isprintable()` (every character printable; the ASCII space the only space) and no
+    space at either end. Ids travel into logs, SQLite, Kubernetes and terminals: an invisible or control
+    character would make two ids look alike, or one look like nothing."""
+    if not isinstance(name, str) or not 1 <= len(name) <= MAX_NAME or not name.isprintable() \
+            or name[0] == " " or name[-1] == " ":
+        shown = repr(name) if not isinstance(name, str) or len(name) <= 60 else \
+            f"{name[:40]!r}... ({len(name)} characters)"
+        raise ValueError(f"{what} must be {NAME_RULE}; got {shown}")
     return name
+
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,7 +110,7 @@ class Node:
     labels: Mapping[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        _check_name(self.name, "node name")
+        check_name(self.name, "node name")
         object.__setattr__(self, "gpu_type", canonical_gpu(self.gpu_type))  # unknown: an opaque type
         if isinstance(self.gpus, bool) or not isinstance(self.gpus, int) or self.gpus < 1:
             raise ValueError(f"node {self.name}: gpus must be a whole number >= 1, got {self.gpus!r}")
@@ -127,9 +142,9 @@ MAX_GPUS = 1024
 def gpu_request(num_gpus: object, what: str = "num_gpus") -> tuple[int, int]:
     """A pod's GPU request as (whole GPUs, share of one GPU in thousandths).
 
-    The rule: 0 is a CPU-only job; a number below 1 is a share of **one** device (GPU sharing, in steps of
-    0.001: a share never spans devices, and the shares on a device never add up to more than one GPU); 1 and
-    above must be whole (whole devices, never shared). Raises `ValueError` naming `what` otherwise.
+    The rule: 0 is a CPU-only job; a number from 0.001 to 0.999 is a share of **one** device (GPU sharing, rounded
+    to the nearest 0.001: a share never spans devices, and the shares on a device never add up to more than one
+    GPU); 1 and above must be whole (whole devices, never shared). Raises `ValueError` naming `what` otherwise.
     """
     if isinstance(num_gpus, bool) or not isinstance(num_gpus, (int, float)) or not math.isfinite(num_gpus) \
             or num_gpus < 0 or num_gpus > MAX_GPUS:
@@ -138,10 +153,9 @@ def gpu_request(num_gpus: object, what: str = "num_gpus") -> tuple[int, int]:
         if num_gpus != int(num_gpus):
             raise ValueError(f"{what} above 1 must be a whole number (a share is of one GPU), got {num_gpus!r}")
         return int(num_gpus), 0
-    milli = round(num_gpus * MILLI_PER_GPU)
-    if num_gpus > 0 and not 1 <= milli < MILLI_PER_GPU:
+    if num_gpus > 0 and not 1 / MILLI_PER_GPU <= num_gpus <= 1 - 1 / MILLI_PER_GPU:
         raise ValueError(f"{what}: a GPU share must be from 0.001 to 0.999, got {num_gpus!r}")
-    return 0, milli
+    return 0, round(num_gpus * MILLI_PER_GPU)
 
 
 @dataclass(frozen=True, slots=True)
@@ -162,8 +176,8 @@ class Job:
     mem_mib: int | None = None
 
     def __post_init__(self) -> None:
-        _check_name(self.job_id, "job_id")
-        _check_name(self.model, "model")
+        check_name(self.job_id, "job_id")
+        check_name(self.model, "model")
         if isinstance(self.num_gpus, bool) or not isinstance(self.num_gpus, int) or not 0 <= self.num_gpus <= MAX_GPUS:
             raise ValueError(f"job {self.job_id}: num_gpus must be a whole number from 0 to {MAX_GPUS}, "
                              f"got {self.num_gpus!r}")
@@ -240,6 +254,25 @@ class Allocation:
         """RAM given, in GiB."""
         return mib_to_gib(self.mem_mib)
 
+    def differences(self, job: Job) -> list[str]:
+        """How `job` (a request under this allocation's job id) differs from the request this allocation serves:
+        empty for an idempotent retry (same model, GPUs and own cores/RAM request), else one phrase per field."""
+        def amount(value: int | None, unit: float, what: str) -> str:
+            return "none" if value is None else f"{value / unit:g} {what}"
+
+        out = []
+        if job.model != self.model:
+            out.append(f"model {job.model!r}, allocated for {self.model!r}")
+        if (job.num_gpus, job.gpu_milli) != (self.gpus, self.gpu_milli):
+            out.append(f"{job.gpus:g} GPUs, allocated for {self.job().gpus:g}")
+        if job.cpu_m != self.request_cpu_m:
+            out.append(f"own cpus {amount(job.cpu_m, 1000, 'cores')}, allocated for "
+                       f"{amount(self.request_cpu_m, 1000, 'cores')}")
+        if job.mem_mib != self.request_mem_mib:
+            out.append(f"own mem_gb {amount(job.mem_mib, MIB_PER_GIB, 'GiB')}, allocated for "
+                       f"{amount(self.request_mem_mib, MIB_PER_GIB, 'GiB')}")
+        return out
+
     def to_dict(self) -> dict:
         return {"job_id": self.job_id, "model": self.model, "node": self.node, "gpu_type": self.gpu_type,
                 "gpus": self.gpus, "cpus": self.cpus, "mem_gb": self.mem_gb, "hint_version": self.hint_version,
@@ -256,7 +289,8 @@ class Reason(str, Enum):
     """No node of the cluster could ever hold the job (more GPUs, or more of its own cores/RAM request, than
     any node has; or no nodes at all)."""
     CONFLICT = "conflict"
-    """The job id is already allocated, for a different class: job ids are idempotency keys."""
+    """The job id is already allocated for another request (model, GPUs, or own cores/RAM): job ids are
+    idempotency keys, and a retry must repeat the request it retries."""
     NO_CAPACITY = "no-capacity"
     """Some node could hold the job when empty, none has the GPUs plus the minimum share free now."""
 

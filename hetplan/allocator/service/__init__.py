@@ -29,6 +29,7 @@ from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
 
 from fastapi import FastAPI
+from fastapi.exceptions import RequestValidationError
 from starlette.concurrency import run_in_threadpool
 
 from hetplan.allocator.durable import DurableAllocator
@@ -37,7 +38,7 @@ from hetplan.allocator.policies import get_policy
 from hetplan.allocator.core import Allocator, NodeChanges
 from hetplan.allocator.service import allocation, extender, hints, nodes, ops
 from hetplan.allocator.service.context import ServiceContext
-from hetplan.allocator.service.middleware import BodyLimit, RequestMetrics
+from hetplan.allocator.service.middleware import BodyLimit, RequestMetrics, method_not_allowed, validation_error
 from hetplan.allocator.service.settings import TOKEN_ENV, ServiceSettings
 from hetplan.allocator.sources import StoreHints
 from hetplan.hints import HintStore, default_store_root
@@ -97,6 +98,8 @@ def create_app(settings: ServiceSettings | None = None, allocator: Allocator | N
                        prefixes={"/filter": settings.max_extender_body_bytes,
                                  "/prioritize": settings.max_extender_body_bytes})
     app.add_middleware(RequestMetrics, metrics=ctx.metrics)
+    app.add_exception_handler(RequestValidationError, validation_error)  # type: ignore[arg-type]
+    app.add_exception_handler(405, method_not_allowed)
     for concern in (allocation, nodes, hints, ops, extender):
         app.include_router(concern.router(ctx))
     return app

@@ -15,7 +15,7 @@ from fastapi import APIRouter, HTTPException
 from hetplan.allocator.core import Allocator
 from hetplan.allocator.journal import LoggedAction, TooOld
 from hetplan.allocator.service.bodies import (
-    ADMIN_RESPONSES, ActionOut, ActionsResponse, AllocateRequest, AllocateResponse, AllocationOut, ErrorOut,
+    ADMIN_RESPONSES, ActionOut, ActionsResponse, AllocateRequest, AllocateResponse, AllocationOut, AsciiInt, ErrorOut,
     ReleaseRequest, ReleaseResponse, action_out, allocation_out, posted,
 )
 from hetplan.allocator.service.context import ServiceContext
@@ -101,7 +101,7 @@ def router(ctx: ServiceContext) -> APIRouter:
              responses={410: {"model": ErrorOut, "description": "`since` is older than the oldest action kept, or "
                                                                  "ahead of the newest: list /v1/allocations again and "
                                                                  "continue from the `latest` it reports"}})
-    def get_actions(since: int = 0) -> ActionsResponse:
+    def get_actions(since: AsciiInt = 0) -> ActionsResponse:
         """Every change applied after action `since` (oldest first): starts, stops, re-sizes and moves, numbered
         without gaps across restarts; the log keeps the last `HETPLAN_ALLOCATOR_ACTION_LOG` (default 10,000)."""
         a = ctx.alloc()

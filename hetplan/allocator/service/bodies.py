@@ -3,30 +3,103 @@ action log. RAM is GiB in every body (the `mem_gb` field names are kept for comp
 
 from __future__ import annotations
 
-from typing import Any, Literal
+import math
+import re
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt, model_validator
+from pydantic import (
+    AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, PlainValidator, StrictBool, ValidationInfo,
+    WithJsonSchema, model_validator,
+)
+from pydantic_core import PydanticCustomError
 
 from hetplan.allocator.journal import LoggedAction
-from hetplan.allocator.spec import MAX_GPUS, Allocation, Job, Node
+from hetplan.allocator.spec import (
+    MAX_GPUS, MAX_NAME, MILLI_PER_GPU, NAME_RULE, Allocation, Job, Node, check_name, gpu_request,
+)
 
-Name = Field(min_length=1, max_length=253, pattern=r"^\S(.*\S)?$")
+
+def _name(value: str, info: ValidationInfo) -> str:
+    return check_name(value, info.field_name or "name")
+
+
+NAME_PATTERN = r"^[^\p{C}\p{Z}]( *[^\p{C}\p{Z}])*$"
+"""`spec.check_name`'s rule as an ECMA-262 pattern for the OpenAPI schema (`\p{C}`: control, format, surrogate,
+private-use and unassigned; `\p{Z}`: separators). `check_name` alone enforces it."""
+
+NAME_FORMAT = "printable"
+"""The name's `format` in the OpenAPI schema (an annotation: `NAME_RULE` says what it means), for generators that
+cannot read `\\p{...}` classes (schemathesis registers a strategy for it, tests/test_openapi.py)."""
+
+Name = Annotated[str, Field(min_length=1, max_length=MAX_NAME, description=NAME_RULE,
+                            json_schema_extra={"pattern": NAME_PATTERN, "format": NAME_FORMAT}), AfterValidator(_name)]
+"""A job id, model or node name: `spec.check_name` (one rule for the library and the API)."""
+
+def number(low: float, high: float) -> Any:
+    """A JSON number (an integer or not; never a string, a bool, NaN or inf) from `low` to `high`: one error naming
+    the field when it is none, and the schema `{"type": "number", "minimum": low, "maximum": high}`."""
+
+    def check(value: object) -> int | float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise PydanticCustomError("number_type", "Input should be a JSON number")
+        if isinstance(value, float) and not math.isfinite(value):
+            raise PydanticCustomError("finite_number", "Input should be a finite number")
+        if value < low:
+            raise PydanticCustomError("greater_than_equal", "Input should be greater than or equal to {ge}",
+                                      {"ge": low})
+        if value > high:
+            raise PydanticCustomError("less_than_equal", "Input should be less than or equal to {le}", {"le": high})
+        return value
+
+    return Annotated[int | float, PlainValidator(check),
+                     WithJsonSchema({"type": "number", "minimum": low, "maximum": high})]
+
+
+def _ascii_int(value: object) -> object:
+    if isinstance(value, str) and not re.fullmatch(r"-?[0-9]{1,4000}", value):
+        raise PydanticCustomError("int_parsing", "Input should be a whole number in ASCII digits")
+    return value
+
+
+AsciiInt = Annotated[int, BeforeValidator(_ascii_int)]
+"""A whole number as a query parameter writes it: ASCII digits only (int() would take "1_0", " 1" or "٤")."""
+
+
+def _whole(value: int | float) -> int:
+    if value != int(value):
+        raise PydanticCustomError("int_from_float", "Input should be a whole number")
+    return int(value)
+
+
+def whole(low: int, high: int) -> Any:
+    """A whole JSON number from `low` to `high`; 8.0 is whole (JSON Schema's `integer` says so too)."""
+    return Annotated[number(low, high), AfterValidator(_whole),
+                     WithJsonSchema({"type": "integer", "minimum": low, "maximum": high})]
+
+
+def _gpus(value: int | float) -> int | float:
+    gpu_request(value)  # ValueError (1.5 GPUs, a share below 0.001) -> 422 naming num_gpus
+    return value
+
+
+GpuCount = Annotated[number(0, MAX_GPUS), AfterValidator(_gpus), WithJsonSchema({"anyOf": [
+    {"type": "integer", "minimum": 0, "maximum": MAX_GPUS},
+    {"type": "number", "minimum": 1 / MILLI_PER_GPU, "maximum": 1 - 1 / MILLI_PER_GPU}]})]
+"""`spec.gpu_request`'s rule: 0 to 1,024 whole GPUs (2.0 is whole), or a share of one GPU from 0.001 to 0.999."""
 
 
 class AllocateRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    job_id: str = Name
-    model: str = Name
-    num_gpus: StrictInt | StrictFloat = Field(
-        ge=0, le=MAX_GPUS, allow_inf_nan=False,
-        description="0: CPU-only; below 1: a share of one GPU (steps of 0.001; shares never span devices and never "
-                    "add up to more than one GPU per device); 1 and above: whole GPUs")
-    cpus: StrictInt | StrictFloat | None = Field(
-        None, ge=0, le=1e6, allow_inf_nan=False,
-        description="the job's own CPU request (cores), a floor: it gets at least this, its hinted share where the "
-                    "node allows; absent: the hinted or GPU-proportional share")
-    mem_gb: StrictInt | StrictFloat | None = Field(
-        None, ge=0, le=1e9, allow_inf_nan=False, description="the job's own RAM request in GiB, a floor (as cpus)")
+    job_id: Name
+    model: Name
+    num_gpus: GpuCount = Field(
+        description="0: CPU-only; from 0.001 to 0.999: a share of one GPU (rounded to the nearest 0.001; shares "
+                    "never span devices and never add up to more than one GPU per device); 1 to 1,024: whole GPUs")
+    cpus: number(0, 1e6) | None = Field(
+        None, description="the job's own CPU request (cores), a floor: it gets at least this, its hinted share where "
+                          "the node allows; absent: the hinted or GPU-proportional share")
+    mem_gb: number(0, 1e9) | None = Field(
+        None, description="the job's own RAM request in GiB, a floor (as cpus)")
 
     @model_validator(mode="after")
     def _valid_request(self) -> AllocateRequest:
@@ -39,7 +112,7 @@ class AllocateRequest(BaseModel):
 
 class ReleaseRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    job_id: str = Name
+    job_id: Name
 
 
 class AllocationOut(BaseModel):
@@ -103,14 +176,20 @@ class ReleaseResponse(BaseModel):
     actions: list[ActionOut] = Field([], description="the freed node's jobs grown into what it left")
 
 
+GPU_TYPE_PATTERN = r"^[A-Za-z0-9]([A-Za-z0-9._+ -]{0,62}[A-Za-z0-9._+-])?$"
+"""ASCII letters, digits and `._+-` (spaces inside): what `hetplan.gpus.canonical_gpu` keeps as a GPU type name."""
+
+
 class NodeIn(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    name: str = Name
-    gpu_type: str = Field(min_length=1, max_length=100)
-    gpus: StrictInt = Field(ge=1, le=1024)
-    cpus: float = Field(gt=0, le=1e6, allow_inf_nan=False)
-    mem_gb: float = Field(gt=0, le=1e9, allow_inf_nan=False,
-                          description="RAM in GiB (2^30 bytes; the field keeps its name for compatibility)")
+    name: Name
+    gpu_type: str = Field(min_length=1, max_length=64, pattern=GPU_TYPE_PATTERN,
+                          description="a GPU type: a known one in any common spelling (V100, Tesla-T4, A100-80GB), "
+                                      "else kept as an opaque type")
+    gpus: whole(1, 1024)
+    cpus: number(0.001, 1e6) = Field(description="cores (whole millicores, rounded down)")
+    mem_gb: number(1 / 1024, 1e9) = Field(description="RAM in GiB (2^30 bytes; whole MiB, rounded down; the field "
+                                                       "keeps its name for compatibility)")
     labels: dict[str, str] = Field(default_factory=dict)
 
     @model_validator(mode="after")
@@ -145,7 +224,7 @@ class NodeChangesIn(BaseModel):
     model_config = ConfigDict(extra="forbid")
     upsert: list[NodeIn] = Field(default_factory=list, max_length=100_000)
     remove: list[str] = Field(default_factory=list, max_length=100_000)
-    force: bool = Field(False, description="removing a busy node releases its allocations instead of refusing")
+    force: StrictBool = Field(False, description="removing a busy node releases its allocations instead of refusing")
 
 
 class NodeChangesResponse(BaseModel):
@@ -193,12 +272,14 @@ def _error(description: str, **extra: Any) -> dict[str, Any]:
     return {"model": ErrorOut, "description": description, **extra}
 
 
-def posted(body: bool = True, bad_request: str = "") -> Responses:
+def posted(body: bool = True, bad_request: str = "", too_large: str = "") -> Responses:
     """The answers every POST route gives besides its own: the body limit's (`middleware.BodyLimit`) and, for a route
-    that takes a JSON body, `middleware.JSONRoute`'s 415; `bad_request`: what else the route answers 400 to."""
+    that takes a JSON body, `middleware.JSONRoute`'s 415; `bad_request`: what else the route answers 400 to,
+    `too_large`: what else it answers 413 to."""
     unreadable = "Content-Length is no number"
+    limit = "the body is over the size limit (refused before it is read)"
     out = {400: _error(f"{bad_request}; or {unreadable}" if bad_request else unreadable),
-           413: _error("the body is over the size limit (refused before it is read)")}
+           413: _error(f"{limit}; or {too_large}" if too_large else limit)}
     if body:
         out[415] = _error("the body is no JSON (Content-Type: application/json)")
     return out

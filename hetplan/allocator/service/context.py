@@ -30,15 +30,20 @@ class ServiceContext:
         bearer = HTTPBearer(auto_error=False, description="The admin token (`hetplan serve --token`).")
 
         def require_admin(credentials: HTTPAuthorizationCredentials | None = Depends(bearer)) -> None:
+            if credentials is None:  # 401 first: the request did not authenticate, whatever the service's settings
+                raise HTTPException(401, "missing bearer token" + ("" if settings.token is not None else
+                                                                   " (and admin endpoints are disabled)"),
+                                    headers={"WWW-Authenticate": "Bearer"})
             if settings.token is None:
                 raise HTTPException(403, f"admin endpoints are disabled: start the service with a token "
                                          f"(--token or ${TOKEN_ENV})")
             expected = settings.token.get_secret_value().encode()
-            if credentials is None or not hmac.compare_digest(credentials.credentials.encode(), expected):
+            if not hmac.compare_digest(credentials.credentials.encode(), expected):
                 raise HTTPException(401, "missing or wrong bearer token", headers={"WWW-Authenticate": "Bearer"})
 
         self.admin = [Depends(require_admin)]
-        """The dependencies of an admin route: `Authorization: Bearer <token>` (403 without a configured token)."""
+        """The dependencies of an admin route: `Authorization: Bearer <token>` (401 without one or with a wrong one;
+        403 with one when the service has no token configured: admin disabled)."""
 
     def alloc(self) -> Allocator:
         assert self.allocator is not None, "the allocator is opened at start-up"

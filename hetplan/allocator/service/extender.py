@@ -12,26 +12,48 @@ from hetplan.allocator.service.middleware import JSONRoute
 from hetplan.allocator.spec import CLOSED_LABEL
 
 
+def node_name_limit(nodes: int) -> int:
+    """The most `NodeNames` one `/filter` or `/prioritize` body may list when hetplan knows `nodes` nodes: twice as
+    many, and at least 1,024 more (nodes the scheduler knows and hetplan does not yet: being synced, or skipped).
+    The scheduler lists only nodes that passed its own filters, so a longer list is no scheduler's (413)."""
+    return max(2 * nodes, nodes + 1024)
+
+
+TOO_MANY_NAMES = "NodeNames lists more nodes than max(2 x the nodes hetplan knows, those + 1,024)"
+
+
 def router(ctx: ServiceContext) -> APIRouter:
     api = APIRouter(tags=["kubernetes"], route_class=JSONRoute)
-    responses: Responses = posted(bad_request="a Pod's GPU request is no whole-number quantity")
+    responses: Responses = posted(bad_request="a Pod's GPU, cpu or memory request is no quantity (or no whole "
+                                              "number of GPUs)", too_large=TOO_MANY_NAMES)
 
     def candidates(args: k8s.ExtenderArgs) -> list[k8s.Candidate]:
+        """The nodes to judge. `Nodes`: from the objects sent (no allocator state). `NodeNames`: from the
+        allocator's state, read under its lock in one pass over the named nodes it knows (`Cluster.view`, at most
+        `node_name_limit` names: O(cluster)); everything else, the filter and the scores, runs without the lock."""
         if args.nodes is not None:
             return [k8s.node_candidate(raw) for raw in args.nodes.items]
         a = ctx.alloc()
-        out = []
+        names = args.node_names or []
+        limit = node_name_limit(len(a.cluster))
+        if len(names) > limit:
+            raise HTTPException(413, f"NodeNames lists {len(names)} nodes; hetplan knows {len(a.cluster)}, so at "
+                                     f"most {limit} are accepted")
         with a.lock:
-            for name in args.node_names or []:
-                node = a.cluster.node(name) if name in a.cluster else None
-                if node is not None and not node.open:
-                    out.append(k8s.Candidate(name, None, None, f"closed to new placement ({CLOSED_LABEL}="
-                                                               f"{node.labels[CLOSED_LABEL]})"))
-                elif node is not None:
-                    out.append(k8s.Candidate(name, node.shape, a.cluster.free(name)))
-                else:
-                    out.append(k8s.Candidate(name, None, None, "node not registered with hetplan (POST /v1/nodes)",
-                                             neutral=True))
+            view = a.cluster.view(names)
+        out = []
+        for name in names:
+            known = view.get(name)
+            if known is None:
+                out.append(k8s.Candidate(name, None, None, "node not registered with hetplan (POST /v1/nodes)",
+                                         neutral=True))
+                continue
+            node, free = known
+            if not node.open:
+                out.append(k8s.Candidate(name, None, None, f"closed to new placement ({CLOSED_LABEL}="
+                                                           f"{node.labels[CLOSED_LABEL]})"))
+            else:
+                out.append(k8s.Candidate(name, node.shape, free))
         return out
 
     def pod_class(args: k8s.ExtenderArgs) -> k8s.PodClass:

@@ -4,6 +4,7 @@ per-route request metrics (ASGI middleware), and strict JSON bodies (`JSONRoute`
 from __future__ import annotations
 
 import json
+import math
 import re
 import time
 from collections.abc import Callable, Coroutine
@@ -11,6 +12,8 @@ from typing import Any
 
 import pydantic_core
 from fastapi import HTTPException, Request, Response
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
 from fastapi.routing import APIRoute
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -111,16 +114,79 @@ class RequestMetrics:
 class JSONRequest(Request):
     """A request whose JSON body is parsed strictly (pydantic's parser): text that is no UTF-8, or a `\\u` escape
     that is a lone surrogate (which Python's `json` lets through, and SQLite and the answer's encoding then fail on),
-    is a JSON decode error like any other (FastAPI: 422)."""
+    is a JSON decode error like any other (FastAPI: 422). So is nesting deeper than the parser's limit (a few
+    hundred levels). A number that is no finite float (`NaN`, `Infinity`, `1e309`, which the parser reads as inf)
+    anywhere in the body is a 422 naming where it is (`non_finite`), before any model sees it: it could otherwise
+    reach an untyped part of a body (a v1.Node handed back by `/filter`) and fail the answer's encoding. Duplicate
+    keys: the last wins, as in Go's encoding/json (kube-scheduler) and Python's json."""
 
     async def json(self) -> Any:
         if not hasattr(self, "_json"):
             body = await self.body()
             try:
-                self._json = pydantic_core.from_json(body)
+                parsed = pydantic_core.from_json(body)
             except ValueError as exc:
                 raise _decode_error(str(exc), body.decode(errors="replace")) from None
+            where = non_finite(parsed)
+            if where is not None:
+                raise HTTPException(422, [{"type": "finite_number", "loc": ["body", *where],
+                                           "msg": "Input should be a finite number"}])
+            self._json = parsed
         return self._json
+
+
+_SCALARS = frozenset({str, int, bool, type(None)})
+
+
+def non_finite(value: Any) -> list[str | int] | None:
+    """The path (keys and indices) to the first float in `value` that is NaN or infinite, None if there is none.
+
+    A container whose items are all strings, integers, bools or nulls (a list of 150,000 NodeNames) is passed
+    over at C speed (`set(map(type, ...))`), so the walk costs little next to the parse."""
+    stack: list[tuple[Any, tuple[str | int, ...]]] = [(value, ())]
+    while stack:
+        item, path = stack.pop()
+        if isinstance(item, float):
+            if not math.isfinite(item):
+                return list(path)
+            continue
+        if isinstance(item, dict):
+            keys, values = list(item), list(item.values())
+        elif isinstance(item, list):
+            keys, values = range(len(item)), item
+        else:
+            continue
+        kinds = set(map(type, values))
+        if kinds <= _SCALARS:
+            continue
+        if kinds <= _SCALARS | {float}:
+            if all(map(math.isfinite, (v for v in values if type(v) is float))):
+                continue
+        stack.extend((v, (*path, k)) for k, v in reversed(list(zip(keys, values))) if type(v) not in _SCALARS)
+    return None
+
+
+MAX_ERRORS = 50
+"""A 422 lists at most this many errors (and says how many more there were)."""
+
+
+async def validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
+    """FastAPI's 422 (`{"detail": [{"loc", "msg", "type"}]}`) without the `input` and `ctx` it would echo: the
+    input may be a huge or non-finite number (which no JSON encoder writes: once a 500) or a large part of the body.
+    A JSON decode error keeps its reason in `msg`."""
+    errors = exc.errors()
+    detail = []
+    for error in errors[:MAX_ERRORS]:
+        msg = str(error.get("msg", ""))
+        ctx = error.get("ctx")
+        if error.get("type") == "json_invalid" and isinstance(ctx, dict) and ctx.get("error"):
+            msg = f"{msg}: {str(ctx['error'])[:200]}"
+        detail.append({"type": str(error.get("type", "")), "loc": [x if isinstance(x, int) else str(x)
+                                                                    for x in error.get("loc", ())], "msg": msg})
+    if len(errors) > MAX_ERRORS:
+        detail.append({"type": "too_many_errors", "loc": ["body"],
+                       "msg": f"and {len(errors) - MAX_ERRORS} more errors"})
+    return JSONResponse({"detail": detail}, status_code=422)
 
 
 _WHERE = re.compile(r" at line (\d+) column (\d+)\Z")
@@ -159,3 +225,19 @@ class JSONRoute(APIRoute):
             return await handler(strict)
 
         return json_body
+
+
+async def method_not_allowed(request: Request, exc: Exception) -> Response:
+    """A 405 whose `Allow` lists every method the path answers: Starlette's names only the first route matching the
+    path (`GET /v1/nodes` and `POST /v1/nodes` are two routes), and RFC 9110 wants them all."""
+    from starlette.routing import Match
+
+    allowed: set[str] = set()
+    for route in request.app.router.routes:
+        match, _ = route.matches({**request.scope, "method": "\x00"})
+        if match is Match.PARTIAL and getattr(route, "methods", None):
+            allowed |= set(route.methods)
+    if "GET" in allowed:
+        allowed.add("HEAD")
+    return JSONResponse({"detail": "Method Not Allowed"}, status_code=405,
+                        headers={"Allow": ", ".join(sorted(allowed))})

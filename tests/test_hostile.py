@@ -1,0 +1,200 @@
+"""Hostile input gets a clean 4xx (issue 21): every number field of every body, quantities, ids, query parameters
+and malformed bodies, sent as raw JSON text to the real app (an in-memory allocator with a few nodes and hints).
+Each case: the expected 4xx (never a 5xx), a JSON body with a `detail`, no non-finite number in it (nor the raw
+literal sent), and the allocator's state unchanged."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import warnings
+
+import pytest
+
+from allocator_helpers import T4, hint_set, v100
+from hetplan.allocator.core import Allocator
+from servers import TOKEN
+
+with warnings.catch_warnings():
+    warnings.simplefilter("ignore")  # starlette's note on httpx
+    from fastapi.testclient import TestClient
+
+from hetplan.allocator.service import ServiceSettings, create_app  # noqa: E402
+
+ADMIN = {"Authorization": f"Bearer {TOKEN}"}
+JSON = {"content-type": "application/json"}
+NON_FINITE = ["NaN", "Infinity", "-Infinity", "1e309", "1E400"]
+NUMBERS = [*NON_FINITE, "-1", "1e30", str(10**40), '"1"', "true", "null", "[]"]
+"""Raw JSON literals for a number field (json.dumps writes none of the first five)."""
+
+POD = ('{"metadata": {"name": "p", "labels": {"hetplan.io/model": "res50"}}, "spec": {"containers": [{"name": "c", '
+       '"resources": {"requests": {"nvidia.com/gpu": %s, "cpu": %s, "memory": %s}}}]}}')
+QUANTITY_DEFAULTS = {"nvidia.com/gpu": '"1"', "cpu": '"4"', "memory": '"16Gi"'}
+
+
+def pod(**raw: str) -> str:
+    values = {**QUANTITY_DEFAULTS, **{k.replace("_", "."): v for k, v in raw.items()}}
+    return POD % (values["nvidia.com/gpu"], values["cpu"], values["memory"])
+
+
+def allocate(job_id: str = '"h"', model: str = '"res50"', num_gpus: str = "1", cpus: str = "4",
+             mem_gb: str = "16") -> bytes:
+    return (f'{{"job_id": {job_id}, "model": {model}, "num_gpus": {num_gpus}, "cpus": {cpus}, '
+            f'"mem_gb": {mem_gb}}}').encode()
+
+
+def upsert(name: str = '"n9"', gpus: str = "8", cpus: str = "64", mem_gb: str = "488") -> bytes:
+    return (f'{{"upsert": [{{"name": {name}, "gpu_type": "V100", "gpus": {gpus}, "cpus": {cpus}, '
+            f'"mem_gb": {mem_gb}}}]}}').encode()
+
+
+def node_item(**raw: str) -> str:
+    alloc = {"nvidia.com/gpu": '"8"', "cpu": '"64"', "memory": '"488Gi"',
+             **{k.replace("_", "."): v for k, v in raw.items()}}
+    return ('{"metadata": {"name": "v1", "labels": {"nvidia.com/gpu.product": "Tesla-V100-SXM2-16GB"}}, "status": '
+            f'{{"allocatable": {{"nvidia.com/gpu": {alloc["nvidia.com/gpu"]}, "cpu": {alloc["cpu"]}, '
+            f'"memory": {alloc["memory"]}}}}}}}')
+
+
+def names_body(pod_json: str, names: str = '["v1", "v2"]') -> bytes:
+    return f'{{"Pod": {pod_json}, "NodeNames": {names}}}'.encode()
+
+
+CASES: list = []
+
+
+def case(id_: str, path: str, body: bytes | None, status: int, *, method: str = "POST", headers: dict | None = None,
+         params: dict | None = None, literal: str | None = None) -> None:
+    CASES.append(pytest.param(method, path, body, status, headers if headers is not None else JSON, params, literal,
+                              id=id_))
+
+
+# --- every number field x every hostile literal -----------------------------------------------------------------
+for field in ("num_gpus", "cpus", "mem_gb"):
+    for value in NUMBERS:
+        if value == "null" and field != "num_gpus":
+            continue  # an absent own request: valid
+        case(f"allocate-{field}={value}", "/v1/allocate", allocate(**{field: value}), 422, literal=value)
+for field in ("gpus", "cpus", "mem_gb"):
+    for value in [*NUMBERS, "-0", "0"]:
+        case(f"nodes-{field}={value}", "/v1/nodes", upsert(**{field: value}), 422, headers={**JSON, **ADMIN},
+             literal=value)
+for route in ("/filter", "/prioritize"):
+    for key in ("nvidia_com/gpu", "cpu", "memory"):
+        for value in NUMBERS:
+            if value == '"1"':
+                continue  # a quantity string: valid
+            expected = 422 if value in NON_FINITE or value in ("true", "null", "[]") else 400
+            case(f"{route[1:]}-pod-{key}={value}", route, names_body(pod(**{key: value})), expected, literal=value)
+    for key in ("nvidia_com/gpu", "cpu", "memory"):
+        for value in NON_FINITE:  # Nodes items are free-form objects: refused anywhere in the body
+            body = f'{{"Pod": {pod()}, "Nodes": {{"items": [{node_item(**{key: value})}]}}}}'.encode()
+            case(f"{route[1:]}-node-{key}={value}", route, body, 422, literal=value)
+
+# --- quantities that Python's int()/float()/Decimal() would take but Kubernetes' grammar does not --------------
+QUANTITIES = ["\u0664", "\uff14", "\u09ea", "1_000", "1e3Gi", " 4", "4 ", "0x10", "4\\n", "", "1e99", "Infinity",
+              "NaN", "+-1", "1.2.3", "4Gb", "\u0664Gi", "\u00b2", "1\u00a0Gi", "\u2163"]
+for route in ("/filter", "/prioritize"):
+    for key in ("nvidia_com/gpu", "cpu", "memory"):
+        for value in QUANTITIES:
+            case(f"{route[1:]}-quantity-{key}={value!r}", route, names_body(pod(**{key: f'"{value}"'})), 400)
+
+# --- ids: printable, no space at either end, at most 253 characters ---------------------------------------------
+IDS = ["\\u200b", "\\ufeff", "\\u0000", "\\n", "\\ud800", "\\udc00x", "x" * 254, "\\u202e", "a\\tb", " a", "a ", "",
+       "\\u2028", "\\u00a0x", "x\\u3000", "\\udb40\\udc01", "\\ue000", "\\u0378", "a\\u200db", "\\u0085", "\\u061c"]
+for value in IDS:
+    raw = f'"{value}"'
+    case(f"allocate-job_id={value[:12]!r}", "/v1/allocate", allocate(job_id=raw), 422)
+    case(f"allocate-model={value[:12]!r}", "/v1/allocate", allocate(model=raw), 422)
+    case(f"release-job_id={value[:12]!r}", "/v1/release", f'{{"job_id": {raw}}}'.encode(), 422)
+    case(f"nodes-name={value[:12]!r}", "/v1/nodes", upsert(name=raw), 422, headers={**JSON, **ADMIN})
+
+# --- query parameters ---------------------------------------------------------------------------------------------
+for value in [*NON_FINITE, "1.5", "true", "[]", "", "\u0664", "\uff14", "1_0", " 1", "0x10", "1e3"]:
+    case(f"actions-since={value!r}", "/v1/actions", None, 422, method="GET", params={"since": value})
+
+# --- bodies -------------------------------------------------------------------------------------------------------
+NESTED = b"[" * 10_000 + b"]" * 10_000
+MANY_KEYS = ("{" + ", ".join(f'"k{i}": {i}' for i in range(4000)) + "}").encode()
+DUPLICATE = b'{"job_id": "ok", "job_id": "\\u200b", "model": "res50", "num_gpus": 1}'  # the last wins, as in Go
+BODIES = {"not-json": (b"job_id=h&model=res50", 422), "truncated": (b'{"job_id": "h", "model": ', 422),
+          "empty": (b"", 422), "nested-10k": (NESTED, 422),
+          "nested-object": (b'{"a":' * 5000 + b"1" + b"}" * 5000, 422),
+          "many-keys": (MANY_KEYS, 422), "duplicate-keys": (DUPLICATE, 422), "not-utf8": (b'{"job_id": "\xff"}', 422),
+          "array": (b"[]", 422), "scalar": (b"1e309", 422), "string": (b'"NaN"', 422), "nan": (b"NaN", 422),
+          "bom": (b'\xef\xbb\xbf{"job_id": "h"}', 422), "gzip": (gzip.compress(allocate()), 422),
+          "gzip-bomb": (gzip.compress(b"[" * 1_000_000), 422)}
+for route, admin in [("/v1/allocate", False), ("/v1/release", False), ("/v1/nodes", True), ("/filter", False),
+                     ("/prioritize", False)]:
+    auth = ADMIN if admin else {}
+    for name, (body, status) in BODIES.items():
+        if name == "duplicate-keys" and route != "/v1/allocate":
+            continue
+        headers = {**JSON, **auth, **({"content-encoding": "gzip"} if name.startswith("gzip") else {})}
+        case(f"{route[1:]}-body-{name}", route, body, status, headers=headers)
+    case(f"{route[1:]}-text-plain", route, allocate(), 415, headers={"content-type": "text/plain", **auth})
+    case(f"{route[1:]}-form", route, b"job_id=h", 415,
+         headers={"content-type": "application/x-www-form-urlencoded", **auth})
+    case(f"{route[1:]}-over-limit", route, b'{"a": "' + b"x" * (64 * 1024 if route[1] == "v" else 33 * 2**20) + b'"}',
+         413, headers={**JSON, **auth})
+case("filter-too-many-names", "/filter", names_body(pod(), json.dumps([f"n{i}" for i in range(2000)])), 413)
+case("prioritize-too-many-names", "/prioritize", names_body(pod(), json.dumps([f"n{i}" for i in range(2000)])), 413)
+
+
+@pytest.fixture(scope="module")
+def service():
+    allocator = Allocator([v100("v1"), v100("v2"), T4], "hint", hint_set())
+    app = create_app(ServiceSettings(token=TOKEN, tick_seconds=0), allocator=allocator)
+    with TestClient(app, raise_server_exceptions=False) as client:
+        assert client.post("/v1/allocate", json={"job_id": "held", "model": "res50", "num_gpus": 2, "cpus": 4}
+                           ).json()["status"] == "allocated"
+        yield client, allocator
+
+
+def _no_constants(name: str) -> None:
+    raise AssertionError(f"the answer holds a non-finite number: {name}")
+
+
+def test_there_are_enough_cases():
+    assert len(CASES) >= 250
+
+
+@pytest.mark.parametrize(("method", "path", "body", "status", "headers", "params", "literal"), CASES)
+def test_hostile_input_gets_a_clean_4xx_and_changes_nothing(service, method, path, body, status, headers, params,
+                                                           literal):
+    client, allocator = service
+    before = allocator.cluster.snapshot()
+    response = client.request(method, path, content=body, headers=headers, params=params)
+    assert response.status_code == status, response.text[:500]
+    answer = json.loads(response.text, parse_constant=_no_constants)  # valid JSON, no NaN/Infinity in it
+    assert isinstance(answer, dict) and answer["detail"], answer
+    if literal in NON_FINITE:
+        assert literal not in response.text
+    if status == 422 and isinstance(answer["detail"], list):
+        assert all(set(e) == {"loc", "msg", "type"} for e in answer["detail"])  # FastAPI's shape, no input echoed
+    assert allocator.cluster.snapshot() == before
+    assert client.get("/healthz").status_code == 200
+
+
+@pytest.mark.parametrize(("field", "value"), [("num_gpus", "-0"), ("cpus", "-0"), ("mem_gb", "-0.0"),
+                                              ("cpus", "null")])
+def test_negative_zero_and_an_absent_request_are_valid(service, field, value):
+    client, _ = service
+    answer = client.post("/v1/allocate", content=allocate(job_id='"zero"', **{field: value}), headers=JSON).json()
+    assert answer["status"] == "allocated", answer
+    assert client.post("/v1/release", json={"job_id": "zero"}).json()["released"]
+
+
+def test_a_retry_with_a_larger_own_request_is_a_conflict_not_the_old_allocation(service):
+    """Issue 21: a repeated allocate with a larger own cpus was answered with the earlier, smaller allocation."""
+    client, allocator = service
+    first = client.post("/v1/allocate", json={"job_id": "r", "model": "res50", "num_gpus": 1, "cpus": 2}).json()
+    assert first["status"] == "allocated" and not first["replayed"]
+    again = client.post("/v1/allocate", json={"job_id": "r", "model": "res50", "num_gpus": 1, "cpus": 2}).json()
+    assert again["replayed"] and again["allocation"] == first["allocation"]
+    before = allocator.cluster.snapshot()
+    bigger = client.post("/v1/allocate", json={"job_id": "r", "model": "res50", "num_gpus": 1, "cpus": 12}).json()
+    assert bigger["status"] == "rejected" and bigger["reason"] == "conflict"
+    assert "own cpus 12 cores, allocated for 2" in bigger["message"]
+    assert allocator.cluster.snapshot() == before
+    client.post("/v1/release", json={"job_id": "r"})
