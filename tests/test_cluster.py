@@ -11,7 +11,8 @@ from hetplan.allocator import (
     Allocation, Allocator, Cluster, DurableAllocator, Job, Node, Reason, Rejection,
     StateError,
 )
-from hetplan.allocator.policies import floor_need, keep_gpus_fed, want_need
+from hetplan.allocator.cluster import floor_need
+from hetplan.allocator.policies import keep_gpus_fed, want_need
 from hetplan.allocator.spec import CLOSED_LABEL
 from hetplan.hints import HintSet
 from allocator_helpers import (
@@ -287,3 +288,18 @@ def test_best_fit_skips_nodes_with_the_cores_but_not_the_ram():
                                  lambda shape: (8000, 61 * gib)).node == "d"
 
 
+
+
+@pytest.mark.parametrize("job,hinted,floor", [
+    (Job("a", "m", 2), None, (16000, 122880)),  # the GPU-proportional share of 2 of 8 GPUs (64 cores, 480 GiB)
+    (Job("a", "m", 2), (9000, 200000), (9000, 122880)),  # a smaller hinted share is the floor, per resource
+    (Job("a", "m", 2, cpu_m=3000), (9000, 200000), (3000, 122880)),  # an own request is the floor where stated
+    (Job("a", "m", 2, cpu_m=40000, mem_mib=1024), None, (40000, 1024)),  # ... above or below the share
+    (Job("a", "m", 0, gpu_milli=250), None, (2000, 15360)),  # a quarter GPU: its slice of one GPU's share
+    (Job("a", "m", 0), None, (0, 0)),  # CPU-only, no request: nothing is owed
+    (Job("a", "m", 0, cpu_m=500, mem_mib=512), None, (500, 512)),
+])
+def test_one_floor_rule_for_policies_steps_and_the_extender(job, hinted, floor):
+    shape = Node("n", "V100", 8, 64, 480).shape
+    want = None if hinted is None else (lambda s: hinted)
+    assert floor_need(job, want)(shape) == floor

@@ -219,7 +219,7 @@ def _node(name: str, gpus: int = 8, cpus: int = 64, mem_gib: int = 488, free_gpu
     (65000, None, 64, "unresolvable"),  # more than the node has: preemption cannot help
 ])
 def test_the_pods_own_request_is_its_floor_as_in_the_policies(cpu_m, mem_mib, free_cpus, outcome):
-    """The extender once ignored a pod's own cpu/memory requests; it now uses `policies.floor_need` on the pod's
+    """The extender once ignored a pod's own cpu/memory requests; it now uses `cluster.floor_need` on the pod's
     `Job`, so it passes a node exactly when the policies could place the pod there."""
     pod = PodClass("p", "ns", "never-hinted", 2, cpu_m, mem_mib)
     result = filter_nodes(pod, [_node("n", free_gpus=2, free_cpus=free_cpus)], hints())

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Protocol
 
-from hetplan.allocator.spec import MILLI_PER_GPU, Allocation, Node, Shape, mib_to_gib, to_mib_up, to_milli_up
+from hetplan.allocator.spec import MILLI_PER_GPU, Allocation, Job, Node, Shape, mib_to_gib, to_mib_up, to_milli_up
 
 if TYPE_CHECKING:
     from hetplan.hints.index import HintEntry
@@ -41,6 +41,31 @@ Reserve = Callable[[Shape], int]
 def proportional_need(gpus: int) -> Need:
     """The GPU-proportional share of `gpus` GPUs on each shape."""
     return lambda shape: shape.proportional(gpus)
+
+
+def floor_need(job: Job, want: Need | None = None) -> Need:
+    """The one floor rule (every policy, the co-adaptive step, the extender): per resource, the job's own request
+    where it stated one; else the smaller of `want` (its hinted share; None: no hint) and its GPU-proportional
+    share (for a GPU share, its slice of one GPU's). Nobody gets less than the proportional share unless its own
+    hinted share is smaller (then it has its plateau anyway) or it asked for less. Remembered per node shape."""
+    memo: dict[Shape, tuple[int, int]] = {}
+    milli = job.gpu_milli
+
+    def floor(shape: Shape) -> tuple[int, int]:
+        value = memo.get(shape)
+        if value is None:
+            if job.whole:
+                cpu, mem = shape.proportional(job.num_gpus)
+            else:
+                cpu, mem = (shape.cpu_m * milli // (MILLI_PER_GPU * shape.gpus),
+                            shape.mem_mib * milli // (MILLI_PER_GPU * shape.gpus))
+            if want is not None:
+                hinted = want(shape)
+                cpu, mem = min(cpu, hinted[0]), min(mem, hinted[1])
+            value = memo[shape] = job.floor(cpu, mem)
+        return value
+
+    return floor
 
 
 def hinted_need(entry: HintEntry, gpus: int) -> Need:

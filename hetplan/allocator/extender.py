@@ -38,8 +38,8 @@ from pydantic import (
     AliasChoices, BaseModel, ConfigDict, Field, StrictFloat, StrictInt, StrictStr, ValidationError, model_validator,
 )
 
-from hetplan.allocator.cluster import Free
-from hetplan.allocator.policies import floor_need, want_need
+from hetplan.allocator.cluster import Free, floor_need, hinted_need
+from hetplan.allocator.policies import want_need
 from hetplan.allocator.spec import Job, Shape, mib_to_gib
 from hetplan.gpus import UnknownGpuError, canonical_gpu
 from hetplan.hints.index import HintEntry, HintSet
@@ -231,7 +231,7 @@ class PodClass:
 
     def job(self) -> Job:
         """The pod as the allocator's policies see a request (`Job`): its GPUs and its own request, the floor
-        (`policies.floor_need`). The id and model are placeholders: no floor depends on them."""
+        (`cluster.floor_need`). The id and model are placeholders: no floor depends on them."""
         return Job("pod", "pod", self.gpus, 0, self.cpu_m, self.mem_mib)
 
 
@@ -375,7 +375,7 @@ class FilterOutcome:
 def filter_nodes(pod: PodClass, candidates: Iterable[Candidate], hints: HintSet, strict: bool = False) -> FilterOutcome:
     """Keep the nodes that can run the pod: GPU type known (and hinted, when `strict`), enough GPUs and at least the
     pod's own request of cores and RAM, and, when usage is known, the GPUs and the pod's floor free: the policies'
-    (`policies.floor_need`: its own request, else the GPU-proportional share; on a hinted type, as `HintPolicy`
+    (`cluster.floor_need`: its own request, else the GPU-proportional share; on a hinted type, as `HintPolicy`
     degrades, the smaller of that and the hinted share raised to the own request).
 
     Failures that preemption cannot fix (wrong node, too small) go to `unresolvable`; the others to `failed`.
@@ -414,10 +414,9 @@ def filter_nodes(pod: PodClass, candidates: Iterable[Candidate], hints: HintSet,
             if free.gpus < g:
                 failed[c.name] = f"{free.gpus} of {shape.gpus} GPUs free; the pod needs {g}"
                 continue
-            floor_cpu, floor_mem = floor_need(job)(shape)  # the policies' floor: the own request, else the share
-            if entry is not None:  # a hinted type: as `HintPolicy`, degrading toward min(floor, hinted share)
-                want_cpu, want_mem = want_need(entry, job)(shape)
-                floor_cpu, floor_mem = min(floor_cpu, want_cpu), min(floor_mem, want_mem)
+            # the one floor rule: the own request, else min(hinted share on this type, proportional share)
+            hinted = hinted_need(entry, job.num_gpus) if entry is not None else None
+            floor_cpu, floor_mem = floor_need(job, hinted)(shape)
             if free.cpu_m < floor_cpu or free.mem_mib < floor_mem:
                 failed[c.name] = (f"{free.cpu_m / 1000:g} cores and {mib_to_gib(free.mem_mib):g} GiB free; the class "
                                   f"needs at least {floor_cpu / 1000:g} cores and {mib_to_gib(floor_mem):g} GiB")

@@ -28,11 +28,11 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable
 from typing import Protocol
 
-from hetplan.allocator.cluster import ClusterView, Fit, GpuTypes, Need, hinted_need
+from hetplan.allocator.cluster import ClusterView, Fit, GpuTypes, Need, floor_need, hinted_need
 from hetplan.allocator.rebalance import CoAdaptive
 from hetplan.allocator.stability import Stability
 from hetplan.allocator.spec import (
-    MILLI_PER_GPU, Allocation, Decision, Job, Reason, Rejection, Shape, Share, mib_to_gib,
+    Allocation, Decision, Job, Reason, Rejection, Shape, Share, mib_to_gib,
 )
 from hetplan.hints.index import HintEntry, HintSet
 
@@ -48,15 +48,6 @@ class Policy(Protocol):
     """The round policy `Allocator.rebalance` runs; None: placement only, a job keeps its place until it ends."""
 
     def place(self, job: Job, state: ClusterView, hints: HintSet) -> Decision: ...
-
-
-def floor_need(job: Job) -> Need:
-    """The job's own request where stated, else its GPU-proportional share (a GPU share's slice of one GPU's)."""
-    if job.whole:
-        return lambda shape: job.floor(*shape.proportional(job.num_gpus))
-    milli = job.gpu_milli
-    return lambda shape: job.floor(shape.cpu_m * milli // (MILLI_PER_GPU * shape.gpus),
-                                   shape.mem_mib * milli // (MILLI_PER_GPU * shape.gpus))
 
 
 def want_need(entry: HintEntry, job: Job) -> Need:

@@ -46,8 +46,8 @@ from types import MappingProxyType
 from typing import Literal
 
 from hetplan.allocator.admission import who_runs
-from hetplan.allocator.cluster import Cluster, Need, hinted_need, proportional_need
-from hetplan.allocator.spec import Allocation, Job, Shape, Share
+from hetplan.allocator.cluster import Cluster, Need, floor_need, hinted_need, proportional_need
+from hetplan.allocator.spec import Allocation, Job, Share
 from hetplan.allocator.stability import MoveHistory, Stability, remaining_s, saved_s
 from hetplan.hints.index import HintEntry, HintSet
 
@@ -105,7 +105,7 @@ class ClassView:
     regret: float  # second-best speed minus the best (<= 0): the most to lose picks a type first
     entries: dict[str, HintEntry]  # the best-ranked hint entry per hinted GPU type
     wants: dict[str, Need]  # per GPU type: the hinted cores and RAM, else the GPU-proportional share
-    floors: dict[str, Need]  # per GPU type: min(want, GPU-proportional share)
+    floors: dict[str, Need]  # per GPU type: the floor rule (`cluster.floor_need`) for a job stating no request
     values: dict[str | None, dict[str, float]] = field(default_factory=dict)  # by the type it runs on now
     gains: dict[tuple[str | None, str], tuple[tuple[float, str], ...]] = field(default_factory=dict)
 
@@ -199,22 +199,10 @@ def _class_view(entries: tuple[HintEntry, ...], gpus: int, gpu_types: tuple[str,
     for e in entries:
         first.setdefault(e.gpu_type, e)
     wants = {t: hinted_need(first[t], gpus) if t in first else proportional_need(gpus) for t in gpu_types}
-    floors = {t: _floor_need(wants[t], gpus) for t in gpu_types}
+    unasked = Job("class", "class", gpus)  # a job of the class that states no request of its own
+    floors = {t: floor_need(unasked, wants[t]) for t in gpu_types}
     return ClassView(speeds, tuple(sorted(speeds, key=lambda t: (-speeds[t], t))), ranked[1] - ranked[0], first,
                      wants, floors)
-
-
-def _floor_need(want: Need, gpus: int) -> Need:
-    """min(want, GPU-proportional share) per resource, remembered per node shape."""
-    memo: dict[Shape, tuple[int, int]] = {}
-
-    def floor(shape: Shape) -> tuple[int, int]:
-        value = memo.get(shape)
-        if value is None:
-            value = memo[shape] = tuple(min(w, p) for w, p in zip(want(shape), shape.proportional(gpus)))
-        return value
-
-    return floor
 
 
 class _Step:
@@ -661,11 +649,11 @@ class _Step:
         return lambda shape: own(*want(shape))
 
     def _floor(self, job: Job, gpu_type: str) -> Need:
-        """min(hinted, GPU-proportional share), the job's own request where it stated one."""
-        floor = self._view(job).floors[gpu_type]
+        """The floor rule (`cluster.floor_need`) with the class's hinted share on `gpu_type`."""
+        view = self._view(job)
         if job.cpu_m is None and job.mem_mib is None:
-            return floor
-        return lambda shape: job.floor(*floor(shape))
+            return view.floors[gpu_type]  # the class's, remembered across steps
+        return floor_need(job, view.wants[gpu_type])
 
     def _floor_of(self, a: Allocation) -> tuple[int, int]:
         job = self._job_of(a)
