@@ -63,7 +63,7 @@ def _job(rng: random.Random, k: int) -> Job:
 
 def _state(a: Allocator) -> dict:
     """Everything that decides what the allocator does next, comparable with `==`."""
-    return {"cluster": a.cluster.snapshot(), "order": list(a.cluster.allocation_table()),
+    return {"cluster": a.cluster.snapshot(), "order": [x.job_id for x in a.cluster.allocations()],
             "gangs": dict(a._gangs), "touched": a.touched(), "history": dict(a.history), "latest": a.log.latest,
             "log": [(x.seq, x.at, x.action) for x in a.log.entries()], "hints": a.hints.version}
 

@@ -157,11 +157,12 @@ class Cluster:
         self._closed: set[str] = set()  # nodes closed to new placement (out of the index)
         self._names: list[str] = []  # sorted
         self._next_ordinal = 0
-        self._journal: list[tuple[bool, Allocation]] | None = None  # (applied?, allocation) while in a trial
+        # while in a trial: (applied?, allocation, its place in the order before a release)
+        self._journal: list[tuple[bool, Allocation, int]] | None = None
         self._kept = False  # the open trial stays when it closes without an error (`keep_trial`)
-        self._kept_journal: list[tuple[bool, Allocation]] | None = None  # the last kept trial's, until `settle`
-        self._order: list[str] | None = None  # the allocations' order before the trial's first release
-        self._kept_order: list[str] | None = None
+        self._kept_journal: list[tuple[bool, Allocation, int]] | None = None  # the last kept trial's, until `settle`
+        self._place: dict[str, int] = {}  # allocation id -> its place in the order allocations are listed
+        self._next_place = 0
         for node in nodes:
             self.add_node(node)
 
@@ -216,7 +217,10 @@ class Cluster:
         return self._allocations.get(job_id)
 
     def allocations(self) -> list[Allocation]:
-        return list(self._allocations.values())
+        """Every allocation, in the order they were applied (one re-sized or moved counts as applied anew; one a
+        trial released and applied again as it was keeps its place)."""
+        place = self._place
+        return sorted(self._allocations.values(), key=lambda a: place[a.job_id])
 
     def allocation_table(self) -> Mapping[str, Allocation]:
         """Job (or gang part) id -> its allocation, read-only and live: for lookups of many ids at once."""
@@ -509,7 +513,7 @@ class Cluster:
         """
         if self._journal is not None:
             raise StateError("a trial is already open on this cluster")
-        self._journal, self._kept, self._order = [], False, None
+        self._journal, self._kept = [], False
         try:
             yield self
         except BaseException:
@@ -517,12 +521,10 @@ class Cluster:
             raise
         finally:
             if self._kept:
-                self._kept_journal, self._kept_order = self._journal, self._order
+                self._kept_journal = self._journal
             else:
                 self.undo_to(0)
-                if self._order is not None:
-                    self._reorder(self._order)
-            self._journal, self._kept, self._order = None, False, None
+            self._journal, self._kept = None, False
 
     def keep_trial(self) -> None:
         """Keep the open trial's changes when it closes without an error, instead of undoing them."""
@@ -531,29 +533,44 @@ class Cluster:
         self._kept = True
 
     def settle(self, taken: Collection[str], given: Iterable[Allocation]) -> None:
-        """After a kept trial: order the table of allocations (`allocations()`) as releasing `taken` (ids) and
-        then applying `given` to the state before the trial would have: the untouched in their old order, the
-        given at the end. That must be what the trial holds (the same ids; checked). For a mechanism that kept a
-        trial instead of undoing it to apply its difference afresh (and journals just that difference)."""
-        journal, order, self._kept_journal, self._kept_order = self._kept_journal, self._kept_order, None, None
+        """After a kept trial: list the allocations (`allocations()`) as releasing `taken` (ids) and then applying
+        `given` to the state before the trial would have: the untouched in their old order, an allocation
+        released and applied again as it was in its old place, the given at the end in their order. That must be
+        what the trial holds (checked: every allocation it touched is given, taken, or as it was). For a mechanism
+        that kept a trial instead of undoing it to apply its difference afresh (and journals just that difference).
+        Costs what the trial touched, not the cluster's size."""
+        journal, self._kept_journal = self._kept_journal, None
         if journal is None:
             raise StateError("no kept trial to settle")
-        if order is None:  # nothing was released in the trial: what it applied came after the rest
-            applied = {a.job_id for _, a in journal}
-            order = [job for job in self._allocations if job not in applied]
-        gone, given = set(taken), list(given)
-        given_ids = [a.job_id for a in given]
-        keys = [job for job in order if job not in gone] + given_ids
+        given = list(given)
+        gone, new = set(taken), {a.job_id: a for a in given}
         table = self._allocations
-        if len(keys) != len(table) or set(keys) != table.keys() or any(table[a.job_id] is not a for a in given):
-            raise StateError("settle: the kept trial does not hold what releasing and applying would")
-        self._reorder(keys)
-
-    def _reorder(self, keys: list[str]) -> None:
-        table = self._allocations
-        ordered = {job: table[job] for job in keys}
-        table.clear()
-        table.update(ordered)
+        first: dict[str, tuple[bool, Allocation, int]] = {}
+        for entry in journal:
+            first.setdefault(entry[1].job_id, entry)
+        for job_id, (applied, a, place) in first.items():
+            if job_id in new:
+                continue
+            held = table.get(job_id)
+            if job_id in gone:
+                if held is not None:
+                    break
+            elif applied:  # new in the trial but not given: gone again by its end
+                if held is not None:
+                    break
+            elif held is not a:  # changed, but not taken and given
+                break
+            else:
+                self._place[job_id] = place  # released and applied again as it was: its old place
+        else:
+            dropped = gone - new.keys()  # taken and not given again: released in the trial, absent now
+            if all(table.get(job_id) is a for job_id, a in new.items()) and dropped <= first.keys() \
+                    and not any(job_id in table for job_id in dropped):
+                for a in given:
+                    self._place[a.job_id] = self._next_place
+                    self._next_place += 1
+                return
+        raise StateError("settle: the kept trial does not hold what releasing and applying would")
 
     def mark(self) -> int:
         """A point in the open trial to undo back to (`undo_to`), e.g. for an all-or-nothing gang."""
@@ -569,11 +586,12 @@ class Cluster:
         self._journal = None  # undoing is not journaled
         try:
             while len(journal) > mark:
-                applied, a = journal.pop()
+                applied, a, place = journal.pop()
                 if applied:
                     self.release(a.job_id)
                 else:
                     self.apply(a)
+                    self._place[a.job_id] = place  # back in its old place
         finally:
             self._journal = journal
 
@@ -692,14 +710,13 @@ class Cluster:
         state.jobs.add(a.job_id)
         self._allocations[a.job_id] = a
         self._insert(state)
+        self._place[a.job_id] = self._next_place
+        self._next_place += 1
         if self._journal is not None:
-            self._journal.append((True, a))
+            self._journal.append((True, a, -1))
 
     def release(self, job_id: str) -> Allocation | None:
         """Give back a job's resources; return its allocation, or None if the job holds none."""
-        if self._journal is not None and self._order is None and job_id in self._allocations:
-            applied = {a.job_id for _, a in self._journal}  # all applies: this is the trial's first release
-            self._order = [job for job in self._allocations if job not in applied]  # the order before the trial
         a = self._allocations.pop(job_id, None)
         if a is None:
             return None
@@ -712,8 +729,9 @@ class Cluster:
         state.free_mem += a.mem_mib
         state.jobs.discard(job_id)
         self._insert(state)
+        place = self._place.pop(job_id)
         if self._journal is not None:
-            self._journal.append((False, a))
+            self._journal.append((False, a, place))
         return a
 
     @staticmethod
