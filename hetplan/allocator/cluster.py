@@ -461,9 +461,17 @@ class Cluster:
         shapes = [*self._index, *(self._states[name].shape for name in self._closed)]
         return any(shape.gpus >= gpus and shape.cpu_m >= cpu_m and shape.mem_mib >= mem_mib for shape in shapes)
 
-    def with_free_gpus(self, gpu_type: GpuTypes, gpus: int) -> list[str]:
-        """Nodes with at least `gpus` free GPUs, whatever their free cores and RAM (fewest free GPUs first)."""
+    def with_free_gpus(self, gpu_type: GpuTypes, gpus: int, among: Collection[str] | None = None) -> list[str]:
+        """Open nodes with at least `gpus` free GPUs, whatever their free cores and RAM (fewest free GPUs first, then
+        the earlier node); `among`: only those of these nodes (costs their number, not the cluster's)."""
         out: list[tuple[int, int, str]] = []
+        if among is not None:
+            types = None if gpu_type is None else {gpu_type} if isinstance(gpu_type, str) else set(gpu_type)
+            for name in among:
+                s = self._states.get(name)
+                if s is not None and s.open and s.free_gpus >= gpus and (types is None or s.shape.gpu_type in types):
+                    out.append((s.free_gpus, s.ordinal, name))
+            return [name for _, _, name in sorted(out)]
         for shape in self._shapes(gpu_type):
             buckets = self._index[shape]
             for k in range(gpus, shape.gpus + 1):

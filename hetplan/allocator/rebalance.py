@@ -231,6 +231,8 @@ class _Step:
         self.full: set[tuple[str, int, int | None, int | None, str]] = set()
         self.views: dict[tuple[str, int], ClassView] = {}
         self._moving: dict[str, tuple[dict[str, float], str | None, float, MoveHistory | None]] = {}
+        self.movable_nodes = {a.node for job_id, parts in current.items() if job_id in self.rank for a in parts}
+        """Nodes where a job of this step runs (or ran when it began): the only ones where peers can shrink."""
         self._placed_log: list[tuple[str, tuple[Allocation, ...] | None]] = []  # (job, what it had): undo
 
     def _view(self, job: Job) -> ClassView:
@@ -349,6 +351,8 @@ class _Step:
             self.placed.pop(job_id, None)
         else:
             self.placed[job_id] = parts
+            if job_id in self.rank:
+                self.movable_nodes.update(a.node for a in parts)
 
     def _admit(self) -> tuple[list[Job], list[Job]]:
         """Who runs: in priority order while GPUs last (with `preempt` every GPU but those of jobs not asked
@@ -555,7 +559,9 @@ class _Step:
 
     def _tune(self, job: Job, gpu_type: str) -> str | None:
         """A node of `gpu_type` with the GPUs free whose peers, shrunk to their floors, leave `job` its floor."""
-        for name in self.cluster.with_free_gpus(gpu_type, job.num_gpus):
+        # only nodes where some job of this step runs: elsewhere nothing can shrink, and `largest_share` (tried
+        # first) already found no free floor
+        for name in self.cluster.with_free_gpus(gpu_type, job.num_gpus, among=self.movable_nodes):
             shape = self.cluster.shape(name)
             floor = self._floor(job, gpu_type)(shape)
             free = self.cluster.free(name)
