@@ -21,7 +21,7 @@ from urllib.parse import parse_qs, urlparse
 import pytest
 
 from hetplan.allocator import Allocator, DurableAllocator, Job, Node, NodeChanges
-from hetplan.allocator.kube_nodes import SOURCE_LABEL, NodeSync, Skip, load_client, to_node
+from hetplan.allocator.k8s.nodes import SOURCE_LABEL, NodeSync, Skip, load_client, to_node
 from hetplan.allocator.metrics import Metrics
 from hetplan.allocator.spec import CLOSED_LABEL, Allocation, Rejection
 from hetplan.catalog.products import product_rules
@@ -199,7 +199,7 @@ def test_a_deleted_busy_node_is_removed_and_its_allocations_evicted_and_logged(c
     sync = sync_on(a, metrics)
     sync.apply_list([k8s_node("gpu-a"), k8s_node("cpu-1", gpus=None, product=None)])
     a.allocate(Job("j1", "res50", 2))
-    with caplog.at_level(logging.WARNING, logger="hetplan.allocator.kube_nodes"):
+    with caplog.at_level(logging.WARNING, logger="hetplan.allocator.k8s.nodes"):
         sync.apply_event("DELETED", k8s_node("gpu-a"))
     assert nodes_of(a) == {} and a.cluster.allocation("j1") is None
     assert "j1@gpu-a" in caplog.text
@@ -387,7 +387,7 @@ def no_proxy(monkeypatch):
 
 
 def test_the_real_client_lists_watches_and_relists_after_410_into_a_durable_allocator(tmp_path, api_server, caplog):
-    caplog.set_level(logging.INFO, logger="hetplan.allocator.kube_nodes")
+    caplog.set_level(logging.INFO, logger="hetplan.allocator.k8s.nodes")
     db = tmp_path / "allocator.db"
     allocator = DurableAllocator(db, "first-fit")
     allocator.change_nodes(NodeChanges(upsert=[Node("from-file", "L4", 1, 8, 32)]))
@@ -456,7 +456,7 @@ def test_the_real_client_lists_watches_and_relists_after_410_into_a_durable_allo
 
 
 def test_errors_are_logged_counted_and_retried_and_a_broken_watch_resumes(tmp_path, api_server, caplog):
-    caplog.set_level(logging.WARNING, logger="hetplan.allocator.kube_nodes")
+    caplog.set_level(logging.WARNING, logger="hetplan.allocator.k8s.nodes")
     allocator = Allocator(policy="first-fit")
     metrics = Metrics()
     api_server.refuse_lists = 2
