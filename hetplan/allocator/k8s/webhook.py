@@ -111,7 +111,9 @@ def review(body: Mapping[str, Any], allocate: Callable[[dict], dict], release: C
     response: dict[str, Any] = {"uid": request.get("uid", ""), "allowed": True}
     pod = request["object"]
     where = f"{request.get('namespace')}/{pods.meta(pod).get('name') or pods.meta(pod).get('generateName', '')}"
-    if request.get("operation") == "CREATE" and request.get("kind", {}).get("kind") == "Pod":
+    if request.get("dryRun"):
+        response["warnings"] = ["hetplan: dry run, nothing allocated"]  # sideEffects: NoneOnDryRun
+    elif request.get("operation") == "CREATE" and request.get("kind", {}).get("kind") == "Pod":
         try:
             patch = admit(pod, str(request.get("namespace") or "default"), allocate, release)
             response["patchType"] = "JSONPatch"
