@@ -229,11 +229,13 @@ class FakeApiServer:
         self.compacted = 0  # pod events up to this resourceVersion are gone
         self.objects: dict[tuple[str, str, str], dict] = {}  # (configmaps|leases, namespace, name) -> object
         self.pdbs: list[dict] = []  # policy/v1 PodDisruptionBudgets (selector.matchLabels, minAvailable)
-        self.webhook_url: str | None = None  # a mutating admission webhook called on pod CREATE (failurePolicy Ignore)
+        self.webhook_url: str | list[str] | None = None  # mutating webhook(s) called on pod CREATE: the first that
+        # answers, as a Service routes to a ready endpoint (failurePolicy Ignore when none does)
         self.webhook_selector = "hetplan.io/model"  # its objectSelector (a label that must exist)
         self.webhook_failures = 0
         self.kubelet_refuses: set[tuple[str, str]] = set()  # pods whose resizes the kubelet finds Infeasible
         self.calls: list[tuple[str, str, Any]] = []  # (method, path, body) of every write
+        self.call_times: list[float] = []  # when each of `calls` arrived (time.time())
         outer = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -253,6 +255,7 @@ class FakeApiServer:
                 try:
                     body = self._body() if method in ("POST", "PUT", "PATCH") else None
                     if method != "GET":
+                        outer.call_times.append(time.time())
                         outer.calls.append((method, url.path, body))
                     if url.path == "/api/v1/nodes" and method == "GET":
                         return self._nodes(query)
@@ -480,12 +483,16 @@ current-context: stand-in
             "resource": {"group": "", "version": "v1", "resource": "pods"}, "operation": "CREATE",
             "namespace": pod["metadata"]["namespace"], "name": pod["metadata"]["name"], "object": pod,
             "userInfo": {"username": "system:serviceaccount:default:launcher"}, "dryRun": False}}
-        try:
-            request = urllib.request.Request(self.webhook_url, json.dumps(review).encode(),
-                                             {"Content-Type": "application/json"})
-            with urllib.request.urlopen(request, timeout=10) as answer:
-                response = json.loads(answer.read())["response"]
-        except (OSError, ValueError, KeyError):
+        response = None
+        for url in [self.webhook_url] if isinstance(self.webhook_url, str) else self.webhook_url or []:
+            try:
+                request = urllib.request.Request(url, json.dumps(review).encode(), {"Content-Type": "application/json"})
+                with urllib.request.urlopen(request, timeout=10) as answer:
+                    response = json.loads(answer.read())["response"]
+                    break
+            except (OSError, ValueError, KeyError):
+                continue
+        if response is None:
             self.webhook_failures += 1
             return pod  # failurePolicy: Ignore
         if response.get("uid") != review["request"]["uid"]:

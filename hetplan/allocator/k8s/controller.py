@@ -12,7 +12,7 @@ One loop, run by the replica that holds the Lease (`lease.LeaseElector`; the oth
    (PodDisruptionBudgets honoured: a 429 is retried), then the gate is lifted; `stop` -> the pod is evicted if it
    still runs; `start` -> nothing (the webhook created the pod with its allocation). Every step first compares
    the cluster with the target, so an action applied again changes nothing.
-3. **Cursor**: after each action, the ConfigMap `<name>-cursor` (key `cursor`) is written, with the
+3. **Cursor**: after each batch of actions read, the ConfigMap `<name>-cursor` (key `cursor`) is written, with the
    resourceVersion read (a replica that lost the lease cannot overwrite it). 410 from the log (the cursor is older
    than the log, or ahead of it): reconcile, then go on from the log's latest.
 4. **Reconcile** (at start, after a 410, every `reconcile_seconds`): `/v1/allocations` against the pods, both
@@ -252,11 +252,14 @@ class Controller:
             answer = None
         if answer is None and self.cursor is None:
             self.reconcile()
+        applied = None
         for action in (answer or {}).get("actions", []):
             if not self.elector.leading():
-                return
+                break
             self.apply(action)
-            self._save_cursor(int(action["seq"]))
+            applied = int(action["seq"])
+        if applied is not None:  # once per batch: applying an action again changes nothing (converge compares first)
+            self._save_cursor(applied)
         self._advance_migrations()
         self._report_kubelet()
         now = time.monotonic()
@@ -391,6 +394,21 @@ class Controller:
                                           grace=self._grace(pod))
         self._advance_migrations()
 
+    def _resume(self, job: str, new: dict) -> None:
+        """A move another replica (or this one, before a restart) began: go on from where the cluster says it is."""
+        ns, name = pods.key(new)
+        old = pods.annotations(new).get(pods.MIGRATED_FROM_KEY, "")
+        seq = name.rsplit("-m", 1)[1] if "-m" in name else "0"
+        with self._lock:
+            old_pod = self.pods.get((ns, old))
+        m = Migration(job, (ns, old), (ns, name), int(seq) if seq.isdigit() else 0,
+                      grace=self._grace(old_pod) if old_pod else self.checkpoint_grace)
+        if old_pod is not None and pods.annotations(old_pod).get(pods.CHECKPOINT_KEY) == str(m.seq):
+            m.asked_at = time.monotonic()  # asked already: its grace is counted again from here (never less)
+        self._migrations[job] = m
+        self.stats.counts["migrations-resumed"] += 1
+        log.info("controller: resuming the move of %s (%s -> %s)", job, old, name)
+
     def _grace(self, pod: dict) -> float:
         try:
             return float(pods.annotations(pod).get(pods.GRACE_KEY, self.checkpoint_grace))
@@ -520,6 +538,8 @@ class Controller:
             self._orphans.pop(job, None)
         for pod in snapshot:
             job = pods.job_id(pod)
+            if job is not None and pods.gated(pod) and job not in self._migrations:
+                self._resume(job, pod)
             if job is None or job in by_job or pods.gated(pod):
                 continue
             self._adopt(job, pod)
