@@ -8,7 +8,6 @@ move only through Eviction; no resize applied twice, none lost; 0 drift at the e
 from __future__ import annotations
 
 import io
-import json
 import os
 import random
 import re

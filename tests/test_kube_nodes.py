@@ -4,19 +4,12 @@ vanished nodes, the real kubernetes client against a stand-in API server over HT
 
 from __future__ import annotations
 
-import copy
 import json
 import logging
-import queue
-import socket
 import subprocess
 import sys
-import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any
-from urllib.parse import parse_qs, urlparse
 
 import pytest
 
