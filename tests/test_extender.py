@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from kubernetes.utils.quantity import parse_quantity as k8s_parse_quantity
 
 from hetplan.allocator.cluster import Free
-from hetplan.allocator.extender import (
+from hetplan.allocator.k8s.extender import (
     Candidate, ExtenderArgs, PodClass, filter_nodes, node_candidate, parse_quantity, pod_class, score_nodes,
 )
 from hetplan.allocator.spec import Shape

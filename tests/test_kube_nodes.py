@@ -4,56 +4,22 @@ vanished nodes, the real kubernetes client against a stand-in API server over HT
 
 from __future__ import annotations
 
-import copy
 import json
 import logging
-import queue
-import socket
 import subprocess
 import sys
-import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any
-from urllib.parse import parse_qs, urlparse
 
 import pytest
 
 from hetplan.allocator import Allocator, DurableAllocator, Job, Node, NodeChanges
-from hetplan.allocator.kube_nodes import SOURCE_LABEL, NodeSync, Skip, load_client, to_node
+from hetplan.allocator.k8s.nodes import SOURCE_LABEL, NodeSync, Skip, load_client, to_node
 from hetplan.allocator.metrics import Metrics
 from hetplan.allocator.spec import CLOSED_LABEL, Allocation, Rejection
 from hetplan.catalog.products import product_rules
 from hetplan.gpus import GPU_NAMES, K8S_PRODUCT
-
-
-def k8s_node(name: str, product: str | None = "Tesla-T4", gpus: str | None = "4", cpu: str = "63500m",
-             memory: str = "256Gi", unschedulable: bool = False, ready: str | None = "True",
-             labels: dict[str, str] | None = None, rv: str = "1") -> dict[str, Any]:
-    """A v1.Node as the API server writes it (trimmed: no images, addresses or daemon endpoints)."""
-    all_labels = {"kubernetes.io/hostname": name, "kubernetes.io/os": "linux", **(labels or {})}
-    if product is not None:
-        all_labels["nvidia.com/gpu.product"] = product
-    allocatable = {"cpu": cpu, "memory": memory, "pods": "110", "ephemeral-storage": "95491281146"}
-    if gpus is not None:
-        allocatable["nvidia.com/gpu"] = gpus
-    conditions = [{"type": "MemoryPressure", "status": "False", "reason": "KubeletHasSufficientMemory"}]
-    if ready is not None:
-        conditions.append({"type": "Ready", "status": ready, "reason": "KubeletReady",
-                           "lastHeartbeatTime": "2026-12-01T10:00:00Z", "lastTransitionTime": "2026-12-01T09:00:00Z"})
-    spec: dict[str, Any] = {"podCIDR": "10.244.1.0/24", "providerID": f"aws:///us-east-1a/i-{name}"}
-    if unschedulable:
-        spec["unschedulable"] = True
-        spec["taints"] = [{"key": "node.kubernetes.io/unschedulable", "effect": "NoSchedule"}]
-    return {"kind": "Node", "apiVersion": "v1",
-            "metadata": {"name": name, "uid": f"uid-{name}", "resourceVersion": rv, "labels": all_labels,
-                         "creationTimestamp": "2026-11-30T08:00:00Z"},
-            "spec": spec,
-            "status": {"capacity": {**allocatable, "cpu": "64", "memory": "264000000Ki"}, "allocatable": allocatable,
-                       "conditions": conditions,
-                       "nodeInfo": {"kubeletVersion": "v1.33.2", "osImage": "Ubuntu 22.04.4 LTS",
-                                    "architecture": "amd64", "containerRuntimeVersion": "containerd://1.7.27"}}}
+from standin_apiserver import FakeApiServer, eventually, k8s_node
 
 
 # --- (a) the translation, table-driven ------------------------------------------------------------------------------
@@ -199,7 +165,7 @@ def test_a_deleted_busy_node_is_removed_and_its_allocations_evicted_and_logged(c
     sync = sync_on(a, metrics)
     sync.apply_list([k8s_node("gpu-a"), k8s_node("cpu-1", gpus=None, product=None)])
     a.allocate(Job("j1", "res50", 2))
-    with caplog.at_level(logging.WARNING, logger="hetplan.allocator.kube_nodes"):
+    with caplog.at_level(logging.WARNING, logger="hetplan.allocator.k8s.nodes"):
         sync.apply_event("DELETED", k8s_node("gpu-a"))
     assert nodes_of(a) == {} and a.cluster.allocation("j1") is None
     assert "j1@gpu-a" in caplog.text
@@ -250,129 +216,6 @@ def test_a_list_applies_as_one_batch_and_falls_back_to_node_by_node(tmp_path):
 # --- (c) end to end: the real kubernetes client against a stand-in API server ---------------------------------------
 
 
-class FakeApiServer:
-    """A stand-in for kube-apiserver, NOT a real one (no API server or Docker runs here): a contract test of the
-    wire format the sync reads. It serves `GET /api/v1/nodes` (a v1 NodeList with `metadata.resourceVersion`)
-    and `GET /api/v1/nodes?watch=true&resourceVersion=...` (a chunked stream of newline-delimited watch events,
-    `{"type": ..., "object": ...}`, as the API server writes them; after an ERROR event it ends the stream, as
-    the API server does). The test sets `nodes` (what a list returns) and pushes events."""
-
-    def __init__(self) -> None:
-        self.nodes: dict[str, dict] = {}
-        self.resource_version = "100"
-        self.events: queue.Queue[dict] = queue.Queue()
-        self.requests: list[str] = []
-        self.lists = 0
-        self.refuse_lists = 0  # answer that many lists 403 Forbidden first (no RBAC yet)
-        self._closing = threading.Event()
-        outer = self
-
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def log_message(self, *args: object) -> None:  # quiet
-                pass
-
-            def do_GET(self) -> None:  # noqa: N802 - the stdlib's name
-                url = urlparse(self.path)
-                query = {k: v[-1] for k, v in parse_qs(url.query).items()}
-                outer.requests.append(self.path)
-                if url.path != "/api/v1/nodes":
-                    return self._json(404, {"kind": "Status", "apiVersion": "v1", "status": "Failure",
-                                            "reason": "NotFound", "code": 404})
-                if query.get("watch", "").lower() == "true":
-                    return self._watch(float(query.get("timeoutSeconds", "300")))
-                if outer.refuse_lists > 0:
-                    outer.refuse_lists -= 1
-                    return self._json(403, {"kind": "Status", "apiVersion": "v1", "status": "Failure", "code": 403,
-                                            "reason": "Forbidden", "message": 'nodes is forbidden: User '
-                                            '"system:serviceaccount:hetplan:allocator" cannot list resource "nodes"'})
-                outer.lists += 1
-                return self._json(200, {"kind": "NodeList", "apiVersion": "v1",
-                                        "metadata": {"resourceVersion": outer.resource_version},
-                                        "items": [copy.deepcopy(n) for n in outer.nodes.values()]})
-
-            def _json(self, status: int, body: dict) -> None:
-                data = json.dumps(body).encode()
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-            def _watch(self, timeout: float) -> None:
-                self.send_response(200)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Transfer-Encoding", "chunked")
-                self.end_headers()
-                deadline = time.monotonic() + timeout
-                try:
-                    while not outer._closing.is_set() and time.monotonic() < deadline:
-                        try:
-                            event = outer.events.get(timeout=0.05)
-                        except queue.Empty:
-                            continue
-                        if event["type"] == "DROP":  # not Kubernetes: the test's way to break a connection
-                            self.connection.shutdown(socket.SHUT_RDWR)
-                            break
-                        line = json.dumps(event).encode() + b"\n"
-                        self.wfile.write(b"%x\r\n%s\r\n" % (len(line), line))
-                        self.wfile.flush()
-                        if event["type"] == "ERROR":
-                            break
-                    else:
-                        self.wfile.write(b"0\r\n\r\n")  # the server's timeout: the stream ends cleanly
-                        self.wfile.flush()
-                except OSError:
-                    pass  # the client went away (NodeSync.stop shuts its socket down)
-                self.close_connection = True
-
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.httpd.daemon_threads = True
-        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
-        self._thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
-
-    def start(self) -> FakeApiServer:
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        self._closing.set()
-        self.httpd.shutdown()
-        self.httpd.server_close()
-        self._thread.join(5)
-
-    def push(self, kind: str, obj: dict) -> None:
-        self.events.put({"type": kind, "object": copy.deepcopy(obj)})
-
-    def kubeconfig(self, path: Path) -> Path:
-        path.write_text(f"""apiVersion: v1
-kind: Config
-clusters:
-- name: stand-in
-  cluster: {{server: "{self.url}"}}
-users:
-- name: hetplan
-  user: {{token: not-a-real-token}}
-contexts:
-- name: stand-in
-  context: {{cluster: stand-in, user: hetplan}}
-current-context: stand-in
-""")
-        return path
-
-
-def eventually(what, deadline_s: float = 20.0):
-    """Poll `what()` until it is truthy; return it (fail at the deadline)."""
-    deadline = time.monotonic() + deadline_s
-    while True:
-        result = what()
-        if result or time.monotonic() > deadline:
-            assert result, "not reached before the deadline"
-            return result
-        time.sleep(0.05)
-
-
 @pytest.fixture
 def api_server():
     server = FakeApiServer().start()
@@ -387,7 +230,7 @@ def no_proxy(monkeypatch):
 
 
 def test_the_real_client_lists_watches_and_relists_after_410_into_a_durable_allocator(tmp_path, api_server, caplog):
-    caplog.set_level(logging.INFO, logger="hetplan.allocator.kube_nodes")
+    caplog.set_level(logging.INFO, logger="hetplan.allocator.k8s.nodes")
     db = tmp_path / "allocator.db"
     allocator = DurableAllocator(db, "first-fit")
     allocator.change_nodes(NodeChanges(upsert=[Node("from-file", "L4", 1, 8, 32)]))
@@ -456,7 +299,7 @@ def test_the_real_client_lists_watches_and_relists_after_410_into_a_durable_allo
 
 
 def test_errors_are_logged_counted_and_retried_and_a_broken_watch_resumes(tmp_path, api_server, caplog):
-    caplog.set_level(logging.WARNING, logger="hetplan.allocator.kube_nodes")
+    caplog.set_level(logging.WARNING, logger="hetplan.allocator.k8s.nodes")
     allocator = Allocator(policy="first-fit")
     metrics = Metrics()
     api_server.refuse_lists = 2

@@ -11,7 +11,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from hetplan.allocator.extender import (
+from hetplan.allocator.k8s.extender import (
     node_candidate,
 )
 from hetplan.hints import HintStore

@@ -7,7 +7,8 @@ Layers, each usable alone:
   one apply point that hands every change and its numbered actions to a `journal.Journal`. The simulator drives
   it in memory; `durable.DurableAllocator` is the same class journaled to SQLite (WAL), for the service.
 - `sources`: hints fixed, or followed from a `HintStore`'s LATEST (hot reload, atomic swap).
-- `service` (FastAPI, `hetplan serve`) and `extender` (Kubernetes scheduler extender) are the edges.
+- `service` (FastAPI, `hetplan serve`) and `k8s` (everything Kubernetes: extender, node sync, controller) are
+  the edges; the core imports neither.
 """
 
 from __future__ import annotations

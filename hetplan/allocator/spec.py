@@ -34,7 +34,7 @@ MIB_PER_GIB = 1024
 CLOSED_LABEL = "hetplan.io/closed"
 """A node label that closes the node to new placement, whatever its value (the reason, e.g. `unschedulable`):
 its running allocations stay and may be re-sized, but no policy places a new job (or part of one) on it. The
-Kubernetes node sync sets it on a busy node that was cordoned or went NotReady (`kube_nodes`); an admin can
+Kubernetes node sync sets it on a busy node that was cordoned or went NotReady (`k8s.nodes`); an admin can
 set it through `POST /v1/nodes`."""
 
 

@@ -36,6 +36,7 @@ COMMANDS: dict[str, Lazy] = {
     "publish": Lazy("hints", "publish", "Publish a plan's hint table into a hint store (atomically)."),
     "hints": Lazy("hints", "app", "Published hint tables (what the online allocator reads)."),
     "serve": Lazy("serve", "serve", "Run the online allocator service on a hint store."),
+    "controller": Lazy("controller", "controller", "Apply the allocator's decisions to a Kubernetes cluster."),
     "evaluate": Lazy("evaluate", "evaluate", "Plan on one trace, replay another: four setups side by side."),
     "simulate": Lazy("simulate", "simulate", "Replay a trace on a given fleet with one policy, no planning."),
     "data": Lazy("data", "app", "Check data files against hetplan's file contracts."),

@@ -106,7 +106,7 @@ def _check_db(db: Path) -> None:
 
 def _check_kubeconfig(kubeconfig: Path) -> None:
     """Refuse, in one line, a kubeconfig the node sync cannot use, before uvicorn starts (nothing is contacted)."""
-    from hetplan.allocator.kube_nodes import KubeConfigError, load_client
+    from hetplan.allocator.k8s.nodes import KubeConfigError, load_client
 
     try:
         load_client(kubeconfig).close()

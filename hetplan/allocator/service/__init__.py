@@ -12,7 +12,7 @@ journaled log (`GET /v1/actions?since=N`, numbered across restarts), returned wi
 for a controller to apply to the pods (docs/kubernetes.md).
 
 With `ServiceSettings.kubeconfig` (`hetplan serve --kubeconfig`), a thread keeps the nodes in step with the
-cluster's Nodes while the app runs (`hetplan.allocator.kube_nodes`).
+cluster's Nodes while the app runs (`hetplan.allocator.k8s.nodes`).
 
 Layout: `create_app` composes one router per concern, each a function of the app's `ServiceContext` (no global
 state): `allocation` (allocate, release, actions, tick, allocations), `nodes` (node admin), `hints`, `ops`
@@ -112,7 +112,7 @@ def _node_sync(settings: ServiceSettings, allocator: Allocator, ctx: ServiceCont
     if settings.kubeconfig is None:
         yield
         return
-    from hetplan.allocator.kube_nodes import NodeSync, load_client
+    from hetplan.allocator.k8s.nodes import NodeSync, load_client
 
     sync = NodeSync(allocator, load_client(settings.kubeconfig), metrics=ctx.metrics)
     sync.start()

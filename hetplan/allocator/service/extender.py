@@ -1,11 +1,11 @@
-"""Routes of the Kubernetes scheduler extender: `/filter` and `/prioritize` (`hetplan.allocator.extender`)."""
+"""Routes of the Kubernetes scheduler extender: `/filter` and `/prioritize` (`hetplan.allocator.k8s.extender`)."""
 
 from __future__ import annotations
 
 from fastapi import APIRouter, HTTPException
 from fastapi.responses import JSONResponse
 
-from hetplan.allocator import extender as k8s
+from hetplan.allocator.k8s import extender as k8s
 from hetplan.allocator.service.bodies import Responses, posted
 from hetplan.allocator.service.context import ServiceContext
 from hetplan.allocator.service.middleware import JSONRoute

@@ -25,7 +25,7 @@ class ServiceSettings(BaseModel):
     strict: bool = False  # hint policy only: place a class only on the GPU types its hints list
     token: SecretStr | None = None
     nodes: Path | None = None  # nodes to upsert at start-up (JSON, YAML or CSV)
-    kubeconfig: Path | None = None  # sync the nodes with this cluster's Nodes (`kube_nodes`); None: no sync
+    kubeconfig: Path | None = None  # sync the nodes with this cluster's Nodes (`k8s.nodes`); None: no sync
     hint_poll_seconds: float = Field(1.0, ge=0)
     max_body_bytes: int = Field(64 * KiB, ge=1)
     max_extender_body_bytes: int = Field(32 * KiB * KiB, ge=1)  # Nodes mode carries whole v1.Node objects

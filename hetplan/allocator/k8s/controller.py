@@ -1,0 +1,577 @@
+"""`hetplan controller`: the cluster runs the plan. Follows the allocator's action log and applies it to the pods.
+
+One loop, run by the replica that holds the Lease (`lease.LeaseElector`; the others only serve the webhook):
+
+1. **Pods**: a list + watch of the opted-in pods (label `hetplan.io/model`, all namespaces; 410 Gone: list again)
+   keeps a cache. A pod of a job that ends (Succeeded, Failed) or is deleted, with no other pod of its job left
+   (a migration's replacement counts), is released (`POST /v1/release`).
+2. **Actions**: `GET /v1/actions?since=<cursor>`, oldest first. `resize` -> PATCH on the pod's `resize`
+   subresource (in-place pod resize); `migrate` -> the replacement pod is created on the target node behind the
+   scheduling gate `hetplan.io/migration`, the old pod is asked to checkpoint (annotation `hetplan.io/checkpoint`,
+   answered by `hetplan.io/checkpointed` or its grace period), then evicted through the Eviction API
+   (PodDisruptionBudgets honoured: a 429 is retried), then the gate is lifted; `stop` -> the pod is evicted if it
+   still runs; `start` -> nothing (the webhook created the pod with its allocation). Every step first compares
+   the cluster with the target, so an action applied again changes nothing.
+3. **Cursor**: after each batch of actions read, the ConfigMap `<name>-cursor` (key `cursor`) is written, with the
+   resourceVersion read (a replica that lost the lease cannot overwrite it). 410 from the log (the cursor is older
+   than the log, or ahead of it): reconcile, then go on from the log's latest.
+4. **Reconcile** (at start, after a 410, every `reconcile_seconds`): `/v1/allocations` against the pods, both
+   ways: a pod whose cores, RAM or node differ from its allocation is re-sized or moved; an allocation without a
+   pod for `orphan_grace` seconds is released; a pod with a job id and no allocation is allocated again (then
+   re-sized or moved), or left alone with one logged reason if the allocator refuses it.
+
+What the API server or the kubelet refuses (a 422 on the resize, `PodResizePending` Infeasible) is logged once and
+counted, never retried in a loop; the next reconcile looks at it again only if the allocation changed.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from collections import Counter, deque
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from hetplan.allocator.k8s import pods
+from hetplan.allocator.k8s.lease import LeaseElector
+from hetplan.allocator.k8s.service_client import AllocatorClient, Gone
+
+log = logging.getLogger(__name__)
+STRATEGIC = "application/strategic-merge-patch+json"
+MERGE = "application/merge-patch+json"
+JSON_PATCH = "application/json-patch+json"
+
+
+def _one_line(exc: BaseException) -> str:
+    status = getattr(exc, "status", None)
+    if status is not None and hasattr(exc, "reason"):
+        body = getattr(exc, "body", None)
+        try:
+            message = json.loads(body).get("message", "") if body else ""
+        except (ValueError, AttributeError):
+            message = ""
+        return f"HTTP {status} {exc.reason}{': ' + message[:200] if message else ''}"
+    text = " ".join(f"{type(exc).__name__}: {exc}".split())
+    return text[:300]
+
+
+@dataclass
+class Migration:
+    """A move in progress: the old pod, its replacement (gated), the action's number, when the checkpoint was
+    asked for and how long the pod may take."""
+
+    job: str
+    old: tuple[str, str]
+    new: tuple[str, str]
+    seq: int
+    asked_at: float | None = None
+    grace: float = 30.0
+    evicted: bool = False
+    next_try: float = 0.0
+
+
+@dataclass
+class Stats:
+    counts: Counter = field(default_factory=Counter)
+    latencies: deque = field(default_factory=lambda: deque(maxlen=100_000))  # seconds from an action to its PATCH
+
+    def render(self) -> str:
+        lines = ["# TYPE hetplan_controller_total counter"]
+        lines += [f'hetplan_controller_total{{what="{k}"}} {v}' for k, v in sorted(self.counts.items())]
+        return "\n".join(lines) + "\n"
+
+
+class Controller:
+    """See the module's docstring. `api`: a kubernetes `ApiClient`; `service`: the allocator service."""
+
+    def __init__(self, api: Any, service: AllocatorClient, namespace: str = "hetplan",
+                 name: str = "hetplan-controller", identity: str = "controller", poll: float = 0.2,
+                 reconcile_seconds: float = 30.0, orphan_grace: float = 30.0, checkpoint_grace: float = 30.0,
+                 lease_seconds: float = 15.0, watch_seconds: int = 300, request_timeout: float = 10.0) -> None:
+        from kubernetes.client import CoordinationV1Api, CoreV1Api
+
+        self.core = CoreV1Api(api)
+        self.service = service
+        self.namespace, self.name, self.identity = namespace, name, identity
+        self.poll, self.reconcile_seconds, self.orphan_grace = poll, reconcile_seconds, orphan_grace
+        self.checkpoint_grace, self.watch_seconds, self.timeout = checkpoint_grace, watch_seconds, request_timeout
+        self.elector = LeaseElector(CoordinationV1Api(api), namespace, name, identity, lease_seconds,
+                                    request_timeout=request_timeout)
+        self.stats = Stats()
+        self.pods: dict[tuple[str, str], dict] = {}  # the opted-in pods, from the watch
+        self.synced = threading.Event()
+        self._ended: deque[dict] = deque()  # pods that ended or were deleted, to release
+        self._wake = threading.Event()
+        self._stopping = threading.Event()
+        self._lock = threading.Lock()
+        self._resource_version: str | None = None
+        self._watch: Any = None
+        self._threads: list[threading.Thread] = []
+        self.cursor: int | None = None
+        self._cursor_rv: str | None = None
+        self._leading = False
+        self._last_reconcile = 0.0
+        self._orphans: dict[str, float] = {}  # job -> when first seen without a pod
+        self._migrations: dict[str, Migration] = {}
+        self._reported: set[tuple[str, str]] = set()  # (pod uid, condition reason) already reported
+
+    # ------------------------------------------------------------------ threads
+
+    def start(self) -> Controller:
+        for target, name in ((self._watch_pods, "pods"), (self._run, "loop")):
+            thread = threading.Thread(target=target, name=f"hetplan-controller-{name}", daemon=True)
+            thread.start()
+            self._threads.append(thread)
+        return self
+
+    def stop(self, timeout: float = 5.0) -> None:
+        self._stopping.set()
+        self._wake.set()
+        deadline = time.monotonic() + timeout
+        for thread in self._threads:
+            while thread.is_alive() and time.monotonic() < deadline:
+                if self._watch is not None:
+                    self._watch.stop()
+                thread.join(0.1)
+        self.elector.release()
+
+    # ------------------------------------------------------------------ the pod watch
+
+    def _watch_pods(self) -> None:
+        from kubernetes import watch
+        from kubernetes.client.exceptions import ApiException
+
+        self._watch = watch.Watch(return_type="object")
+        failures = 0
+        while not self._stopping.is_set():
+            try:
+                if self._resource_version is None:
+                    self._list_pods()
+                for event in self._watch.stream(self.core.list_pod_for_all_namespaces, label_selector=pods.OPT_IN,
+                                                resource_version=self._resource_version,
+                                                timeout_seconds=self.watch_seconds, allow_watch_bookmarks=True,
+                                                _request_timeout=(self.timeout, self.watch_seconds + 30)):
+                    if self._stopping.is_set():
+                        return
+                    obj = event.get("raw_object") or {}
+                    if event.get("type") != "BOOKMARK":
+                        self._pod_event(str(event.get("type")), obj)
+                    rv = pods.meta(obj).get("resourceVersion")
+                    if rv:
+                        self._resource_version = str(rv)
+                failures = 0
+            except ApiException as exc:
+                if exc.status == 410:
+                    log.info("controller: pod watch expired (410 Gone); listing the pods again")
+                    self.stats.counts["pod-relists"] += 1
+                    self._resource_version = None
+                    continue
+                failures = self._watch_failed(exc, failures)
+            except Exception as exc:  # noqa: BLE001 - the watch outlives any error: logged, retried
+                failures = self._watch_failed(exc, failures)
+
+    def _watch_failed(self, exc: Exception, failures: int) -> int:
+        if self._stopping.is_set():
+            return failures
+        failures += 1
+        if failures >= 3:
+            self._resource_version = None
+        log.warning("controller: pod watch: %s; retrying", _one_line(exc))
+        self._stopping.wait(min(0.2 * 2 ** failures, 10))
+        return failures
+
+    def _list_pods(self) -> None:
+        answer = self.core.list_pod_for_all_namespaces(label_selector=pods.OPT_IN, _preload_content=False,
+                                                       _request_timeout=self.timeout)
+        body = json.loads(answer.data)
+        fresh = {pods.key(p): p for p in body.get("items") or []}
+        with self._lock:
+            gone = [p for k, p in self.pods.items() if k not in fresh]
+            self.pods = fresh
+            self._ended.extend(gone + [p for p in fresh.values() if pods.ended(p)])
+        self._resource_version = str((body.get("metadata") or {}).get("resourceVersion") or "") or None
+        self.synced.set()
+        self._wake.set()
+
+    def _pod_event(self, kind: str, pod: dict) -> None:
+        k = pods.key(pod)
+        with self._lock:
+            if kind == "DELETED":
+                self.pods.pop(k, None)
+                self._ended.append(pod)
+            else:
+                self.pods[k] = pod
+                if pods.ended(pod):
+                    self._ended.append(pod)
+        self._wake.set()
+
+    # ------------------------------------------------------------------ the loop
+
+    def _run(self) -> None:
+        renew_every = max(self.elector.renew_deadline / 3, 0.05)
+        last_renew = 0.0
+        while not self._stopping.is_set():
+            now = time.monotonic()
+            if now - last_renew >= renew_every or not self.elector.leading():
+                self.elector.lead()
+                last_renew = now
+            if not self.elector.leading():
+                if self._leading:
+                    log.warning("controller: %s lost the lease; stops acting", self.identity)
+                self._leading = False
+                self._stopping.wait(min(renew_every, 1.0))
+                continue
+            if not self.synced.is_set():
+                self.synced.wait(0.2)
+                continue
+            try:
+                if not self._leading:
+                    self._leading = True
+                    self._read_cursor()
+                    self.reconcile()
+                self.step()
+            except Exception as exc:  # noqa: BLE001 - the loop outlives any error: logged, counted, retried
+                self.stats.counts["errors"] += 1
+                log.warning("controller: %s; retrying", _one_line(exc))
+                self._stopping.wait(1.0)
+            self._wake.wait(self.poll)
+            self._wake.clear()
+
+    def step(self) -> None:
+        """One pass: releases, actions, migrations in progress, the periodic reconcile."""
+        self._releases()
+        try:
+            answer = self.service.actions(self.cursor or 0) if self.cursor is not None else None
+        except Gone as exc:
+            log.info("controller: action log answered 410 (%s); reconciling", exc)
+            self.stats.counts["gone"] += 1
+            self.reconcile(latest=exc.latest)
+            answer = None
+        if answer is None and self.cursor is None:
+            self.reconcile()
+        applied = None
+        for action in (answer or {}).get("actions", []):
+            if not self.elector.leading():
+                break
+            self.apply(action)
+            applied = int(action["seq"])
+        if applied is not None:  # once per batch: applying an action again changes nothing (converge compares first)
+            self._save_cursor(applied)
+        self._advance_migrations()
+        self._report_kubelet()
+        now = time.monotonic()
+        due = min(self._orphans.values(), default=now) + self.orphan_grace  # an orphan's grace ended
+        if now - self._last_reconcile >= self.reconcile_seconds or (self._orphans and now >= due):
+            self.reconcile()
+
+    # ------------------------------------------------------------------ the cursor
+
+    def _cursor_name(self) -> str:
+        return f"{self.name}-cursor"
+
+    def _read_cursor(self) -> None:
+        from kubernetes.client.exceptions import ApiException
+
+        try:
+            answer = self.core.read_namespaced_config_map(self._cursor_name(), self.namespace,
+                                                          _preload_content=False, _request_timeout=self.timeout)
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+            self.cursor, self._cursor_rv = None, None
+            return
+        body = json.loads(answer.data)
+        self._cursor_rv = body["metadata"]["resourceVersion"]
+        text = (body.get("data") or {}).get("cursor", "")
+        self.cursor = int(text) if text.isdigit() else None
+        log.info("controller: cursor %s read from ConfigMap %s/%s", self.cursor, self.namespace, self._cursor_name())
+
+    def _save_cursor(self, seq: int) -> None:
+        body = {"apiVersion": "v1", "kind": "ConfigMap",
+                "metadata": {"name": self._cursor_name(), "namespace": self.namespace,
+                             "labels": {"app.kubernetes.io/name": "hetplan"}},
+                "data": {"cursor": str(seq), "writer": self.identity}}
+        if self._cursor_rv is None:
+            answer = self.core.create_namespaced_config_map(self.namespace, body, _preload_content=False,
+                                                            _request_timeout=self.timeout)
+        else:
+            body["metadata"]["resourceVersion"] = self._cursor_rv
+            answer = self.core.replace_namespaced_config_map(self._cursor_name(), self.namespace, body,
+                                                             _preload_content=False, _request_timeout=self.timeout)
+        self._cursor_rv = json.loads(answer.data)["metadata"]["resourceVersion"]
+        self.cursor = seq
+
+    # ------------------------------------------------------------------ applying actions
+
+    def live(self, job: str) -> list[dict]:
+        """The pods of `job` that have not ended (the holder, and a migration's replacement)."""
+        with self._lock:
+            return [p for p in self.pods.values() if pods.job_id(p) == job and not pods.ended(p)]
+
+    def apply(self, action: Mapping[str, Any]) -> None:
+        kind, job, seq = action["kind"], action["job_id"], int(action["seq"])
+        self.stats.counts[f"action-{kind}"] += 1
+        after = action.get("after") or []
+        if kind in ("resize", "migrate"):
+            if len(after) != 1:
+                self.stats.counts["gang-skipped"] += 1
+                return
+            self.converge(job, pods.Target.of(after[0]), seq, float(action.get("at") or 0))
+        elif kind == "stop":
+            self._orphans.pop(job, None)
+            for pod in self.live(job):
+                self._evict(pod, f"stopped by the allocator (action {seq})")
+
+    def converge(self, job: str, target: pods.Target, seq: int, at: float = 0.0) -> None:
+        """Bring the pod of `job` to `target`: nothing if it is there; resize on its node; else migrate."""
+        live = self.live(job)
+        holders = [p for p in live if not pods.gated(p)]
+        if job in self._migrations or any(pods.gated(p) for p in live):
+            return  # a move in progress: its replacement was made with the allocation of its time; re-checked after
+        if not holders:
+            return  # no pod (yet, or any more): reconcile decides
+        pod = holders[0]
+        if pods.matches(pod, target):
+            self.stats.counts["already-applied"] += 1
+            return
+        if pods.node_of(pod) == target.node:
+            self._resize(pod, target, at)
+        else:
+            self._migrate(job, pod, target, seq, at)
+
+    def _resize(self, pod: dict, target: pods.Target, at: float) -> None:
+        from kubernetes.client.exceptions import ApiException
+
+        ns, name = pods.key(pod)
+        try:
+            body = pods.resize_body(pod, target)
+            answer = self.core.patch_namespaced_pod_resize(name, ns, body, _content_type=STRATEGIC,
+                                                           _preload_content=False, _request_timeout=self.timeout)
+        except ApiException as exc:
+            if exc.status == 404:
+                return
+            self.stats.counts["resize-refused"] += 1
+            log.warning("controller: resize of %s/%s to %s refused: %s (not retried)", ns, name, target,
+                        _one_line(exc))
+            return
+        except ValueError as exc:
+            self.stats.counts["resize-refused"] += 1
+            log.warning("controller: resize of %s/%s to %s impossible: %s", ns, name, target, exc)
+            return
+        self._observe(at, "resize")
+        updated = json.loads(answer.data)
+        with self._lock:
+            if pods.key(updated) in self.pods:
+                self.pods[pods.key(updated)] = updated
+
+    def _observe(self, at: float, what: str) -> None:
+        self.stats.counts[what] += 1
+        if at:
+            self.stats.latencies.append(max(0.0, time.time() - at))
+
+    def _migrate(self, job: str, pod: dict, target: pods.Target, seq: int, at: float) -> None:
+        from kubernetes.client.exceptions import ApiException
+
+        try:
+            new = pods.replacement(pod, target, seq)
+        except ValueError as exc:
+            log.warning("controller: move of %s impossible: %s", job, exc)
+            self.stats.counts["migrate-refused"] += 1
+            return
+        ns = pods.key(pod)[0]
+        try:
+            self.core.create_namespaced_pod(ns, new, _preload_content=False, _request_timeout=self.timeout)
+        except ApiException as exc:
+            if exc.status != 409:
+                self.stats.counts["migrate-refused"] += 1
+                log.warning("controller: replacement of %s/%s refused: %s", ns, pods.key(pod)[1], _one_line(exc))
+                return
+        self._observe(at, "migrate")
+        self._migrations[job] = Migration(job, pods.key(pod), (ns, new["metadata"]["name"]), seq,
+                                          grace=self._grace(pod))
+        self._advance_migrations()
+
+    def _resume(self, job: str, new: dict) -> None:
+        """A move another replica (or this one, before a restart) began: go on from where the cluster says it is."""
+        ns, name = pods.key(new)
+        old = pods.annotations(new).get(pods.MIGRATED_FROM_KEY, "")
+        seq = name.rsplit("-m", 1)[1] if "-m" in name else "0"
+        with self._lock:
+            old_pod = self.pods.get((ns, old))
+        m = Migration(job, (ns, old), (ns, name), int(seq) if seq.isdigit() else 0,
+                      grace=self._grace(old_pod) if old_pod else self.checkpoint_grace)
+        if old_pod is not None and pods.annotations(old_pod).get(pods.CHECKPOINT_KEY) == str(m.seq):
+            m.asked_at = time.monotonic()  # asked already: its grace is counted again from here (never less)
+        self._migrations[job] = m
+        self.stats.counts["migrations-resumed"] += 1
+        log.info("controller: resuming the move of %s (%s -> %s)", job, old, name)
+
+    def _grace(self, pod: dict) -> float:
+        try:
+            return float(pods.annotations(pod).get(pods.GRACE_KEY, self.checkpoint_grace))
+        except ValueError:
+            return self.checkpoint_grace
+
+    def _advance_migrations(self) -> None:
+        """Each move in progress one step further: ask for a checkpoint, wait for it (or the grace), evict, ungate."""
+        from kubernetes.client.exceptions import ApiException
+
+        now = time.monotonic()
+        for job, m in list(self._migrations.items()):
+            if now < m.next_try:
+                continue
+            with self._lock:
+                old, new = self.pods.get(m.old), self.pods.get(m.new)
+            try:
+                if old is not None and not pods.ended(old):
+                    if m.asked_at is None:
+                        if pods.annotations(old).get(pods.CHECKPOINT_KEY) != str(m.seq):
+                            self.core.patch_namespaced_pod(
+                                m.old[1], m.old[0], {"metadata": {"annotations": {pods.CHECKPOINT_KEY: str(m.seq)}}},
+                                _content_type=MERGE, _preload_content=False, _request_timeout=self.timeout)
+                        m.asked_at = now
+                    done = pods.annotations(old).get(pods.CHECKPOINTED_KEY) == str(m.seq)
+                    if done or now - m.asked_at >= m.grace:
+                        if not self._evict(old, f"moving to {m.new[1]}"):
+                            m.next_try = now + 1.0
+                    continue
+                if new is not None and pods.gated(new):
+                    if old is not None and pods.ended(old):  # it finished before it could move
+                        self.core.delete_namespaced_pod(m.new[1], m.new[0], _preload_content=False,
+                                                        _request_timeout=self.timeout)
+                    else:
+                        self.core.patch_namespaced_pod(m.new[1], m.new[0],
+                                                       [{"op": "remove", "path": "/spec/schedulingGates"}],
+                                                       _content_type=JSON_PATCH, _preload_content=False,
+                                                       _request_timeout=self.timeout)
+                        self.stats.counts["migrated"] += 1
+                del self._migrations[job]
+            except ApiException as exc:
+                if exc.status == 404 and new is None:
+                    del self._migrations[job]
+                    continue
+                log.warning("controller: move of %s: %s; retrying", job, _one_line(exc))
+                m.next_try = now + 1.0
+
+    def _evict(self, pod: dict, why: str) -> bool:
+        """Evict through the Eviction API; False when a PodDisruptionBudget forbids it now (429: try later)."""
+        from kubernetes.client.exceptions import ApiException
+
+        ns, name = pods.key(pod)
+        body = {"apiVersion": "policy/v1", "kind": "Eviction", "metadata": {"name": name, "namespace": ns}}
+        try:
+            self.core.create_namespaced_pod_eviction(name, ns, body, _preload_content=False,
+                                                     _request_timeout=self.timeout)
+        except ApiException as exc:
+            if exc.status == 404:
+                return True
+            if exc.status == 429:
+                self.stats.counts["eviction-blocked"] += 1
+                log.info("controller: eviction of %s/%s blocked by a PodDisruptionBudget; retrying", ns, name)
+                return False
+            raise
+        self.stats.counts["evictions"] += 1
+        log.info("controller: evicted %s/%s: %s", ns, name, why)
+        return True
+
+    # ------------------------------------------------------------------ releases and the kubelet's answers
+
+    def _releases(self) -> None:
+        while True:
+            with self._lock:
+                if not self._ended:
+                    return
+                pod = self._ended.popleft()
+            job = pods.job_id(pod)
+            if job is None or any(pods.key(p) != pods.key(pod) for p in self.live(job)):
+                continue  # not ours, or its job goes on in another pod (a move)
+            self.service.release(job)
+            self._orphans.pop(job, None)
+            self.stats.counts["releases"] += 1
+
+    def _report_kubelet(self) -> None:
+        with self._lock:
+            snapshot = list(self.pods.values())
+        for pod in snapshot:
+            for c in (pod.get("status") or {}).get("conditions") or []:
+                if c.get("type") == "PodResizePending" and c.get("reason") == "Infeasible":
+                    mark = (str(pods.meta(pod).get("uid")), str(pods.meta(pod).get("resourceVersion")))
+                    if mark[0] not in {u for u, _ in self._reported}:
+                        self._reported.add(mark)
+                        self.stats.counts["resize-infeasible"] += 1
+                        log.warning("controller: kubelet refused the resize of %s/%s: %s (not retried)",
+                                    *pods.key(pod), c.get("message", "Infeasible"))
+
+    # ------------------------------------------------------------------ reconcile
+
+    def reconcile(self, latest: int | None = None) -> None:
+        """Repair drift both ways (see the module's docstring); then continue the log from its latest."""
+        self._last_reconcile = time.monotonic()
+        if latest is None and self.cursor is None:
+            latest = self.service.latest()
+        allocations = self.service.allocations()
+        by_job: dict[str, list[dict]] = {}
+        for a in allocations:
+            by_job.setdefault(a.get("part_of") or a["job_id"], []).append(a)
+        with self._lock:
+            snapshot = [p for p in self.pods.values() if not pods.ended(p)]
+        live_jobs = {pods.job_id(p) for p in snapshot} - {None}
+        now = time.monotonic()
+        for job, parts in by_job.items():
+            if job in live_jobs:
+                self._orphans.pop(job, None)
+                if len(parts) == 1:
+                    self.converge(job, pods.Target.of(parts[0]), self.cursor or 0)
+                continue
+            if len(parts) > 1:
+                continue  # a gang: no pods of it are managed here
+            first = self._orphans.setdefault(job, now)
+            if now - first >= self.orphan_grace:
+                log.info("controller: allocation of %s has no pod; released", job)
+                self.service.release(job)
+                self._orphans.pop(job, None)
+                self.stats.counts["orphans-released"] += 1
+        for job in set(self._orphans) - set(by_job):
+            self._orphans.pop(job, None)
+        for pod in snapshot:
+            job = pods.job_id(pod)
+            if job is not None and pods.gated(pod) and job not in self._migrations:
+                self._resume(job, pod)
+            if job is None or job in by_job or pods.gated(pod):
+                continue
+            self._adopt(job, pod)
+        if latest is not None:
+            self._save_cursor(latest)
+        self.stats.counts["reconciles"] += 1
+
+    def _adopt(self, job: str, pod: dict) -> None:
+        """A pod with a job id and no allocation (the allocator lost it, or released it meanwhile): allocate again."""
+        notes = pods.annotations(pod)
+        model = pods.model(pod)
+        if model is None:
+            return
+        body: dict[str, Any] = {"job_id": job, "model": model}
+        try:
+            from hetplan.allocator.k8s.extender import Pod, pod_class
+
+            body["num_gpus"] = pod_class(Pod.model_validate(pod)).gpus
+            if notes.get(pods.REQUESTED_CPU_KEY, "").isdigit():
+                body["cpus"] = int(notes[pods.REQUESTED_CPU_KEY]) / 1000
+            if notes.get(pods.REQUESTED_MEMORY_KEY, "").isdigit():
+                body["mem_gb"] = int(notes[pods.REQUESTED_MEMORY_KEY]) / 1024
+        except ValueError as exc:
+            log.warning("controller: pod %s/%s has no allocation and cannot be read: %s", *pods.key(pod), exc)
+            return
+        answer = self.service.allocate(body)
+        if answer.get("status") != "allocated" or len(answer.get("parts") or []) > 1:
+            if answer.get("status") == "allocated":
+                self.service.release(job)
+            self.stats.counts["adopt-refused"] += 1
+            log.warning("controller: pod %s/%s has no allocation and the allocator refuses it again (%s); left as "
+                        "it runs", *pods.key(pod), answer.get("reason") or "a gang")
+            return
+        self.stats.counts["adopted"] += 1
+        self.converge(job, pods.Target.of(answer["allocation"]), self.cursor or 0)

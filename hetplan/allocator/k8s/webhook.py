@@ -1,0 +1,188 @@
+"""The mutating admission webhook: an opted-in pod is created with the allocation hetplan gives it.
+
+The API server sends an `AdmissionReview` (admission.k8s.io/v1) for every pod CREATE that matches the webhook's
+`objectSelector` (the label `hetplan.io/model` exists). `review` asks the allocator service (`POST /v1/allocate`:
+the job id `<namespace>/<name>`, the model, the pod's GPUs and its own cpu/memory requests as the floor) and answers
+a JSONPatch that
+
+- writes the job id and the pod's own request as annotations (`pods.JOB_ID_KEY`, ...),
+- sets the main container's cpu/memory requests = limits so that the pod's requests equal the allocation, with
+  `resizePolicy` NotRequired (re-sizes happen in place),
+- pins the pod to the node chosen: a required node affinity on `metadata.name` (the scheduler still binds it and
+  checks it fits; the extender still scores).
+
+**Fail-open**: whatever hetplan cannot serve (no model, a request the allocator rejects, a gang, a pod whose other
+containers leave nothing, the service unreachable, anything unexpected) is admitted unchanged, with one log line
+and one admission warning naming the reason: the pod takes the default scheduler's path. The webhook configuration
+uses `failurePolicy: Ignore` so that a webhook that is down admits pods unchanged too.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import logging
+import ssl
+import threading
+import uuid
+from collections.abc import Callable, Mapping
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+from pydantic import ValidationError
+
+from hetplan.allocator.k8s import pods
+from hetplan.allocator.k8s.extender import MODEL_KEY, Pod, pod_class
+from hetplan.allocator.k8s.service_client import AllocatorClient
+
+log = logging.getLogger(__name__)
+MAX_REVIEW_BYTES = 3 * 1024 * 1024  # a pod is at most ~1.5 MiB in etcd; an AdmissionReview carries it (and oldObject)
+
+
+class Unserved(Exception):
+    """Why hetplan leaves a pod to the default path (one line)."""
+
+
+def _escape(key: str) -> str:
+    return key.replace("~", "~0").replace("/", "~1")
+
+
+def admit(pod: Mapping[str, Any], namespace: str, allocate: Callable[[dict], dict],
+          release: Callable[[str], object]) -> list[dict[str, Any]]:
+    """The JSONPatch that gives `pod` its allocation; `Unserved` with the reason when hetplan cannot serve it."""
+    meta = pods.meta(pod)
+    notes = pods.annotations(pod)
+    try:
+        klass = pod_class(Pod.model_validate(pod))
+    except (ValidationError, ValueError) as exc:
+        raise Unserved(f"pod not understood: {' '.join(str(exc).split())[:200]}") from None
+    if klass.model is None:
+        raise Unserved(f"no {MODEL_KEY} label")
+    name = meta.get("name") or f"{meta.get('generateName') or 'pod-'}{uuid.uuid4().hex[:8]}"
+    job = notes.get(pods.JOB_ID_KEY) or f"{namespace}/{name}"
+    own_cpu = notes.get(pods.REQUESTED_CPU_KEY, None if klass.cpu_m is None else str(klass.cpu_m))
+    own_mem = notes.get(pods.REQUESTED_MEMORY_KEY, None if klass.mem_mib is None else str(klass.mem_mib))
+    body: dict[str, Any] = {"job_id": job, "model": klass.model, "num_gpus": klass.gpus}
+    try:
+        if own_cpu is not None:
+            body["cpus"] = int(own_cpu) / 1000
+        if own_mem is not None:
+            body["mem_gb"] = int(own_mem) / 1024
+    except ValueError:
+        raise Unserved(f"annotation {pods.REQUESTED_CPU_KEY}/{pods.REQUESTED_MEMORY_KEY} is no whole number") from None
+    try:
+        answer = allocate(body)
+    except Exception as exc:  # noqa: BLE001 - fail-open: the service down, a 4xx, anything
+        raise Unserved(f"allocator not reached: {' '.join(str(exc).split())[:200]}") from None
+    if answer.get("status") != "allocated":
+        raise Unserved(f"allocator: {answer.get('reason')}: {answer.get('message')}")
+    parts = answer.get("parts") or [answer["allocation"]]
+    if len(parts) > 1:
+        release(job)
+        raise Unserved(f"a gang over {len(parts)} nodes: one pod per part is not served by the webhook")
+    target = pods.Target.of(parts[0])
+    try:
+        shaped = pods.with_target(pod, target)
+    except ValueError as exc:
+        release(job)
+        raise Unserved(str(exc)) from None
+    ops: list[dict[str, Any]] = []
+    if "annotations" not in meta:
+        ops.append({"op": "add", "path": "/metadata/annotations", "value": {}})
+    for k, v in ((pods.JOB_ID_KEY, job), (pods.REQUESTED_CPU_KEY, own_cpu), (pods.REQUESTED_MEMORY_KEY, own_mem)):
+        if v is not None:
+            ops.append({"op": "add", "path": f"/metadata/annotations/{_escape(k)}", "value": v})
+    if not meta.get("name"):
+        ops.append({"op": "add", "path": "/metadata/name", "value": name})
+    index = pods.main_container(pod)
+    container = shaped["spec"]["containers"][index]
+    ops.append({"op": "add", "path": f"/spec/containers/{index}/resources", "value": container["resources"]})
+    ops.append({"op": "add", "path": f"/spec/containers/{index}/resizePolicy", "value": container["resizePolicy"]})
+    ops.append({"op": "add", "path": "/spec/affinity", "value": shaped["spec"]["affinity"]})
+    return ops
+
+
+def review(body: Mapping[str, Any], allocate: Callable[[dict], dict], release: Callable[[str], object],
+           on_unserved: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """An AdmissionReview answered: always allowed; with the patch, or (fail-open) unchanged with a warning."""
+    request = body.get("request") if isinstance(body, Mapping) else None
+    if not isinstance(request, Mapping) or not isinstance(request.get("object"), Mapping):
+        raise ValueError("not an AdmissionReview request with an object")
+    response: dict[str, Any] = {"uid": request.get("uid", ""), "allowed": True}
+    pod = request["object"]
+    where = f"{request.get('namespace')}/{pods.meta(pod).get('name') or pods.meta(pod).get('generateName', '')}"
+    if request.get("dryRun"):
+        response["warnings"] = ["hetplan: dry run, nothing allocated"]  # sideEffects: NoneOnDryRun
+    elif request.get("operation") == "CREATE" and request.get("kind", {}).get("kind") == "Pod":
+        try:
+            patch = admit(pod, str(request.get("namespace") or "default"), allocate, release)
+            response["patchType"] = "JSONPatch"
+            response["patch"] = base64.b64encode(json.dumps(patch).encode()).decode()
+        except Unserved as exc:
+            log.info("webhook: pod %s left to the default scheduler: %s", where, exc)
+            response["warnings"] = [f"hetplan: not served, default path: {exc}"[:500]]
+            if on_unserved is not None:
+                on_unserved(str(exc))
+    return {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "response": response}
+
+
+class WebhookServer:
+    """`POST /mutate` (the webhook), `GET /healthz`, `GET /metrics` (`metrics()`'s text) on a thread; HTTPS when a
+    certificate and key are given (the API server only calls webhooks over TLS), plain HTTP otherwise (tests)."""
+
+    def __init__(self, service: AllocatorClient, host: str = "0.0.0.0", port: int = 8443,
+                 certfile: str | None = None, keyfile: str | None = None,
+                 metrics: Callable[[], str] | None = None, on_unserved: Callable[[str], None] | None = None) -> None:
+        outer = self
+        self.service = service
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+            def _send(self, code: int, data: bytes, ctype: str = "application/json") -> None:
+                self.send_response(code)
+                self.send_header("Content-Type", ctype)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def do_GET(self) -> None:  # noqa: N802
+                if self.path == "/healthz":
+                    return self._send(200, b'{"status":"ok"}')
+                if self.path == "/metrics" and metrics is not None:
+                    return self._send(200, metrics().encode(), "text/plain; version=0.0.4")
+                return self._send(404, b'{"detail":"not found"}')
+
+            def do_POST(self) -> None:  # noqa: N802
+                if self.path.split("?")[0] != "/mutate":
+                    return self._send(404, b'{"detail":"not found"}')
+                length = int(self.headers.get("Content-Length") or 0)
+                if length > MAX_REVIEW_BYTES:
+                    return self._send(413, b'{"detail":"too large"}')
+                try:
+                    answer = review(json.loads(self.rfile.read(length)), outer.service.allocate,
+                                    outer.service.release, on_unserved)
+                except (ValueError, TypeError) as exc:
+                    return self._send(400, json.dumps({"detail": str(exc)[:300]}).encode())
+                return self._send(200, json.dumps(answer).encode())
+
+        self.httpd = ThreadingHTTPServer((host, port), Handler)
+        self.httpd.daemon_threads = True
+        if certfile:
+            context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+            context.load_cert_chain(certfile, keyfile)
+            self.httpd.socket = context.wrap_socket(self.httpd.socket, server_side=True)
+        self.port = self.httpd.server_address[1]
+        self._thread = threading.Thread(target=self.httpd.serve_forever, name="hetplan-webhook", daemon=True)
+
+    def start(self) -> WebhookServer:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+        self._thread.join(5)

@@ -1,0 +1,698 @@
+"""A STAND-IN for kube-apiserver (and, for pods, for kube-scheduler and the kubelet), NOT a real one: no API server,
+kind or Docker runs here. It speaks the wire format the real kubernetes client reads and writes, over HTTP on
+loopback, so that the node sync and the controller are tested with the real client. What it serves:
+
+- Nodes: `GET /api/v1/nodes` (a NodeList) and its watch, events pushed by the test (`push`, `events`).
+- Pods: list and watch (all namespaces or one; `labelSelector` `k`, `k=v`, `!k`; a watch from a resourceVersion
+  older than the kept history answers an ERROR event with a 410 Status, as the API server does), get, create
+  (`generateName`; a configured mutating admission webhook is called with an AdmissionReview v1 and its JSONPatch
+  applied; failurePolicy Ignore), delete, merge PATCH (resources are immutable there: 422, as in Kubernetes),
+  and the subresources `binding`, `eviction` (policy/v1; PodDisruptionBudgets with `minAvailable` honoured:
+  429) and `resize` (strategic merge of containers' cpu/memory; the stand-in kubelet actuates it, or marks it
+  `PodResizePending` Infeasible/Deferred as the 1.33 kubelet does).
+- ConfigMaps and coordination.k8s.io/v1 Leases: get, create (409 AlreadyExists), replace (409 Conflict on a stale
+  resourceVersion: optimistic concurrency, which leader election and the controller's cursor rely on).
+- A scheduler: a pod without `spec.nodeName`, without scheduling gates, is bound to the node its required node
+  affinity names (`matchFields metadata.name`), else to the first node it fits on, if its requests fit the node's
+  allocatable minus the requests of the pods running there; then it is Running.
+
+Every write is recorded in `calls` (method, path, body) so that tests can tell how a change was made.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import queue
+import re
+import socket
+import threading
+import time
+import urllib.request
+import uuid
+from decimal import Decimal
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qs, urlparse
+
+from kubernetes.utils.quantity import parse_quantity
+
+
+def k8s_node(name: str, product: str | None = "Tesla-T4", gpus: str | None = "4", cpu: str = "63500m",
+             memory: str = "256Gi", unschedulable: bool = False, ready: str | None = "True",
+             labels: dict[str, str] | None = None, rv: str = "1") -> dict[str, Any]:
+    """A v1.Node as the API server writes it (trimmed: no images, addresses or daemon endpoints)."""
+    all_labels = {"kubernetes.io/hostname": name, "kubernetes.io/os": "linux", **(labels or {})}
+    if product is not None:
+        all_labels["nvidia.com/gpu.product"] = product
+    allocatable = {"cpu": cpu, "memory": memory, "pods": "110", "ephemeral-storage": "95491281146"}
+    if gpus is not None:
+        allocatable["nvidia.com/gpu"] = gpus
+    conditions = [{"type": "MemoryPressure", "status": "False", "reason": "KubeletHasSufficientMemory"}]
+    if ready is not None:
+        conditions.append({"type": "Ready", "status": ready, "reason": "KubeletReady",
+                           "lastHeartbeatTime": "2026-12-01T10:00:00Z", "lastTransitionTime": "2026-12-01T09:00:00Z"})
+    spec: dict[str, Any] = {"podCIDR": "10.244.1.0/24", "providerID": f"aws:///us-east-1a/i-{name}"}
+    if unschedulable:
+        spec["unschedulable"] = True
+        spec["taints"] = [{"key": "node.kubernetes.io/unschedulable", "effect": "NoSchedule"}]
+    return {"kind": "Node", "apiVersion": "v1",
+            "metadata": {"name": name, "uid": f"uid-{name}", "resourceVersion": rv, "labels": all_labels,
+                         "creationTimestamp": "2026-11-30T08:00:00Z"},
+            "spec": spec,
+            "status": {"capacity": {**allocatable, "cpu": "64", "memory": "264000000Ki"}, "allocatable": allocatable,
+                       "conditions": conditions,
+                       "nodeInfo": {"kubeletVersion": "v1.33.2", "osImage": "Ubuntu 22.04.4 LTS",
+                                    "architecture": "amd64", "containerRuntimeVersion": "containerd://1.7.27"}}}
+
+
+def k8s_pod(name: str, model: str | None = "res50", gpus: int = 1, cpu: str | None = "2", memory: str | None = "8Gi",
+            namespace: str = "default", labels: dict[str, str] | None = None, annotations: dict | None = None,
+            sidecar: bool = False) -> dict[str, Any]:
+    """A v1.Pod as a user (or a Job's template) writes it: one trainer container, optionally a sidecar."""
+    requests: dict[str, str] = {"nvidia.com/gpu": str(gpus)} if gpus else {}
+    if cpu is not None:
+        requests["cpu"] = cpu
+    if memory is not None:
+        requests["memory"] = memory
+    containers = [{"name": "trainer", "image": "nvcr.io/nvidia/pytorch:24.08-py3",
+                   "resources": {"requests": requests, "limits": {"nvidia.com/gpu": str(gpus)} if gpus else {}}}]
+    if sidecar:
+        containers.append({"name": "logs", "image": "fluent/fluent-bit:3.0",
+                           "resources": {"requests": {"cpu": "100m", "memory": "128Mi"}}})
+    all_labels = {**({"hetplan.io/model": model} if model else {}), **(labels or {})}
+    return {"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": name, "namespace": namespace, "labels": all_labels, "annotations": annotations or {}},
+            "spec": {"restartPolicy": "Never", "containers": containers}}
+
+
+def eventually(what, deadline_s: float = 20.0):
+    """Poll `what()` until it is truthy; return it (fail at the deadline)."""
+    deadline = time.monotonic() + deadline_s
+    while True:
+        result = what()
+        if result or time.monotonic() > deadline:
+            assert result, "not reached before the deadline"
+            return result
+        time.sleep(0.05)
+
+
+# ------------------------------------------------------------------ helpers the stand-in computes with
+
+
+def pod_requests(pod: dict) -> dict[str, Decimal]:
+    """A pod's requests as Kubernetes sums them (containers' requests, else limits; the larger of that and any
+    init container)."""
+    def of(container: dict) -> dict[str, Decimal]:
+        res = container.get("resources") or {}
+        merged = {**(res.get("limits") or {}), **(res.get("requests") or {})}
+        return {k: parse_quantity(v) for k, v in merged.items()}
+
+    total: dict[str, Decimal] = {}
+    for c in pod["spec"]["containers"]:
+        for k, v in of(c).items():
+            total[k] = total.get(k, Decimal(0)) + v
+    for c in pod["spec"].get("initContainers") or []:
+        for k, v in of(c).items():
+            total[k] = max(total.get(k, Decimal(0)), v)
+    return total
+
+
+def terminal(pod: dict) -> bool:
+    return (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed")
+
+
+def matches(labels: dict[str, str], selector: str | None) -> bool:
+    for term in (selector or "").split(","):
+        term = term.strip()
+        if not term:
+            continue
+        if term.startswith("!"):
+            if term[1:] in labels:
+                return False
+        elif "=" in term:
+            key, value = term.split("=", 1)
+            if labels.get(key.rstrip("=!")) != value:
+                return False
+        elif term not in labels:
+            return False
+    return True
+
+
+def merge_patch(target: Any, patch: Any, strategic: bool = False) -> Any:
+    """RFC 7386 merge patch; `strategic`: lists of named objects (containers) merge by name, as Kubernetes'
+    strategic merge patch does for them."""
+    if not isinstance(patch, dict):
+        return copy.deepcopy(patch)
+    out = dict(target) if isinstance(target, dict) else {}
+    for key, value in patch.items():
+        if value is None:
+            out.pop(key, None)
+        elif strategic and isinstance(value, list) and isinstance(out.get(key), list) \
+                and all(isinstance(v, dict) and "name" in v for v in value + out[key]):
+            merged = [dict(v) for v in out[key]]
+            for item in value:
+                for i, old in enumerate(merged):
+                    if old["name"] == item["name"]:
+                        merged[i] = merge_patch(old, item, strategic)
+                        break
+                else:
+                    merged.append(copy.deepcopy(item))
+            out[key] = merged
+        else:
+            out[key] = merge_patch(out.get(key), value, strategic)
+    return out
+
+
+def json_patch(doc: Any, ops: list[dict]) -> Any:
+    """RFC 6902 (add, replace, remove), as an AdmissionReview's JSONPatch is applied."""
+    doc = copy.deepcopy(doc)
+    for op in ops:
+        parts = [p.replace("~1", "/").replace("~0", "~") for p in op["path"].split("/")[1:]]
+        parent = doc
+        for p in parts[:-1]:
+            parent = parent[int(p)] if isinstance(parent, list) else parent[p]
+        last = parts[-1]
+        if op["op"] == "remove":
+            del parent[int(last) if isinstance(parent, list) else last]
+        elif isinstance(parent, list):
+            if last == "-":
+                parent.append(op["value"])
+            elif op["op"] == "add":
+                parent.insert(int(last), op["value"])
+            else:
+                parent[int(last)] = op["value"]
+        else:
+            parent[last] = op["value"]
+    return doc
+
+
+def status(code: int, reason: str, message: str, **extra: Any) -> dict:
+    return {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure", "message": message,
+            "reason": reason, "code": code, **extra}
+
+
+class ApiError(Exception):
+    def __init__(self, code: int, reason: str, message: str, **extra: Any) -> None:
+        super().__init__(message)
+        self.body = status(code, reason, message, **extra)
+
+
+class QuietServer(ThreadingHTTPServer):
+    def handle_error(self, request: Any, client_address: Any) -> None:  # a client that went away: not news
+        pass
+
+
+POD = re.compile(r"^/api/v1/namespaces/([^/]+)/pods(?:/([^/]+))?(?:/([a-z]+))?$")
+OBJECT = re.compile(r"^/(?:api/v1|apis/coordination\.k8s\.io/v1)/namespaces/([^/]+)/(configmaps|leases)(?:/([^/]+))?$")
+
+
+class FakeApiServer:
+    """The stand-in (see the module's docstring). Nodes: set `nodes` (what a list returns) and push events. Pods,
+    ConfigMaps, Leases: through the API, or `add_pod`, `finish`, `pdbs` from the test."""
+
+    def __init__(self, history: int = 100_000) -> None:
+        self.nodes: dict[str, dict] = {}
+        self.resource_version = "100"
+        self.events: queue.Queue[dict] = queue.Queue()
+        self.requests: list[str] = []
+        self.lists = 0
+        self.refuse_lists = 0  # answer that many Node lists 403 Forbidden first (no RBAC yet)
+        self._closing = threading.Event()
+        # pods and the objects of the controller
+        self.lock = threading.Condition(threading.RLock())
+        self.rv = 1000
+        self.pods: dict[tuple[str, str], dict] = {}
+        self.pod_events: list[tuple[int, str, dict]] = []  # (resourceVersion, type, pod), oldest first
+        self.history = history  # pod events kept; a watch from before them is answered 410
+        self.compacted = 0  # pod events up to this resourceVersion are gone
+        self.objects: dict[tuple[str, str, str], dict] = {}  # (configmaps|leases, namespace, name) -> object
+        self.pdbs: list[dict] = []  # policy/v1 PodDisruptionBudgets (selector.matchLabels, minAvailable)
+        self.webhook_url: str | list[str] | None = None  # mutating webhook(s) called on pod CREATE: the first that
+        # answers, as a Service routes to a ready endpoint (failurePolicy Ignore when none does)
+        self.webhook_selector = "hetplan.io/model"  # its objectSelector (a label that must exist)
+        self.webhook_failures = 0
+        self.kubelet_refuses: set[tuple[str, str]] = set()  # pods whose resizes the kubelet finds Infeasible
+        self.calls: list[tuple[str, str, Any]] = []  # (method, path, body) of every write
+        self.call_times: list[float] = []  # when each of `calls` arrived (time.time())
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args: object) -> None:  # quiet
+                pass
+
+            def _body(self) -> Any:
+                length = int(self.headers.get("Content-Length") or 0)
+                return json.loads(self.rfile.read(length)) if length else None
+
+            def _route(self, method: str) -> None:
+                url = urlparse(self.path)
+                query = {k: v[-1] for k, v in parse_qs(url.query).items()}
+                outer.requests.append(self.path)
+                try:
+                    body = self._body() if method in ("POST", "PUT", "PATCH") else None
+                    if method != "GET":
+                        outer.call_times.append(time.time())
+                        outer.calls.append((method, url.path, body))
+                    if url.path == "/api/v1/nodes" and method == "GET":
+                        return self._nodes(query)
+                    if url.path == "/api/v1/pods" and method == "GET":
+                        return self._pods(None, query)
+                    m = POD.match(url.path)
+                    if m:
+                        ns, name, sub = m.groups()
+                        if name is None:
+                            if method == "GET":
+                                return self._pods(ns, query)
+                            if method == "POST":
+                                return self._json(201, outer.create_pod(ns, body))
+                        else:
+                            ctype = self.headers.get("Content-Type", "")
+                            return self._json(*outer.pod_call(method, ns, name, sub, body, ctype))
+                    m = OBJECT.match(url.path)
+                    if m:
+                        return self._json(*outer.object_call(method, m.group(2), m.group(1), m.group(3), body))
+                    raise ApiError(404, "NotFound", f"the stand-in serves no {method} {url.path}")
+                except ApiError as exc:
+                    return self._json(exc.body["code"], exc.body)
+
+            def do_GET(self) -> None:  # noqa: N802 - the stdlib's names
+                self._route("GET")
+
+            def do_POST(self) -> None:  # noqa: N802
+                self._route("POST")
+
+            def do_PUT(self) -> None:  # noqa: N802
+                self._route("PUT")
+
+            def do_PATCH(self) -> None:  # noqa: N802
+                self._route("PATCH")
+
+            def do_DELETE(self) -> None:  # noqa: N802
+                self._route("DELETE")
+
+            def _nodes(self, query: dict) -> None:
+                if query.get("watch", "").lower() == "true":
+                    return self._node_watch(float(query.get("timeoutSeconds", "300")))
+                if outer.refuse_lists > 0:
+                    outer.refuse_lists -= 1
+                    raise ApiError(403, "Forbidden", 'nodes is forbidden: User '
+                                   '"system:serviceaccount:hetplan:allocator" cannot list resource "nodes"')
+                outer.lists += 1
+                return self._json(200, {"kind": "NodeList", "apiVersion": "v1",
+                                        "metadata": {"resourceVersion": outer.resource_version},
+                                        "items": [copy.deepcopy(n) for n in outer.nodes.values()]})
+
+            def _pods(self, ns: str | None, query: dict) -> None:
+                selector = query.get("labelSelector")
+                if query.get("watch", "").lower() == "true":
+                    return self._pod_watch(ns, selector, int(query.get("resourceVersion") or 0),
+                                           float(query.get("timeoutSeconds", "300")))
+                with outer.lock:
+                    items = [copy.deepcopy(p) for (pns, _), p in outer.pods.items()
+                             if (ns is None or pns == ns) and matches(p["metadata"].get("labels") or {}, selector)]
+                    return self._json(200, {"kind": "PodList", "apiVersion": "v1",
+                                            "metadata": {"resourceVersion": str(outer.rv)}, "items": items})
+
+            def _json(self, code: int, body: dict) -> None:
+                data = json.dumps(body).encode()
+                self.send_response(code)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def _start_stream(self) -> None:
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Transfer-Encoding", "chunked")
+                self.end_headers()
+
+            def _send(self, event: dict) -> None:
+                line = json.dumps(event).encode() + b"\n"
+                self.wfile.write(b"%x\r\n%s\r\n" % (len(line), line))
+                self.wfile.flush()
+
+            def _node_watch(self, timeout: float) -> None:
+                self._start_stream()
+                deadline = time.monotonic() + timeout
+                try:
+                    while not outer._closing.is_set() and time.monotonic() < deadline:
+                        try:
+                            event = outer.events.get(timeout=0.05)
+                        except queue.Empty:
+                            continue
+                        if event["type"] == "DROP":  # not Kubernetes: the test's way to break a connection
+                            self.connection.shutdown(socket.SHUT_RDWR)
+                            break
+                        self._send(event)
+                        if event["type"] == "ERROR":
+                            break
+                    else:
+                        self.wfile.write(b"0\r\n\r\n")  # the server's timeout: the stream ends cleanly
+                        self.wfile.flush()
+                except OSError:
+                    pass  # the client went away (NodeSync.stop shuts its socket down)
+                self.close_connection = True
+
+            def _pod_watch(self, ns: str | None, selector: str | None, since: int, timeout: float) -> None:
+                self._start_stream()
+                deadline = time.monotonic() + timeout
+                try:
+                    with outer.lock:
+                        if since < outer.compacted:
+                            self._send({"type": "ERROR", "object": status(
+                                410, "Expired", f"too old resource version: {since} ({outer.compacted})")})
+                            self.close_connection = True
+                            return
+                    sent = since
+                    while not outer._closing.is_set() and time.monotonic() < deadline:
+                        with outer.lock:
+                            if sent < outer.compacted:  # compacted while watching: the API server ends it
+                                self._send({"type": "ERROR", "object": status(
+                                    410, "Expired", f"too old resource version: {sent} ({outer.compacted})")})
+                                break
+                            fresh = [(rv, kind, pod) for rv, kind, pod in outer.pod_events if rv > sent]
+                            if not fresh:
+                                outer.lock.wait(0.1)
+                                continue
+                        for rv, kind, pod in fresh:
+                            sent = rv
+                            if (ns is None or pod["metadata"]["namespace"] == ns) and \
+                                    matches(pod["metadata"].get("labels") or {}, selector):
+                                self._send({"type": kind, "object": pod})
+                    else:
+                        self.wfile.write(b"0\r\n\r\n")
+                        self.wfile.flush()
+                except OSError:
+                    pass
+                self.close_connection = True
+
+        self.httpd = QuietServer(("127.0.0.1", 0), Handler)
+        self.httpd.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+        self._thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+
+    def start(self) -> FakeApiServer:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._closing.set()
+        self.httpd.shutdown()
+        self.httpd.server_close()
+        self._thread.join(5)
+
+    def push(self, kind: str, obj: dict) -> None:
+        self.events.put({"type": kind, "object": copy.deepcopy(obj)})
+
+    def kubeconfig(self, path: Path) -> Path:
+        path.write_text(f"""apiVersion: v1
+kind: Config
+clusters:
+- name: stand-in
+  cluster: {{server: "{self.url}"}}
+users:
+- name: hetplan
+  user: {{token: not-a-real-token}}
+contexts:
+- name: stand-in
+  context: {{cluster: stand-in, user: hetplan}}
+current-context: stand-in
+""")
+        return path
+
+    # ------------------------------------------------------------------ pods
+
+    def _emit(self, kind: str, pod: dict) -> None:
+        """Under the lock: a new resourceVersion for `pod` and its watch event."""
+        self.rv += 1
+        pod["metadata"]["resourceVersion"] = str(self.rv)
+        self.pod_events.append((self.rv, kind, copy.deepcopy(pod)))
+        if len(self.pod_events) > self.history:
+            dropped = self.pod_events[: len(self.pod_events) - self.history]
+            del self.pod_events[: len(dropped)]
+            self.compacted = dropped[-1][0]
+        self.lock.notify_all()
+
+    def compact(self) -> None:
+        """Forget every pod event so far: watches from before now are answered 410 Gone (etcd compaction)."""
+        with self.lock:
+            self.compacted = self.rv
+            self.pod_events.clear()
+            self.lock.notify_all()
+
+    def pod(self, namespace: str, name: str) -> dict | None:
+        with self.lock:
+            pod = self.pods.get((namespace, name))
+            return copy.deepcopy(pod) if pod is not None else None
+
+    def live_pods(self) -> list[dict]:
+        with self.lock:
+            return [copy.deepcopy(p) for p in self.pods.values() if not terminal(p)]
+
+    def create_pod(self, namespace: str, body: dict) -> dict:
+        pod = copy.deepcopy(body)
+        meta = pod.setdefault("metadata", {})
+        meta["namespace"] = namespace
+        if not meta.get("name"):
+            if not meta.get("generateName"):
+                raise ApiError(422, "Invalid", "name or generateName is required")
+            meta["name"] = meta["generateName"] + uuid.uuid4().hex[:5]
+        if self.webhook_url and matches(meta.get("labels") or {}, self.webhook_selector):
+            pod = self._admit(pod)
+        with self.lock:
+            if (namespace, meta["name"]) in self.pods:
+                raise ApiError(409, "AlreadyExists", f'pods "{meta["name"]}" already exists')
+            pod["metadata"]["uid"] = str(uuid.uuid4())
+            pod["metadata"]["creationTimestamp"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+            pod["spec"].setdefault("schedulerName", "default-scheduler")
+            pod["status"] = {"phase": "Pending", "qosClass": "Burstable"}
+            self.pods[(namespace, pod["metadata"]["name"])] = pod
+            self._emit("ADDED", pod)
+            self.schedule()
+            return copy.deepcopy(pod)
+
+    def _admit(self, pod: dict) -> dict:
+        """Call the mutating webhook (AdmissionReview v1) and apply its JSONPatch; failurePolicy Ignore."""
+        review = {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": {
+            "uid": str(uuid.uuid4()), "kind": {"group": "", "version": "v1", "kind": "Pod"},
+            "resource": {"group": "", "version": "v1", "resource": "pods"}, "operation": "CREATE",
+            "namespace": pod["metadata"]["namespace"], "name": pod["metadata"]["name"], "object": pod,
+            "userInfo": {"username": "system:serviceaccount:default:launcher"}, "dryRun": False}}
+        response = None
+        for url in [self.webhook_url] if isinstance(self.webhook_url, str) else self.webhook_url or []:
+            try:
+                request = urllib.request.Request(url, json.dumps(review).encode(), {"Content-Type": "application/json"})
+                with urllib.request.urlopen(request, timeout=10) as answer:
+                    response = json.loads(answer.read())["response"]
+                    break
+            except (OSError, ValueError, KeyError):
+                continue
+        if response is None:
+            self.webhook_failures += 1
+            return pod  # failurePolicy: Ignore
+        if response.get("uid") != review["request"]["uid"]:
+            self.webhook_failures += 1
+            return pod
+        if not response.get("allowed"):
+            raise ApiError(400, "BadRequest", f"admission webhook denied the request: {response.get('status')}")
+        if response.get("patch"):
+            import base64
+            assert response.get("patchType") == "JSONPatch"
+            pod = json_patch(pod, json.loads(base64.b64decode(response["patch"])))
+        return pod
+
+    def _get(self, namespace: str, name: str) -> dict:
+        pod = self.pods.get((namespace, name))
+        if pod is None:
+            raise ApiError(404, "NotFound", f'pods "{name}" not found', details={"name": name, "kind": "pods"})
+        return pod
+
+    def pod_call(self, method: str, ns: str, name: str, sub: str | None, body: Any, ctype: str) -> tuple[int, dict]:
+        with self.lock:
+            pod = self._get(ns, name)
+            if sub is None and method == "GET":
+                return 200, copy.deepcopy(pod)
+            if sub is None and method == "DELETE":
+                return 200, self._delete(pod)
+            if sub is None and method == "PATCH":
+                if isinstance(body, list):
+                    new = json_patch(pod, body)
+                else:
+                    new = merge_patch(pod, body, strategic="strategic" in ctype)
+                if [c.get("resources") for c in new["spec"]["containers"]] != \
+                        [c.get("resources") for c in pod["spec"]["containers"]]:
+                    raise ApiError(422, "Invalid", f'Pod "{name}" is invalid: spec: Forbidden: pod updates may not '
+                                   "change fields other than `spec.containers[*].image`, ... (resources: through the "
+                                   "resize subresource)")
+                if pod["spec"].get("schedulingGates") and not new["spec"].get("schedulingGates"):
+                    new["spec"].pop("schedulingGates", None)
+                self.pods[(ns, name)] = pod = new
+                self._emit("MODIFIED", pod)
+                self.schedule()
+                return 200, copy.deepcopy(pod)
+            if sub == "resize" and method == "GET":
+                return 200, copy.deepcopy(pod)
+            if sub == "resize" and method == "PATCH":
+                return 200, self._resize(pod, body)
+            if sub == "binding" and method == "POST":
+                if pod["spec"].get("nodeName"):
+                    raise ApiError(409, "Conflict", f"pod {name} is already assigned to node "
+                                                    f'"{pod["spec"]["nodeName"]}"')
+                self._bind(pod, body["target"]["name"])
+                return 201, status(201, "", "")
+            if sub == "eviction" and method == "POST":
+                self._check_pdbs(pod)
+                self._delete(pod)
+                return 201, {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201}
+            raise ApiError(405, "MethodNotAllowed", f"the stand-in serves no {method} on pods/{sub}")
+
+    def _delete(self, pod: dict) -> dict:
+        meta = pod["metadata"]
+        del self.pods[(meta["namespace"], meta["name"])]
+        self._emit("DELETED", pod)
+        self.schedule()
+        return copy.deepcopy(pod)
+
+    def _check_pdbs(self, pod: dict) -> None:
+        labels = pod["metadata"].get("labels") or {}
+        for pdb in self.pdbs:
+            want = pdb["spec"]["selector"]["matchLabels"]
+            if pdb["metadata"]["namespace"] != pod["metadata"]["namespace"] or \
+                    any(labels.get(k) != v for k, v in want.items()):
+                continue
+            healthy = sum(1 for p in self.pods.values() if (p.get("status") or {}).get("phase") == "Running"
+                          and all((p["metadata"].get("labels") or {}).get(k) == v for k, v in want.items()))
+            if healthy - 1 < int(pdb["spec"]["minAvailable"]):
+                raise ApiError(429, "TooManyRequests", "Cannot evict pod as it would violate the pod's disruption "
+                               "budget.", details={"causes": [{"reason": "DisruptionBudget", "message": (
+                                   f"The disruption budget {pdb['metadata']['name']} needs "
+                                   f"{pdb['spec']['minAvailable']} healthy pods and has {healthy} currently")}]})
+
+    def _resize(self, pod: dict, body: dict) -> dict:
+        new = merge_patch(pod, body, strategic=True)
+        for old_c, new_c in zip(pod["spec"]["containers"], new["spec"]["containers"]):
+            before, after = old_c.get("resources") or {}, new_c.get("resources") or {}
+            for part in ("requests", "limits"):
+                changed = {k for k in set(before.get(part) or {}) | set(after.get(part) or {})
+                           if (before.get(part) or {}).get(k) != (after.get(part) or {}).get(k)}
+                if changed - {"cpu", "memory"}:
+                    raise ApiError(422, "Invalid", f'Pod "{pod["metadata"]["name"]}" is invalid: spec: Forbidden: '
+                                   "only cpu and memory resources are mutable")
+        if {k: v for k, v in new.items() if k not in ("spec", "metadata")} != \
+                {k: v for k, v in pod.items() if k not in ("spec", "metadata")}:
+            raise ApiError(422, "Invalid", "the resize subresource changes spec.containers[*].resources only")
+        key = (pod["metadata"]["namespace"], pod["metadata"]["name"])
+        pod["spec"]["containers"] = new["spec"]["containers"]
+        conditions = [c for c in pod["status"].get("conditions") or [] if c["type"] != "PodResizePending"]
+        node = pod["spec"].get("nodeName")
+        if node and key in self.kubelet_refuses:
+            conditions.append({"type": "PodResizePending", "status": "True", "reason": "Infeasible",
+                               "message": "Node didn't have enough capacity: memory, requested: ..."})
+        elif node and not self._fits(node, None):
+            conditions.append({"type": "PodResizePending", "status": "True", "reason": "Deferred",
+                               "message": "Node didn't have enough resource: cpu"})
+        elif node:
+            pod["status"]["containerStatuses"] = self._actuated(pod)
+        pod["status"]["conditions"] = conditions
+        self._emit("MODIFIED", pod)
+        return copy.deepcopy(pod)
+
+    # ------------------------------------------------------------------ the scheduler and the kubelet
+
+    def used(self, node: str, but: dict | None = None) -> dict[str, Decimal]:
+        total: dict[str, Decimal] = {}
+        for p in self.pods.values():
+            if p is not but and p["spec"].get("nodeName") == node and not terminal(p):
+                for k, v in pod_requests(p).items():
+                    total[k] = total.get(k, Decimal(0)) + v
+        return total
+
+    def _fits(self, node: str, pod: dict | None) -> bool:
+        """`pod` (None: none more) fits `node` with what runs there."""
+        allocatable = self.nodes[node]["status"]["allocatable"]
+        used = self.used(node)
+        if pod is not None:
+            for k, v in pod_requests(pod).items():
+                used[k] = used.get(k, Decimal(0)) + v
+        return all(v <= parse_quantity(allocatable.get(k, "0")) for k, v in used.items() if v > 0)
+
+    @staticmethod
+    def _actuated(pod: dict) -> list[dict]:
+        return [{"name": c["name"], "ready": True, "resources": copy.deepcopy(c.get("resources") or {})}
+                for c in pod["spec"]["containers"]]
+
+    def _bind(self, pod: dict, node: str) -> None:
+        pod["spec"]["nodeName"] = node
+        pod["status"] = {**pod["status"], "phase": "Running", "containerStatuses": self._actuated(pod),
+                         "conditions": [{"type": "PodScheduled", "status": "True"}]}
+        self._emit("MODIFIED", pod)
+
+    def schedule(self) -> None:
+        """The stand-in default-scheduler: bind every pending, ungated pod that fits where it must (or anywhere)."""
+        with self.lock:
+            for pod in list(self.pods.values()):
+                spec = pod["spec"]
+                if spec.get("nodeName") or spec.get("schedulingGates") or terminal(pod) or \
+                        spec.get("schedulerName", "default-scheduler") != "default-scheduler":
+                    continue
+                wanted = pinned(pod)
+                for node in ([wanted] if wanted else list(self.nodes)):
+                    if node in self.nodes and self._fits(node, pod):
+                        self._bind(pod, node)
+                        break
+
+    def finish(self, namespace: str, name: str, phase: str = "Succeeded") -> None:
+        """The pod's containers exit: its phase becomes `phase` (the kubelet's report)."""
+        with self.lock:
+            pod = self._get(namespace, name)
+            pod["status"]["phase"] = phase
+            self._emit("MODIFIED", pod)
+            self.schedule()
+
+    # ------------------------------------------------------------------ ConfigMaps and Leases
+
+    def object_call(self, method: str, kind: str, ns: str, name: str | None, body: Any) -> tuple[int, dict]:
+        with self.lock:
+            key = (kind, ns, name or (body or {}).get("metadata", {}).get("name", ""))
+            current = self.objects.get(key)
+            singular = kind[:-1]
+            if method == "GET" and name:
+                if current is None:
+                    raise ApiError(404, "NotFound", f'{kind} "{name}" not found')
+                return 200, copy.deepcopy(current)
+            if method == "POST" and not name:
+                if current is not None:
+                    raise ApiError(409, "AlreadyExists", f'{kind} "{key[2]}" already exists')
+                return 201, self._store(key, body)
+            if method == "PUT" and name:
+                if current is None:
+                    raise ApiError(404, "NotFound", f'{kind} "{name}" not found')
+                if body["metadata"].get("resourceVersion") != current["metadata"]["resourceVersion"]:
+                    raise ApiError(409, "Conflict", f'Operation cannot be fulfilled on {kind} "{name}": the object '
+                                   "has been modified; please apply your changes to the latest version and try again")
+                return 200, self._store(key, body)
+            raise ApiError(405, "MethodNotAllowed", f"the stand-in serves no {method} on {singular}")
+
+    def _store(self, key: tuple[str, str, str], body: dict) -> dict:
+        obj = copy.deepcopy(body)
+        obj["metadata"]["namespace"] = key[1]
+        self.rv += 1
+        obj["metadata"]["resourceVersion"] = str(self.rv)
+        self.objects[key] = obj
+        return copy.deepcopy(obj)
+
+
+def pinned(pod: dict) -> str | None:
+    """The one node a pod's required node affinity names by `metadata.name`, if it does."""
+    terms = (((pod["spec"].get("affinity") or {}).get("nodeAffinity") or {})
+             .get("requiredDuringSchedulingIgnoredDuringExecution") or {}).get("nodeSelectorTerms") or []
+    for term in terms:
+        for field in term.get("matchFields") or []:
+            if field.get("key") == "metadata.name" and field.get("operator") == "In" and field.get("values"):
+                return field["values"][0]
+    return None
