@@ -17,9 +17,11 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import random
 import tempfile
 import time
 from collections import Counter
+from dataclasses import replace
 from pathlib import Path
 
 from rich.progress import Progress
@@ -39,13 +41,23 @@ NODES = DATA / "openb_node_list_gpu_node.csv"
 PODS = DATA / "openb_pod_list_default.csv"
 
 
-def run(stretch: float, tick_s: float, limit: int | None, root: Path) -> dict:
+def run(stretch: float, tick_s: float, limit: int | None, root: Path, hinted: bool) -> dict:
     events = pod_events(PODS, stretch=stretch)[:limit]
+    hints = None
+    if hinted:  # each pod gets a model of the DERIVED hint table, drawn at random (seeded): synthetic
+        from allocator import derived_hints
+        from hetplan.hints import HintSet
+        frame = derived_hints()
+        hints = HintSet.from_frame(frame)
+        models = sorted(set(frame["model"]))
+        rng = random.Random(0)
+        named = {e.body["job_id"]: rng.choice(models) for e in events if not e.release}
+        events = [e if e.release else replace(e, body={**e.body, "model": named[e.body["job_id"]]}) for e in events]
     clock = [0.0]
     db = root / "ticks.db"
 
     def open_allocator() -> DurableAllocator:
-        return DurableAllocator(db, "hint", None, synchronous="NORMAL", clock=lambda: clock[0])
+        return DurableAllocator(db, "hint", hints, synchronous="NORMAL", clock=lambda: clock[0])
 
     ctx = ServiceContext(ServiceSettings(tick_seconds=0))
     ctx.allocator = open_allocator()
@@ -68,6 +80,7 @@ def run(stretch: float, tick_s: float, limit: int | None, root: Path) -> dict:
                     counts[a.kind] += 1
                     if a.kind == "migrate":
                         moves[a.job_id] += 1
+                        counts["across types"] += a.before[0].gpu_type != a.after[0].gpu_type
                 idle = not actions
                 next_tick += tick_s
             if idle:  # nothing changed since the last tick: the next one that can change anything follows this event
@@ -83,7 +96,7 @@ def run(stretch: float, tick_s: float, limit: int | None, root: Path) -> dict:
                 if parts:
                     counts["placed"] += 1
                     counts["placed whole"] += job.whole
-                    if any(p.cpu_m < (job.cpu_m or 0) or p.mem_mib < (job.mem_mib or 0) for p in parts):
+                    if sum(p.cpu_m for p in parts) < (job.cpu_m or 0) or sum(p.mem_mib for p in parts) < (job.mem_mib or 0):
                         below.append(job.job_id)
             for a in actions:
                 counts[a.kind] += 1
@@ -109,16 +122,20 @@ def main() -> None:
     parser.add_argument("--stretch", type=float, default=3000.0)
     parser.add_argument("--tick-s", type=float, default=3600.0)
     parser.add_argument("--limit", type=int, default=None)
+    parser.add_argument("--hinted", action="store_true", help="give each pod a model of the derived hint table "
+                        "(seeded draw; synthetic) and serve those hints, so that moves can gain something")
     parser.add_argument("--no-record", action="store_true")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
-        r = run(args.stretch, args.tick_s, args.limit, Path(tmp))
+        r = run(args.stretch, args.tick_s, args.limit, Path(tmp), args.hinted)
     c = r["counts"]
     lines = [f"\n## Alibaba's pods with the tick running, through the service's code (`bench/pods_ticks.py`, issue 21), "
              f"{dt.datetime.now(dt.timezone.utc):%Y-%m-%d %H:%M} UTC\n",
              f"Run: `.venv/bin/python bench/pods_ticks.py --stretch {args.stretch:g} --tick-s {args.tick_s:g}"
-             f"{f' --limit {args.limit}' if args.limit else ''}`; {machine()}; {r['wall_s']:.0f} s. Pods' lifetimes "
-             f"x{args.stretch:g} (**synthetic density**; the trace's own arrivals), no hints (pods carry no model).\n",
+             f"{f' --limit {args.limit}' if args.limit else ''}{' --hinted' if args.hinted else ''}`; {machine()}; "
+             f"{r['wall_s']:.0f} s. Pods' lifetimes x{args.stretch:g} (**synthetic density**; the trace's own "
+             "arrivals), " + ("each pod a model of the **derived** hint table drawn at random (seeded; **synthetic**), "
+                              "those hints served" if args.hinted else "no hints (pods carry no model)") + ".\n",
              "| pod events | pods asked / placed | whole-GPU pods | moves | moves per whole-GPU pod | pods moved | "
              "most moves of one pod (p99 / max) | re-sizes | ticks | overcommitted checks | below own request | "
              "state lost on kill and reopen |",

@@ -256,10 +256,8 @@ class _Step:
             if before and before[0].gpu_type == assigned.get(job.job_id):
                 self._set_placed(job.job_id, before)
             else:
-                self._release(job.job_id)
                 movers.append(job)
-        for job in movers:  # priority order
-            self._guarded(f"placing job {job.job_id}", self._place, job, assigned.get(job.job_id))
+        self._move_and_start(movers, assigned)
         failed: set[tuple[str, int, int | None, int | None]] = set()  # classes that found no place: nothing is freed while backfilling
         free = self.cluster.free_gpus_total()
         for job in chain(admitted, left_out):  # backfill, a preempted or unplaced job its old place first
@@ -282,6 +280,32 @@ class _Step:
                 self._guarded(f"re-sizing node {node}", self._grow, node)
         self._keep_unchanged()
         return dict(self.placed)
+
+    def _move_and_start(self, movers: list[Job], assigned: dict[str, str]) -> None:
+        """Running jobs change to the GPU type assigned to them, newcomers start, in priority order. A running job
+        moves to its assigned type or not at all: when no node of that type takes it, it keeps its old place (a
+        move the stability rule did not judge is never made, not even to another node of its own type). Without
+        `preempt` a running job is never stopped: if one cannot get its old place back (another mover took it),
+        every move of this step is undone and the jobs stay where they were."""
+        mark = self._mark()
+        for job in movers:
+            self._release(job.job_id)
+        for job in movers:
+            running = job.job_id in self.current
+            what = f"moving job {job.job_id}" if running else f"placing job {job.job_id}"
+            if self._guarded(what, self._place, job, assigned.get(job.job_id), running) or not running:
+                continue
+            self._guarded(f"keeping job {job.job_id} in place", self._restore, job)
+        stranded = [job.job_id for job in movers if job.job_id in self.current and job.job_id not in self.placed]
+        if stranded and not self.preempt:
+            log.info("rebalance: %d running jobs would lose their place (first: %s); no job moves this step",
+                     len(stranded), stranded[0])
+            self._undo_to(mark)
+            for job in movers:
+                if job.job_id in self.current:
+                    self._set_placed(job.job_id, self.current[job.job_id])
+                else:
+                    self._guarded(f"placing job {job.job_id}", self._place, job, assigned.get(job.job_id))
 
     def _keep_unchanged(self) -> None:
         """A running job placed again where and as it was (same nodes, GPUs, cores and RAM; only the hint version
@@ -510,11 +534,14 @@ class _Step:
 
     # ------------------------------------------------------------------ placing one job
 
-    def _place(self, job: Job, gpu_type: str | None) -> bool:
-        """Place `job` on `gpu_type` (then, failing that, on the other types by speed); False if nowhere."""
+    def _place(self, job: Job, gpu_type: str | None, only: bool = False) -> bool:
+        """Place `job` on `gpu_type` (then, failing that and unless `only`, on the other types by speed); False if
+        nowhere."""
         view = self._view(job)
         preference = view.preference
-        if gpu_type is not None and preference[0] != gpu_type:
+        if only and gpu_type is not None:
+            preference = (gpu_type,)
+        elif gpu_type is not None and preference[0] != gpu_type:
             preference = (gpu_type, *(t for t in preference if t != gpu_type))
         g = job.num_gpus
         for t in preference:
