@@ -15,7 +15,7 @@ one per queue); a run that does not profile that type skips its task.
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 from airflow.sdk import dag, task
@@ -29,7 +29,7 @@ from hetplan_airflow.pods import POD_MAP_INDEX_TEMPLATE, profiled_gpu_types, pro
 @dag(
     dag_id="hetplan_nightly",
     schedule="@daily",
-    start_date=datetime(2026, 1, 1),
+    start_date=datetime(2026, 1, 1, tzinfo=timezone.utc),  # aware: a naive date means the server's zone
     catchup=False,
     max_active_runs=1,
     params=nightly_params(),

@@ -196,6 +196,8 @@ def test_pod_task_renders_the_profiling_pod(dagbag, tmp_path):
     amounts = {"cpu": "2", "memory": "17Gi", "nvidia.com/gpu": "1"}  # cpus "1,2"; 16 GiB point + 1 for the harness
     assert container["resources"] == {"requests": amounts, "limits": amounts}
     assert container["command"] == ["python", "-m", "hetplan.cli.nightly"]
+    # GPU nodes' usual taint is tolerated by the pod itself (no reliance on an admission plugin)
+    assert spec["tolerations"] == [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
     args = container["args"]
     assert args[:7] == ["profile-gpu", "--workspace", str(workspace), "--run-key", RUN_KEY, "--gpu-type", "L4"]
     assert args[args.index("--workload") + 1] == TINY["workloads"]["L4"]
@@ -244,6 +246,24 @@ def test_profiling_without_a_gpu_type_measures_the_cpu_under_its_own_label_and_f
     failed = profile_gpu(tmp_path, "20260103T000000", "CPU", "hetplan_no_such_module:run", **grid)
     assert failed["status"] == STALE and failed["profiles"] == str(tmp_path / "profiles" / "last_good" / "CPU.csv")
     assert "hetplan_no_such_module" in failed["error"]
+
+
+def test_dags_import_only_the_task_sdk():
+    """A naive start_date is read in the server's zone; DAG files author against `airflow.sdk` only."""
+    import ast
+
+    for path in sorted((REPO / "dags").glob("*.py")):
+        tree = ast.parse(path.read_text())
+        modules = [n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module] + \
+                  [a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names]
+        airflow = [m for m in modules if m.split(".")[0] == "airflow"]
+        assert airflow and all(m == "airflow.sdk" or m.startswith("airflow.sdk.") for m in airflow), (path, airflow)
+
+
+def test_dag_start_dates_are_timezone_aware(dagbag):
+    for dag_id in dagbag.dag_ids:
+        start = dagbag.get_dag(dag_id).start_date
+        assert start.tzinfo is not None and start.utcoffset().total_seconds() == 0, dag_id
 
 
 def test_publish_dag_is_scheduled_on_the_hints_asset(dagbag):
