@@ -14,7 +14,7 @@ export AIRFLOW__CORE__PLUGINS_FOLDER = $(CURDIR)/plugins
 export AIRFLOW__CORE__PARALLELISM = 4
 export AIRFLOW__API__HOST = 127.0.0.1
 
-.PHONY: setup main pipeline test test-fast
+.PHONY: setup main pipeline test test-fast deploy-env
 
 setup: $(VENV)/.installed
 
@@ -64,3 +64,13 @@ test: setup
 # For iteration: everything but the tests marked slow (real Airflow DAG runs, MLflow registries, subprocesses).
 test-fast: setup
 	$(BIN)/python -m pytest -m "not slow"
+
+# docker-compose.yaml's settings for this host: AIRFLOW_UID and freshly generated secrets (compose refuses to start
+# without them). Written once to .env (mode 600, ignored by git and by the image); never overwritten.
+deploy-env:
+	@test ! -e .env || { echo ".env exists; delete it to generate new secrets" >&2; exit 1; }
+	@umask 077 && $(PYTHON) -c 'import base64, os, secrets; print("AIRFLOW_UID=%d" % os.getuid()); \
+	print("AIRFLOW_JWT_SECRET=" + secrets.token_urlsafe(48)); \
+	print("AIRFLOW_FERNET_KEY=" + base64.urlsafe_b64encode(os.urandom(32)).decode()); \
+	print("HETPLAN_ADMIN_TOKEN=" + secrets.token_urlsafe(32))' > .env.tmp && mv .env.tmp .env
+	@echo "wrote .env (AIRFLOW_UID, AIRFLOW_JWT_SECRET, AIRFLOW_FERNET_KEY, HETPLAN_ADMIN_TOKEN)"
