@@ -78,14 +78,15 @@ def test_nightly_task_graph(dagbag):
 
     dag = dagbag.get_dag("hetplan_nightly")
     tasks = {t.task_id: t for t in dag.tasks}
-    assert set(tasks) == {"resolve", "pod_specs", "profile", "profile_pod", "fit", "plan", "publish"}
+    assert set(tasks) == {"resolve", "pod_specs", "profile", "profile_pod", "fit", "plan", "publish", "report"}
     assert tasks["resolve"].downstream_task_ids == {"profile", "fit"}
     assert tasks["pod_specs"].downstream_task_ids == {"profile_pod", "fit"}
     assert tasks["profile"].downstream_task_ids == {"fit"}
     assert tasks["profile_pod"].downstream_task_ids == {"fit"}
     assert issubclass(tasks["profile_pod"].operator_class, KubernetesPodOperator)
     assert tasks["fit"].downstream_task_ids == {"plan"}
-    assert tasks["plan"].downstream_task_ids == {"publish"}
+    assert tasks["plan"].downstream_task_ids == {"publish", "report"}
+    assert tasks["publish"].downstream_task_ids == {"report"}
     assert tasks["fit"].trigger_rule == "all_done"
     assert [a.name for a in tasks["publish"].outlets] == ["hetplan_hints"]
     assert all(t.retries >= 1 for t in dag.tasks)
@@ -297,7 +298,9 @@ def _nightly_then_publish(dagbag, workspace: Path, allocator, monkeypatch) -> No
     states = _task_states(run.run_id)
     assert states[("profile", 0)] == states[("profile", 1)] == "success"  # L4 skipped or failed: no task fails
     assert states[("profile_pod", -1)] == "skipped"  # no Kubernetes target: zero pods, the mapped task skips
-    assert states[("fit", -1)] == states[("publish", -1)] == "success"
+    assert states[("fit", -1)] == states[("publish", -1)] == states[("report", -1)] == "success"
+    page = workspace / "report" / "report.html"  # the one-page report, linked to the published run's
+    assert page.is_file() and page.resolve().parent == (workspace / "current" / "report").resolve()
 
     published = HintStore(workspace / "hints").load()  # LATEST exists and loads
     assert len(published.hints) > 0
@@ -314,6 +317,10 @@ def _nightly_then_publish(dagbag, workspace: Path, allocator, monkeypatch) -> No
     names = [m.name for m in client.search_registered_models()]
     assert any(n.startswith("hetplan.res18.") for n in names)
     assert client.get_model_version_by_alias(names[0], "champion") is not None
+    planning = client.get_experiment_by_name("hetplan-planning")
+    (plan_run,) = client.search_runs([planning.experiment_id], f"tags.plan_id = '{published.plan.plan_id}'")
+    assert {"report.html", "node_mix.png", "curves.png", "jct.png"} <= {
+        Path(a.path).name for a in client.list_artifacts(plan_run.info.run_id, "report")}
 
     assert httpx.get(allocator.url + "/v1/hints").json()["version"] is None  # not reloaded yet
     host, port = allocator.url.removeprefix("http://").rsplit(":", 1)  # the allocator as an Airflow Connection
