@@ -91,6 +91,8 @@ def plot_node_mix(plan: Plan) -> Figure:
         if row.cost > 0:
             ax.text(row.added + row.owned, i, f"  {row.cost:.2f} \\$/h", va="center", fontsize=7)
     ax.invert_yaxis()
+    if len(table):
+        ax.set_xlim(0, float((table["added"] + table["owned"]).max()) * 1.18)  # room for the cost labels
     ax.set_xlabel("GPUs")
     ax.tick_params(axis="y", labelsize=7)
     budget = f" of {plan.budget_per_hour:g} \\$/h" if plan.budget_per_hour is not None else ""
