@@ -13,8 +13,12 @@ export AIRFLOW__CORE__DAGS_FOLDER = $(CURDIR)/dags
 export AIRFLOW__CORE__PLUGINS_FOLDER = $(CURDIR)/plugins
 export AIRFLOW__CORE__PARALLELISM = 4
 export AIRFLOW__API__HOST = 127.0.0.1
+# The allocator as `make main` prints it: the published hints, and the plan's nodes (owned and added, one per
+# node, named <shape>-<i>) so that the first allocate places a job (tests/test_first_hour.py runs this line).
+ALLOCATOR = $(abspath $(BIN))/hetplan serve --store $(WORKSPACE)/hints --db $(WORKSPACE)/allocator.db \
+	--from-plan $(WORKSPACE)/current/plan/plan.json --host 127.0.0.1 --port 8080
 
-.PHONY: setup main pipeline test test-fast
+.PHONY: setup main pipeline test test-fast deploy-env
 
 setup: $(VENV)/.installed
 
@@ -34,11 +38,13 @@ main: setup
 	$(BIN)/hetplan hints show --store $(WORKSPACE)/hints
 	@echo
 	@echo "Plan:            $$(cat $(WORKSPACE)/current/plan/summary.txt)"
+	@echo "Report:          $(WORKSPACE)/report/report.html (node mix and cost, curves and knees, predicted JCT, what needs profiling)"
 	@echo "Latest run:      $(WORKSPACE)/current/ (curves.parquet, plan/: plan.json, hints.parquet, kueue.yaml, baselines.csv)"
 	@echo "Published:       $$(cat $(WORKSPACE)/hints/LATEST) in $(WORKSPACE)/hints"
 	@echo "Curves:          $(abspath $(BIN))/hetplan curves show --curves $(WORKSPACE)/current/curves.parquet"
 	@echo "MLflow UI:       $(abspath $(BIN))/mlflow ui --backend-store-uri $(MLFLOW_TRACKING_URI) --host 127.0.0.1 --port 5000"
-	@echo "Allocator:       $(abspath $(BIN))/hetplan serve --store $(WORKSPACE)/hints --host 127.0.0.1 --port 8080"
+	@echo "Allocator:       $(ALLOCATOR)"
+	@echo "  then allocate: curl -s -X POST 127.0.0.1:8080/v1/allocate -H 'Content-Type: application/json' -d '{\"job_id\": \"j1\", \"model\": \"res50\", \"num_gpus\": 1}'"
 	@echo "Evaluate:        $(abspath $(BIN))/hetplan evaluate --trace $(WORKSPACE)/trace.csv --budget $(BUDGET) --rho 0.5,1.3 \\"
 	@echo "                   --owned $(WORKSPACE)/fleet.csv --catalog $(WORKSPACE)/catalog.csv --truth $(WORKSPACE)/profiles.csv \\"
 	@echo "                   --curves $(WORKSPACE)/current/curves.parquet --out-dir $(WORKSPACE)/evaluation"
@@ -64,3 +70,13 @@ test: setup
 # For iteration: everything but the tests marked slow (real Airflow DAG runs, MLflow registries, subprocesses).
 test-fast: setup
 	$(BIN)/python -m pytest -m "not slow"
+
+# docker-compose.yaml's settings for this host: AIRFLOW_UID and freshly generated secrets (compose refuses to start
+# without them). Written once to .env (mode 600, ignored by git and by the image); never overwritten.
+deploy-env:
+	@test ! -e .env || { echo ".env exists; delete it to generate new secrets" >&2; exit 1; }
+	@umask 077 && $(PYTHON) -c 'import base64, os, secrets; print("AIRFLOW_UID=%d" % os.getuid()); \
+	print("AIRFLOW_JWT_SECRET=" + secrets.token_urlsafe(48)); \
+	print("AIRFLOW_FERNET_KEY=" + base64.urlsafe_b64encode(os.urandom(32)).decode()); \
+	print("HETPLAN_ADMIN_TOKEN=" + secrets.token_urlsafe(32))' > .env.tmp && mv .env.tmp .env
+	@echo "wrote .env (AIRFLOW_UID, AIRFLOW_JWT_SECRET, AIRFLOW_FERNET_KEY, HETPLAN_ADMIN_TOKEN)"

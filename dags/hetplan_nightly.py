@@ -1,4 +1,4 @@
-"""hetplan's nightly pipeline: profile each GPU type (mapped) -> fit (MLflow) -> plan -> publish the hints.
+"""hetplan's nightly pipeline: profile each GPU type (mapped) -> fit (MLflow) -> plan -> publish the hints -> report.
 
 Each task calls one function of `hetplan.pipeline` on files under `<workspace>/runs/<logical date>/`, so
 retries and re-runs rewrite the same files. A GPU type is profiled by the `profile` task on a worker, or, for
@@ -15,7 +15,7 @@ one per queue); a run that does not profile that type skips its task.
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 from airflow.sdk import dag, task
@@ -29,7 +29,7 @@ from hetplan_airflow.pods import POD_MAP_INDEX_TEMPLATE, profiled_gpu_types, pro
 @dag(
     dag_id="hetplan_nightly",
     schedule="@daily",
-    start_date=datetime(2026, 1, 1),
+    start_date=datetime(2026, 1, 1, tzinfo=timezone.utc),  # aware: a naive date means the server's zone
     catchup=False,
     max_active_runs=1,
     params=nightly_params(),
@@ -100,6 +100,14 @@ def hetplan_nightly():
                                                 "version": published["version"]}
         return published
 
+    @task
+    def report(planned: dict, published: dict, params=None, **context) -> dict:
+        """The one-page report of the published run (`<workspace>/report/report.html`), also in MLflow."""
+        from hetplan.pipeline import report_step
+
+        return report_step(params["workspace"], run_key(context), planned["mlflow_run"],
+                           tracking_uri=tracking_uri(params))
+
     local, pods = resolve(), pod_specs()
     profiled = profile.expand(gpu_type=local)
     profiled_in_pods = ProfilePodOperator.partial(task_id="profile_pod", map_index_template=POD_MAP_INDEX_TEMPLATE
@@ -108,7 +116,8 @@ def hetplan_nightly():
     fitted = fit(local, pods)
     local >> profiled_on_queues  # after the workspace is seeded
     [profiled, profiled_in_pods, *profiled_on_queues] >> fitted
-    publish(plan(fitted))
+    planned = plan(fitted)
+    report(planned, publish(planned))
 
 
 hetplan_nightly()

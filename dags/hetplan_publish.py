@@ -5,16 +5,17 @@ table to `<workspace>/exports/<version>/kueue.yaml` and, when the Airflow Connec
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta
+from datetime import datetime, timedelta, timezone
 
 from airflow.sdk import dag, task
+from airflow.sdk.exceptions import AirflowNotFoundException
 from hetplan_airflow import ASSETS, AllocatorHook, export_params
 
 
 @dag(
     dag_id="hetplan_publish",
     schedule=[ASSETS["hints"]],
-    start_date=datetime(2026, 1, 1),
+    start_date=datetime(2026, 1, 1, tzinfo=timezone.utc),
     catchup=False,
     params=export_params(),
     default_args={"retries": 2, "retry_delay": timedelta(seconds=30), "execution_timeout": timedelta(minutes=10)},
@@ -37,8 +38,6 @@ def hetplan_publish():
 
     @task(execution_timeout=timedelta(minutes=2))
     def reload(exported: dict, params=None) -> dict:
-        from airflow.exceptions import AirflowNotFoundException
-
         conn_id = params["allocator_conn_id"]
         if not conn_id:
             return {"reloaded": False, "version": exported["version"]}

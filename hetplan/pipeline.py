@@ -11,6 +11,7 @@ idempotent. Steps take and return JSON-able values (paths as strings), so they t
     plan_step(ws, key, budget=200, ...)           -> plan.json (with `stale_gpu_types`), hints, Kueue YAML, for the
                                                      workspace's workload on its owned fleet plus what 200 $/h rents
     publish_step(ws, key)                         -> the hint table published into `<workspace>/hints`
+    report_step(ws, key, mlflow_run)              -> `<workspace>/report/report.html` and its pictures (+ MLflow)
     export_kueue(ws)                              -> `<workspace>/exports/<version>/kueue.yaml`
 
 Profiles: the workspace's `profiles.csv` (derived, from `hetplan init`) is the base; a GPU type's fresh
@@ -277,6 +278,25 @@ def publish_step(workspace: str | Path, run_key: str, keep: int = 5) -> dict[str
         log.info("version %s already published", plan.plan_id)
     point_current(workspace, run_key)
     return {"version": published.version, "store": str(store.root), "path": str(published.path)}
+
+
+def report_step(workspace: str | Path, run_key: str, mlflow_run: str | None = None, *,
+                tracking_uri: str | None = None, mlflow: bool = True) -> dict[str, Any]:
+    """Write the run's one-page report (`hetplan.report`: node mix and cost, the top models' curves with knees,
+    predicted JCT vs the status quo, what needs profiling) into `runs/<key>/report/`, linked as
+    `<workspace>/report`; log it as artifacts (`report/`) of the run's planning run `mlflow_run` when given."""
+    from hetplan.report import report_files, write_report
+
+    page = write_report(workspace, run_key)
+    out: dict[str, Any] = {**report_files(page), "link": str(Path(workspace) / "report" / page.name)}
+    if mlflow and mlflow_run:
+        from mlflow.tracking import MlflowClient
+
+        from hetplan.tracking import tracking_uri as resolve
+
+        MlflowClient(resolve(tracking_uri, workspace=workspace)).log_artifacts(mlflow_run, str(page.parent), "report")
+        out["mlflow_run"] = mlflow_run
+    return out
 
 
 def point_current(workspace: str | Path, run_key: str) -> Path:

@@ -256,7 +256,9 @@ def test_whether_the_order_of_a_candidates_hints_can_change_its_replay(planned, 
 
 
 def test_replays_in_several_processes_are_those_of_one(planned):
-    from hetplan.codesign.replay import replay
+    """Workers are spawned, never forked (replays run inside Airflow tasks, whose threads a fork inherits), and
+    their figures are exactly those of one process."""
+    from hetplan.codesign.replay import START_METHOD, replay
     from hetplan.sim.engine import SimConfig
 
     candidates = [r.candidate for r in planned.replayed if not r.pruned][:3]
@@ -264,3 +266,4 @@ def test_replays_in_several_processes_are_those_of_one(planned):
                 for w in (1, 2))
     assert [(r.metrics, r.avg_jct_by_draw, r.rejected) for r in one] == \
         [(r.metrics, r.avg_jct_by_draw, r.rejected) for r in two] and len(one) == 3
+    assert START_METHOD == "spawn"

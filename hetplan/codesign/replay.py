@@ -106,22 +106,29 @@ class _Runs:
         return planner_truth(self.problem)
 
 
+START_METHOD = "spawn"
+"""How replay workers start. Not "fork": replays run inside Airflow tasks, whose runner holds threads (its
+supervisor's comms, logging, heartbeats) that a forked child inherits mid-state and can deadlock on. A spawned
+worker is a fresh interpreter that imports hetplan and receives the runs pickled once (`_adopt`)."""
+
+
 def simulations(runs: _Runs, which: Sequence[tuple[int, int]], workers: int,
                 progress: Progress | None) -> dict[tuple[int, int], dict]:
-    """Each run's summary. With `workers` > 1 (and more than one run) they run in that many forked processes,
-    which inherit `runs` (nothing is pickled but the summaries): each simulation is a function of its
-    inputs alone, so the summaries are the same as one after the other, only sooner on several cores."""
+    """Each run's summary. With `workers` > 1 (and more than one run) they run in that many spawned processes
+    (`START_METHOD`), each given `runs` once when it starts; only the summaries come back. Each simulation is a
+    function of its inputs alone, so the summaries are the same as one after the other, only sooner on several
+    cores."""
     names = [runs.candidates[i].name for i, _ in which]
     workers = min(workers, len(which))
-    runs.truth  # noqa: B018 (once, before the workers inherit it)
-    if workers <= 1 or "fork" not in mp.get_all_start_methods():
+    runs.truth  # noqa: B018 (once, here: the workers receive it with the runs)
+    if workers <= 1:
         out = {}
         for k, run in enumerate(which):
             if progress:
                 progress(k, len(which), names[k])
             out[run] = runs.summary(run)
         return out
-    with ProcessPoolExecutor(workers, mp_context=mp.get_context("fork"), initializer=_adopt,
+    with ProcessPoolExecutor(workers, mp_context=mp.get_context(START_METHOD), initializer=_adopt,
                              initargs=(runs,)) as pool:
         futures = {pool.submit(_summary, run): k for k, run in enumerate(which)}
         for done, future in enumerate(as_completed(futures)):

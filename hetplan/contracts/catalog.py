@@ -44,6 +44,7 @@ def _declarations_name_known_types(frame: pd.DataFrame, labels: RowLabels) -> li
 
 CATALOG = TableSchema(
     name="node-shape catalog",
+    made_by="`hetplan init --workspace DIR` (the default catalog) or `hetplan catalog import ... --out FILE`",
     columns=(
         Column("name", "str", doc="unique shape name, e.g. aws:p4d.24xlarge"),
         Column("gpu_type", "gpu", doc="canonical GPU type (or an unknown type's own name)"),
@@ -64,6 +65,7 @@ CATALOG = TableSchema(
 
 FLEET = TableSchema(
     name="owned fleet",
+    made_by="`hetplan init --workspace DIR` (the embedded owned fleet)",
     columns=(
         Column("name", "str", doc="unique shape name of these owned nodes"),
         Column("gpu_type", "gpu"),

@@ -15,6 +15,7 @@ from hetplan.contracts.table import Column, TableSchema
 
 CURVES = TableSchema(
     name="curve table",
+    made_by="`hetplan fit --profiles PROFILES --out FILE`",
     columns=(
         Column("model", "str"),
         Column("gpu_type", "gpu"),

@@ -18,6 +18,7 @@ def _shares_sum_to_one(frame: pd.DataFrame, labels: RowLabels) -> list[Problem]:
 
 DEMAND = TableSchema(
     name="demand mix",
+    made_by="`hetplan init --workspace DIR` or `hetplan trace import ... --demand-out FILE`",
     columns=(
         Column("model", "str"),
         Column("num_gpus", "int", min=1),

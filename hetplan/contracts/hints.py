@@ -34,6 +34,7 @@ def _one_plan(frame: pd.DataFrame, labels: RowLabels) -> list[Problem]:
 
 HINTS = TableSchema(
     name="hint table",
+    made_by="`hetplan plan ... --out-dir DIR` (DIR/hints.parquet)",
     columns=(
         Column("model", "str"),
         Column("num_gpus", "int", min=1),

@@ -11,11 +11,12 @@ from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from hetplan.contracts.table import ContractError, Problem
+from hetplan.contracts.table import ContractError, Problem, missing_file
 from hetplan.fsio import atomic_write_bytes
 
 NonNegative = Annotated[float, Field(ge=0, allow_inf_nan=False)]
 TOLERANCE = 1e-6
+PLAN_MADE_BY = "`hetplan plan ... --out-dir DIR` (DIR/plan.json) or `make main` (.hetplan/current/plan/plan.json)"
 
 
 class NodeShape(BaseModel):
@@ -81,6 +82,8 @@ def load_plan(path: str | os.PathLike[str]) -> Plan:
     name = str(path)
     try:
         text = Path(path).read_text()
+    except FileNotFoundError:
+        raise missing_file(name, PLAN_MADE_BY) from None
     except OSError as exc:
         raise ContractError([Problem(name, f"cannot read ({exc.strerror})")]) from exc
     if not text.strip():

@@ -26,6 +26,7 @@ def _throughput_present_unless_failed(frame: pd.DataFrame, labels: RowLabels) ->
 
 PROFILES = TableSchema(
     name="profile table",
+    made_by="`hetplan init --workspace DIR` (derived profiles) or `hetplan profile ... --out FILE`",
     columns=(
         Column("model", "str"),
         Column("gpu_type", "gpu"),

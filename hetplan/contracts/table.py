@@ -96,6 +96,8 @@ class TableSchema:
     key: tuple[str, ...] = ()
     checks: tuple[TableCheck, ...] = field(default=())
     doc: str = ""
+    made_by: str = ""  # the command that writes such a file (in backticks), named when one is missing
+
 
     @property
     def column_names(self) -> list[str]:
@@ -108,7 +110,7 @@ class TableSchema:
 
     def load(self, path: str | os.PathLike[str]) -> pd.DataFrame:
         """Read and validate a CSV or Parquet file; raise `ContractError` listing every problem."""
-        raw, labels = read_raw(path)
+        raw, labels = read_raw(path, self.made_by)
         return self.validate(raw, labels)
 
     def validate(self, frame: pd.DataFrame, labels: RowLabels | str = "<frame>") -> pd.DataFrame:
@@ -165,11 +167,17 @@ class TableSchema:
         return target
 
 
-def read_input(path: str | os.PathLike[str]) -> bytes:
-    """The bytes of an input file; `ContractError` if it is missing, a directory or empty."""
+def missing_file(name: str, made_by: str = "") -> ContractError:
+    """The error for an input that does not exist, naming the command that makes it when there is one."""
+    return ContractError([Problem(name, f"no such file (made by {made_by})" if made_by else "no such file")])
+
+
+def read_input(path: str | os.PathLike[str], made_by: str = "") -> bytes:
+    """The bytes of an input file; `ContractError` if it is missing (naming `made_by`, the command that makes such
+    a file), a directory or empty."""
     source, name = Path(path), str(path)
     if not source.exists():
-        raise ContractError([Problem(name, "no such file")])
+        raise missing_file(name, made_by)
     if source.is_dir():
         raise ContractError([Problem(name, "is a directory, not a file")])
     data = source.read_bytes()
@@ -188,10 +196,10 @@ def decode_text(name: str, data: bytes, kind: str) -> str:
         raise ContractError([Problem(name, f"not a {kind} file: not UTF-8 text (byte {exc.start})")]) from exc
 
 
-def read_raw(path: str | os.PathLike[str]) -> tuple[pd.DataFrame, RowLabels]:
+def read_raw(path: str | os.PathLike[str], made_by: str = "") -> tuple[pd.DataFrame, RowLabels]:
     """Read a CSV (every cell as text) or Parquet file untyped, with the row labels of its source."""
     name = str(path)
-    data = read_input(path)
+    data = read_input(path, made_by)
     suffix = Path(path).suffix.lower()
     if suffix in PARQUET_SUFFIXES or data[:4] == b"PAR1":
         try:

@@ -9,6 +9,7 @@ from hetplan.contracts.table import Column, TableSchema
 
 TRACE = TableSchema(
     name="trace",
+    made_by="`hetplan init --workspace DIR` or `hetplan trace import ... --out FILE`",
     columns=(
         Column("job_id", "str"),
         Column("model", "str"),

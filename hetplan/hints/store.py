@@ -247,7 +247,8 @@ class HintStore:
         if version is None:
             version = self.latest_version()
             if version is None:
-                raise ContractError([Problem(str(self.root), "no published hints (LATEST is missing)")])
+                raise ContractError([Problem(str(self.root), "no published hints (LATEST is missing; made by "
+                                                     "`hetplan publish --plan P --hints H --store DIR` or `make main`)")])
         _check_name(version, "version", str(self.root))
         path = self.root / version
         if not (path / META_FILE).is_file():

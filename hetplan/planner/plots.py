@@ -10,6 +10,8 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 
+from hetplan.plots import styles  # noqa: E402
+
 
 def plot_node_mix(nodes: pd.DataFrame, allocation: pd.DataFrame, title: str) -> Figure:
     """Left: GPUs bought per shape (owned hatched). Right: GPUs per model on each GPU type."""
@@ -23,7 +25,15 @@ def plot_node_mix(nodes: pd.DataFrame, allocation: pd.DataFrame, title: str) -> 
     left.legend(fontsize=8)
     if len(allocation):
         table = allocation.pivot_table(index="gpu_type", columns="model", values="gpus", aggfunc="sum", fill_value=0)
-        table.plot.bar(stacked=True, ax=right, width=0.7)
+        palette = styles(table.columns)  # a colour per model however many there are (hatched past ten)
+        hatches = {"-": "", "--": "//", ":": "..", "-.": "xx"}
+        bottom = pd.Series(0.0, index=table.index)
+        for model in table.columns:
+            style = palette[str(model)]
+            right.bar([str(g) for g in table.index], table[model], bottom=bottom, width=0.7, color=style.colour,
+                      hatch=hatches[style.linestyle], label=str(model))
+            bottom = bottom + table[model]
+        right.tick_params(axis="x", labelrotation=90)
         right.set_ylabel("GPUs allocated")
         right.legend(fontsize=7, ncol=2)
     right.set_title("GPUs per model and GPU type")

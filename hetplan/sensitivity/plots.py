@@ -10,6 +10,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 
+from hetplan.plots import styles  # noqa: E402
 from hetplan.sensitivity.knee import Knee  # noqa: E402
 
 
@@ -40,25 +41,36 @@ def plot_pair(surface: pd.DataFrame, knee: Knee, title: str, points: pd.DataFram
     return fig
 
 
-def plot_model(curves: pd.DataFrame, model: str) -> Figure:
-    """One model on every GPU type: throughput vs cores at the most RAM, transferred curves dashed."""
+def plot_model(curves: pd.DataFrame, model: str, ax=None) -> Figure:
+    """One model on every GPU type: throughput vs cores at the most RAM, one colour and line style per GPU type
+    (`hetplan.plots.styles`), knees as stars, transferred curves thin and faint. Into `ax` when given."""
     rows = curves[curves["model"] == model]
-    fig, ax = plt.subplots(figsize=(8, 5), dpi=100)
+    alone = ax is None
+    if alone:
+        fig, ax = plt.subplots(figsize=(8, 5), dpi=100)
+    else:
+        fig = ax.figure
+    palette = styles(rows["gpu_type"])
     for gpu, curve in rows.groupby("gpu_type"):
         top = curve[curve["mem_gb_per_gpu"] == curve["mem_gb_per_gpu"].max()].sort_values("cpus_per_gpu")
-        style = "--" if (top["method"] == "transferred").all() else "-"
-        line = ax.plot(top["cpus_per_gpu"], top["throughput"], style, label=str(gpu))[0]
+        style = palette[str(gpu)]
+        transferred = bool((top["method"] == "transferred").all())
+        ax.plot(top["cpus_per_gpu"], top["throughput"], **style.line(), linewidth=0.9 if transferred else 1.6,
+                alpha=0.55 if transferred else 1.0, label=f"{gpu} (transferred)" if transferred else str(gpu))
         knee = top[top["cpus_per_gpu"] == top["knee_cpus_at_mem"].iloc[0]]
-        ax.scatter(knee["cpus_per_gpu"], knee["throughput"], color=line.get_color(), marker="*", s=90, zorder=3)
-    sources = ", ".join(sorted(rows["source"].unique()))
+        ax.scatter(knee["cpus_per_gpu"], knee["throughput"], color=style.colour, marker="*", s=90, zorder=3)
+    sources = sorted(rows["source"].astype(str).unique())
+    if not alone:  # a panel among others: only the kinds of data (derived, measured, published)
+        sources = sorted({s.split(":", 1)[0] for s in sources})
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
     ax.set_xlabel("CPU cores per GPU")
     unit = rows["throughput_unit"].dropna().unique()
     ax.set_ylabel(f"throughput ({unit[0] if len(unit) == 1 else 'per GPU'})")
-    ax.set_title(f"{model} on every GPU type (most RAM; * = knee; dashed = transferred)", fontsize=10)
-    ax.text(0.01, 0.01, f"data: {sources}", transform=ax.transAxes, fontsize=6, color="dimgray")
+    ax.set_title(f"{model} on every GPU type (most RAM; * = knee; faint = transferred)", fontsize=10)
+    ax.text(0.01, 0.01, f"data: {', '.join(sources)}", transform=ax.transAxes, fontsize=6, color="dimgray")
     ax.grid(alpha=0.3, which="both")
     ax.legend(fontsize=7, ncol=2)
-    fig.tight_layout()
+    if alone:
+        fig.tight_layout()
     return fig

@@ -26,6 +26,10 @@ POD_MAP_INDEX_TEMPLATE = f"{{{{ task.labels['{GPU_TYPE_LABEL}'] }}}}"  # a pod t
 HARNESS_GIB = 1  # RAM a pod gets above the grid's largest RAM point, for the profiling harness itself
 POD_CMDS = ["python", "-m", "hetplan.cli.nightly"]
 WORKSPACE_VOLUME = "workspace"
+# GPU nodes are commonly tainted `nvidia.com/gpu:NoSchedule` (GKE, EKS's and the GPU operator's defaults). The
+# ExtendedResourceToleration admission plugin would add this toleration, but it is off outside GKE, so the pods
+# carry it themselves; `Exists` matches the taint whatever its value.
+GPU_TOLERATIONS = ({"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"},)
 
 
 @dataclass(frozen=True)
@@ -111,6 +115,7 @@ def pod_kwargs(gpu_type: str, target: PodTarget, workspace: str, run_key: str,
                       *cli_flags(args)],
         "node_selector": {GPU_PRODUCT_LABEL: node_product(gpu_type, {**K8S_PRODUCT, **target.products})},
         "container_resources": pod_resources(args["cpus"], args["mem_gb"]),
+        "tolerations": [dict(t) for t in GPU_TOLERATIONS],
         "volumes": [{"name": WORKSPACE_VOLUME, "persistentVolumeClaim": {"claimName": target.workspace_claim}}],
         "volume_mounts": [{"name": WORKSPACE_VOLUME, "mountPath": workspace}],
         "kubernetes_conn_id": target.kubernetes_conn_id,
