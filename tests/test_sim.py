@@ -401,10 +401,12 @@ def test_cli_simulate_writes_tables_and_plots_and_refuses_bad_nodes(tmp_path):
     (tmp_path / "nodes.csv").write_text("name,gpu_type,gpus,vcpus,mem_gb\nv0,V100,4,24,240\nt0,T4,4,48,192\n")
     args = ["simulate", "--trace", str(tmp_path / "trace.csv"), "--nodes", str(tmp_path / "nodes.csv"),
             "--truth", str(tmp_path / "profiles.csv"), "--out-dir", str(tmp_path / "out"), "--no-mlflow"]
-    result = CliRunner().invoke(app, [*args, "--move-budget", "2", "--return-window-h", "1"], env={"COLUMNS": "200"})
+    result = CliRunner().invoke(app, [*args, "--move-budget", "2", "--return-window-h", "1", "--no-spread-moves"],
+                                env={"COLUMNS": "200"})
     assert result.exit_code == 0, result.output
     report = json.loads((tmp_path / "out" / "report.json").read_text())
-    assert report["stability"] == {"margin": 2.0, "return_window_s": 3600.0, "return_margin": 8.0, "budget": 2}
+    assert report["stability"] == {"margin": 3.0, "return_window_s": 3600.0, "return_margin": 8.0, "budget": 2,
+                                   "spread": False}
     summary = pd.read_csv(tmp_path / "out" / "summary.csv")
     assert summary.loc[0, "hints"] == "ORACLE: read off the truth" and summary.loc[0, "completed"] == 30
     jobs = pd.read_csv(tmp_path / "out" / "jobs.csv")
