@@ -490,11 +490,12 @@ class _Step:
                 for g in sorted({g for (t, g) in by_type if t == x} & {g for (t, g) in by_type if t == y}):
                     on_x = self._swappers(by_type[(x, g)], x, y, assigned)
                     on_y = self._swappers(by_type[(y, g)], y, x, assigned) if on_x else []
+                    best_x, best_y = self._best_after(on_x), self._best_after(on_y)
                     a = b = 0
                     while a < len(on_x) and b < len(on_y):
                         (gi, ri, ci, i), (gj, rj, cj, j) = on_x[a][1], on_y[b][1]
-                        if gi + gj <= EPS and not stability.spread:
-                            break  # sorted by speed gain alone: no later pair gains
+                        if best_x[a] + best_y[b] <= EPS:
+                            break  # no later pair gains
                         if stability.pays(gi + gj, min(ri, rj), ci + cj, migration):
                             assigned[i.job_id], assigned[j.job_id] = y, x
                             a, b = a + 1, b + 1
@@ -502,6 +503,15 @@ class _Step:
                             a += 1
                         else:
                             b += 1
+
+    @staticmethod
+    def _best_after(side: list[tuple[tuple, tuple[float, float, float, Job]]]) -> list[float]:
+        """The largest speed gain from each candidate of one side of a swap on (the order is the rule's, not by
+        gain): the pair walk stops where no later pair can gain."""
+        best, out = float("-inf"), [0.0] * len(side)
+        for k in range(len(side) - 1, -1, -1):
+            best = out[k] = max(best, side[k][1][0])
+        return out
 
     def _swappers(self, jobs: list[Job], frm: str, to: str, assigned: dict[str, str]
                   ) -> list[tuple[tuple[float, int], tuple[float, float, float, Job]]]:
