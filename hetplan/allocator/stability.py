@@ -24,10 +24,11 @@ of move (`_Step._move`, `_Step._swap`):
   both moves with the margin. A job not running yet (being placed this step) moves for free.
 - **Who goes down in a swap** (`spread`, `swap_key`): of the jobs a swap could send down, the one with the fewest
   moves so far first, then the least speed lost. A swap is usually followed by the job it sent down moving back
-  up when a faster GPU frees; on Gavel's setting (5 jobs/h) the jobs that spent their budget were long ones sent
-  down and back up again and again while others never moved. Spreading the downs over the jobs that moved least
-  keeps every job within a budget of 3 at about the JCT a budget of 4 gave with the speed lost first
-  (`spread=False`, the rule before), where a budget of 3 cost 1-3 % more (bench/RESULTS.md, 2026-12-01).
+  up when a faster GPU frees; on Gavel's setting (5 jobs/h) the jobs that spent a budget of 4 were long ones sent
+  down and back up twice (V100 -> P100 -> V100, about an hour apart) while 29 % of the jobs never moved.
+  Spreading the downs over the jobs that moved least keeps every job within a budget of 3 at about the JCT a
+  budget of 4 gave with the speed lost first (`spread=False`, the rule before): +0.5 % on average over four seeds,
+  where a plain budget of 3 cost +2.0 % (bench/RESULTS.md, "Stability tuned").
 
 `record` keeps the histories from applied actions; the mechanism (`Allocator`) owns them and passes them, and
 its clock's now, to `CoAdaptive.target`.
