@@ -177,7 +177,8 @@ def _config(args: argparse.Namespace, round_s: float, scheduler: str = "las") ->
 
 
 def _stability(args: argparse.Namespace) -> Stability:
-    return Stability(args.move_margin, args.return_window_h * 3600, args.return_margin, args.move_budget)
+    return Stability(args.move_margin, args.return_window_h * 3600, args.return_margin, args.move_budget,
+                     args.spread_moves)
 
 
 def _counts(result: SimResult) -> dict:
@@ -255,6 +256,8 @@ def main() -> None:
     parser.add_argument("--return-window-h", type=float, default=Stability.return_window_s / 3600)
     parser.add_argument("--return-margin", type=float, default=Stability.return_margin)
     parser.add_argument("--move-budget", type=int, default=Stability.budget)
+    parser.add_argument("--no-spread-moves", dest="spread_moves", action="store_false",
+                        help="a swap sends down the least speed lost first (before issue 21's tuning)")
     parser.add_argument("--no-record", action="store_true")
     args = parser.parse_args()
     started = time.perf_counter()

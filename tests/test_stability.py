@@ -1,6 +1,6 @@
 """The stability rule of co-adaptive rounds (`hetplan.allocator.stability`, issue 21): moves pay over the expected
-remaining time, a budget per job, no quick return, swaps that each member may make; and random sequences of
-steps never exceed the budget."""
+remaining time, a budget per job, no quick return, swaps that each member may make, the job with the fewest moves
+sent down first; and random sequences of steps never exceed the budget."""
 
 from __future__ import annotations
 
@@ -82,7 +82,8 @@ def test_record_books_starts_type_changes_and_keeps_stopped_jobs():
     record(history, [Action("start", "a", (), (v2,))], 40.0)  # restarts: its first start stays
     assert history == {"a": MoveHistory(10.0, 1, (("V100", 20.0),))}
     assert MoveHistory.from_dict(history["a"].to_dict()) == history["a"]
-    assert Stability().to_dict() == {"margin": 2.0, "return_window_s": 21600.0, "return_margin": 8.0, "budget": 4}
+    assert Stability().to_dict() == {"margin": 3.0, "return_window_s": 21600.0, "return_margin": 8.0, "budget": 3,
+                                     "spread": True}
 
 
 def test_the_types_left_are_bounded():
@@ -97,8 +98,8 @@ def test_the_types_left_are_bounded():
 
 @pytest.mark.parametrize("age_a, age_b, swapped", [
     # flat on the V100, picky on the K80: the pair gains (1.0 - 0.2) + (0.8 - 1.0) = 0.6 of speed; the moves cost
-    # 30 s at 0.8 (flat on the K80) + 30 s at 1.0 (picky on the V100) = 54, times margin 2 = 108
-    (0.0, 0.0, True),        # 0.6 x 300 (the shorter expected remaining time, the floor) = 180 >= 108
+    # 30 s at 0.8 (flat on the K80) + 30 s at 1.0 (picky on the V100) = 54, times margin 3 = 162
+    (0.0, 0.0, True),        # 0.6 x 300 (the shorter expected remaining time, the floor) = 180 >= 162
     (3600.0, 0.0, True),     # the shorter is still picky's 300 s
 ])
 def test_a_swap_pays_for_both_moves_over_the_shorter_expected_remaining_time(age_a, age_b, swapped):
@@ -119,7 +120,7 @@ def test_a_swap_pays_for_both_moves_over_the_shorter_expected_remaining_time(age
     (MoveHistory(0.0, 1, (("K80", -60.0),)), MoveHistory(0.0), False),       # flat left the K80 a minute ago
 ])
 def test_each_member_of_a_swap_must_be_allowed_its_own_move(history_a, history_b, swapped):
-    alloc = allocator(Stability())
+    alloc = allocator(Stability(budget=4))
     alloc.cluster.apply(on("a", "flat", "v", "V100"))
     alloc.cluster.apply(on("b", "picky", "k", "K80"))
     alloc.history.update(a=history_a, b=history_b)
@@ -147,6 +148,39 @@ def test_a_swapped_job_does_not_come_straight_back():
     assert where(alloc2) == {"a": ("k",)}  # 2160 < 100 x 30: it stays
 
 
+@pytest.mark.parametrize("spread, history, gain, key", [
+    (True, None, -0.2, (0, 0.2)),                   # sent down, never moved: first among those sent down
+    (True, MoveHistory(0.0, 2), -0.2, (2, 0.2)),    # sent down after 2 moves: after every job with fewer
+    (True, MoveHistory(0.0, 2), 0.3, (0, -0.3)),    # going up: by its gain alone, whatever its moves
+    (False, MoveHistory(0.0, 2), -0.2, (0, 0.2)),   # before: the least speed lost first, moves or not
+])
+def test_who_goes_down_in_a_swap_is_the_job_with_the_fewest_moves_then_the_least_lost(spread, history, gain, key):
+    assert Stability(spread=spread).swap_key(history, gain) == pytest.approx(key)
+
+
+SPREAD = hints({"flat": {"V100": (1, 4, 1.0), "K80": (1, 4, 0.8)}, "mid": {"V100": (1, 4, 1.0), "K80": (1, 4, 0.7)},
+                "picky": {"V100": (1, 4, 1.0), "K80": (1, 4, 0.2)}})
+
+
+@pytest.mark.parametrize("spread, moves_a, moves_b, down", [
+    # a (flat) and b (mid) on the V100s, picky on the K80: either pair pays (ages 0, 300 s floor: a 0.6 x 300 =
+    # 180 >= 2 x 30 x 1.8, b 0.5 x 300 = 150 >= 2 x 30 x 1.7); a loses less speed (0.2 against 0.3)
+    (True, 1, 0, "b"),    # b has moved less: b goes down
+    (True, 0, 1, "a"),    # a has moved less and loses less
+    (True, 1, 1, "a"),    # as many moves: the least lost
+    (False, 1, 0, "a"),   # without spreading: the least lost, whatever the moves
+])
+def test_a_swap_sends_down_the_job_with_the_fewest_moves(spread, moves_a, moves_b, down):
+    alloc = allocator(Stability(margin=2.0, spread=spread), [Node("v1", "V100", 1, 4, 16), Node("v2", "V100", 1, 4, 16),
+                                                 Node("k", "K80", 1, 4, 16)], SPREAD)
+    alloc.cluster.apply(on("a", "flat", "v1", "V100"))
+    alloc.cluster.apply(on("b", "mid", "v2", "V100"))
+    alloc.cluster.apply(on("c", "picky", "k", "K80"))
+    alloc.history.update(a=MoveHistory(0.0, moves_a), b=MoveHistory(0.0, moves_b), c=MoveHistory(0.0))
+    alloc.rebalance([Job("a", "flat", 1), Job("b", "mid", 1), Job("c", "picky", 1)])
+    assert where(alloc)[down] == ("k",) and where(alloc)["c"] in {("v1",), ("v2",)}
+
+
 # ---------------------------------------------------------------------- property: the budget holds
 
 MODELS = hints({f"m{i}": {"V100": (1, 4, 1.0), "P100": (1, 4, 0.3 + 0.1 * i), "K80": (1, 4, 0.1 + 0.1 * i)}
@@ -160,7 +194,7 @@ def test_random_sequences_of_steps_never_exceed_the_budget(seed):
     now = [0.0]
     nodes = [Node(f"{t}-{i}", t, 1, 4, 16) for t in ("V100", "P100", "K80") for i in range(4)]
     alloc = allocator(Stability(margin=rng.choice([0.0, 1.0, 2.0]), return_window_s=rng.choice([0.0, 3600.0]),
-                                budget=budget), nodes, MODELS, now)
+                                budget=budget, spread=rng.random() < 0.7), nodes, MODELS, now)
     jobs: dict[str, Job] = {}
     moves: dict[str, int] = {}
     for step in range(60):

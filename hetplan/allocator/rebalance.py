@@ -491,8 +491,9 @@ class _Step:
 
     def _swap(self, jobs: list[Job], assigned: dict[str, str]) -> None:
         """Pairs of equal-sized jobs on two types trade places when each is allowed to (its budget, no quick
-        return) and the pair's speed gained over the shorter expected remaining time pays for both moves, the
-        pairs that gain most first (a pair that does not pay drops its member with less time left)."""
+        return) and the pair's speed gained over the shorter expected remaining time pays for both moves, in the
+        rule's order (`_swappers`: who goes down, the fewest moves so far first; a pair that does not pay drops its
+        member with less time left)."""
         by_type: dict[tuple[str, int], list[Job]] = {}
         for job in jobs:
             by_type.setdefault((assigned[job.job_id], job.num_gpus), []).append(job)
@@ -505,11 +506,12 @@ class _Step:
                 for g in sorted({g for (t, g) in by_type if t == x} & {g for (t, g) in by_type if t == y}):
                     on_x = self._swappers(by_type[(x, g)], x, y, assigned)
                     on_y = self._swappers(by_type[(y, g)], y, x, assigned) if on_x else []
+                    best_x, best_y = self._best_after(on_x), self._best_after(on_y)
                     a = b = 0
                     while a < len(on_x) and b < len(on_y):
                         (gi, ri, ci, i), (gj, rj, cj, j) = on_x[a][1], on_y[b][1]
-                        if gi + gj <= EPS:
-                            break  # sorted: no later pair gains
+                        if best_x[a] + best_y[b] <= EPS:
+                            break  # no later pair gains
                         if stability.pays(gi + gj, min(ri, rj), ci + cj, migration):
                             assigned[i.job_id], assigned[j.job_id] = y, x
                             a, b = a + 1, b + 1
@@ -518,17 +520,28 @@ class _Step:
                         else:
                             b += 1
 
+    @staticmethod
+    def _best_after(side: list[tuple[tuple, tuple[float, float, float, Job]]]) -> list[float]:
+        """The largest speed gain from each candidate of one side of a swap on (the order is the rule's, not by
+        gain): the pair walk stops where no later pair can gain."""
+        best, out = float("-inf"), [0.0] * len(side)
+        for k in range(len(side) - 1, -1, -1):
+            best = out[k] = max(best, side[k][1][0])
+        return out
+
     def _swappers(self, jobs: list[Job], frm: str, to: str, assigned: dict[str, str]
                   ) -> list[tuple[tuple[float, int], tuple[float, float, float, Job]]]:
-        """The jobs assigned `frm` allowed to go to `to`, the largest speed gain first (then priority), each with
+        """The jobs assigned `frm` allowed to go to `to` in the stability rule's order (`Stability.swap_key`: those
+        sent down with the fewest moves so far first, then the largest speed gain; then priority), each with
         (speed gained, expected remaining s, speed of the move it adds, job)."""
         out = []
+        key = self.policy.stability.swap_key
         for job in jobs:
             if assigned[job.job_id] != frm:
                 continue  # swapped already this step
             change = self._change(job, frm, to)
             if change is not None:
-                out.append(((-change[0], self.rank[job.job_id]), (*change, job)))
+                out.append(((*key(self._mover(job)[3], change[0]), self.rank[job.job_id]), (*change, job)))
         out.sort(key=lambda n: n[0])
         return out
 

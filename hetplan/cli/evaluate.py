@@ -73,6 +73,8 @@ def evaluate(
                                         help="... unless the time saved is >= this x the move cost (30 s)."),
     move_budget: int = typer.Option(Stability.budget, "--move-budget", min=0, help="hint: GPU-type changes per "
                                     "job at most."),
+    spread_moves: bool = typer.Option(Stability.spread, "--spread-moves/--no-spread-moves", help="hint: a swap "
+                                      "sends down the job with the fewest moves so far (else the least speed lost)."),
     solver: Solver = typer.Option("auto", "--solver", help="auto | gurobi | highs."),
     time_limit: float = typer.Option(60.0, "--time-limit", min=0.1),
     out_dir: Path = typer.Option(Path(".hetplan/evaluation"), "--out-dir", help="Where tables and plots go."),
@@ -112,7 +114,7 @@ def evaluate(
                                         relabel_unknown=relabel_unknown, seed=seed, round_s=round_s,
                                         solver=solver, time_limit=time_limit, progress=step,  # type: ignore[arg-type]
                                         stability=Stability(move_margin, return_window_h * 3600, return_margin,
-                                                            move_budget))
+                                                            move_budget, spread_moves))
             except InvariantError as exc:  # a bug: name what broke, not an input file
                 raise ContractError([Problem("hetplan simulator", str(exc))]) from None
             except SimulationError as exc:  # e.g. a truth with no throughput at a share a policy granted

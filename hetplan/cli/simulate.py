@@ -53,6 +53,8 @@ def simulate(
                                         help="... unless the time saved is >= this x --migration-s."),
     move_budget: int = typer.Option(Stability.budget, "--move-budget", min=0, help="hint: GPU-type changes per "
                                     "job at most."),
+    spread_moves: bool = typer.Option(Stability.spread, "--spread-moves/--no-spread-moves", help="hint: a swap "
+                                      "sends down the job with the fewest moves so far (else the least speed lost)."),
     out_dir: Path = typer.Option(Path(".hetplan/simulation"), "--out-dir", help="Where tables and plots go."),
     no_mlflow: bool = typer.Option(False, "--no-mlflow", help="Do not log the run to MLflow."),
     tracking_uri: str | None = typer.Option(None, "--tracking-uri"),
@@ -91,7 +93,7 @@ def simulate(
         else:
             hint_set = truth_hints(truth_curves, classes, gpu_types)
             source = "ORACLE: read off the truth"
-        stability = Stability(move_margin, return_window_h * 3600, return_margin, move_budget)
+        stability = Stability(move_margin, return_window_h * 3600, return_margin, move_budget, spread_moves)
         config = SimConfig(scheduler.value, round_s, migration_s=migration_s, resize_s=resize_s,  # type: ignore[arg-type]
                            seed=seed, stability=stability)
         with console.status(f"simulating {len(workload.jobs):,} jobs on {len(fleet):,} nodes"):
