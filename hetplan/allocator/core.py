@@ -194,7 +194,7 @@ class Allocator:
 
     @staticmethod
     def _job(job_id: str, parts: tuple[Allocation, ...]) -> Job:
-        return replace(parts[0].job(), job_id=job_id, num_gpus=sum(a.gpus for a in parts))
+        return parts[0].job(job_id, sum(a.gpus for a in parts))
 
     def touched(self) -> set[str]:
         """The nodes changed since the last applied step that re-sized them."""

@@ -21,7 +21,6 @@ import os
 import sqlite3
 import time
 from collections.abc import Callable
-from dataclasses import astuple
 from pathlib import Path
 
 from hetplan.allocator.cluster import StateError
@@ -142,7 +141,7 @@ class SqliteJournal:
             db.executemany("DELETE FROM allocations WHERE job_id = ?", [(j,) for j in change.taken])
             now = time.time()
             db.executemany(f"INSERT INTO allocations ({_COLUMNS}, owner, created_at) VALUES ({', '.join('?' * 17)})",
-                           [(*astuple(a), owner, now) for owner, a in change.given])
+                           [(*_row(a), owner, now) for owner, a in change.given])
             for name in change.remove:
                 db.execute("DELETE FROM allocations WHERE node = ?", (name,))
                 db.execute("DELETE FROM nodes WHERE name = ?", (name,))
@@ -192,8 +191,14 @@ class DurableAllocator(Allocator):
             raise
 
 
+def _row(a: Allocation) -> tuple:
+    """An allocation's fields in `_COLUMNS` order (what `dataclasses.astuple` gives, without its deep copies)."""
+    return (a.job_id, a.model, a.node, a.gpu_type, a.gpus, a.cpu_m, a.mem_mib, a.hint_version, a.policy, a.share,
+            a.rank, a.gpu_milli, a.device, a.request_cpu_m, a.request_mem_mib)
+
+
 def _parts(action: Action) -> str:
-    return json.dumps([[astuple(a) for a in action.before], [astuple(a) for a in action.after]])
+    return json.dumps([[_row(a) for a in action.before], [_row(a) for a in action.after]])
 
 
 def _action(kind: str, job_id: str, parts: str) -> Action:

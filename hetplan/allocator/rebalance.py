@@ -495,8 +495,12 @@ class _Step:
         rule's order (`_swappers`: who goes down, the fewest moves so far first; a pair that does not pay drops its
         member with less time left)."""
         by_type: dict[tuple[str, int], list[Job]] = {}
+        kinds: dict[tuple[str, int], dict[int, dict[str, float]]] = {}  # the distinct classes' speeds on each side
         for job in jobs:
-            by_type.setdefault((assigned[job.job_id], job.num_gpus), []).append(job)
+            key = (assigned[job.job_id], job.num_gpus)
+            by_type.setdefault(key, []).append(job)
+            speeds = self._view(job).speeds
+            kinds.setdefault(key, {})[id(speeds)] = speeds
         types = [t for t in self.types if self.type_gpus.get(t, 0) > 0]  # a closed type takes nobody
         stability, migration = self.policy.stability, self.policy.migration_s
         for x in types:
@@ -504,6 +508,10 @@ class _Step:
                 if x >= y:
                     continue
                 for g in sorted({g for (t, g) in by_type if t == x} & {g for (t, g) in by_type if t == y}):
+                    # a pair gains at most the best gain of a class on each side: when that is none, no pair does
+                    if max(v[y] - v[x] for v in kinds[(x, g)].values()) + \
+                            max(v[x] - v[y] for v in kinds[(y, g)].values()) <= EPS:
+                        continue
                     on_x = self._swappers(by_type[(x, g)], x, y, assigned)
                     on_y = self._swappers(by_type[(y, g)], y, x, assigned) if on_x else []
                     best_x, best_y = self._best_after(on_x), self._best_after(on_y)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from enum import Enum
 from types import MappingProxyType
 from typing import Literal
@@ -221,6 +221,9 @@ class Job:
         return max(cpu_m, self.cpu_m or 0), max(mem_mib, self.mem_mib or 0)
 
 
+_JOB_FIELDS = tuple(f.name for f in fields(Job))
+
+
 @dataclass(frozen=True, slots=True)
 class Allocation:
     """A placement: the node, its GPUs and the cores/RAM given, the hint version in effect and how it was chosen."""
@@ -245,9 +248,16 @@ class Allocation:
     def cpus(self) -> float:
         return self.cpu_m / 1000
 
-    def job(self) -> Job:
-        """The request this allocation serves (for a gang part: the part's share of it)."""
-        return Job(self.job_id, self.model, self.gpus, self.gpu_milli, self.request_cpu_m, self.request_mem_mib)
+    def job(self, job_id: str | None = None, num_gpus: int | None = None) -> Job:
+        """The request this allocation serves (for a gang part: the part's share of it; or, with `job_id` and
+        `num_gpus`, the whole gang's). Built from fields checked when the allocation was made: not checked again
+        (the allocator rebuilds every running job on each tick)."""
+        job = object.__new__(Job)
+        for name, value in zip(_JOB_FIELDS, (self.job_id if job_id is None else job_id, self.model,
+                                             self.gpus if num_gpus is None else num_gpus, self.gpu_milli,
+                                             self.request_cpu_m, self.request_mem_mib)):
+            object.__setattr__(job, name, value)
+        return job
 
     @property
     def mem_gb(self) -> float:
