@@ -7,6 +7,7 @@ import sys
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from enum import StrEnum
+from typing import Annotated
 
 import typer
 from rich.console import Console
@@ -20,6 +21,25 @@ console = Console(width=_WIDTH)
 errors = Console(stderr=True, width=_WIDTH)
 
 EXIT_INVALID = 1
+
+# The stability rule's options (`hetplan.allocator.stability.Stability`), shared by `simulate` and `evaluate`.
+MoveMargin = Annotated[float, typer.Option("--move-margin", min=0.0, help="hint: a job changes GPU type only when "
+                                           "the time it saves (over its age) is >= this x the move cost.")]
+ReturnWindowH = Annotated[float, typer.Option("--return-window-h", min=0.0,
+                                              help="hint: no return to a GPU type left within this many hours ...")]
+ReturnMargin = Annotated[float, typer.Option("--return-margin", min=0.0,
+                                             help="... unless the time saved is >= this x the move cost.")]
+MoveBudget = Annotated[int, typer.Option("--move-budget", min=0, help="hint: GPU-type changes per job at most.")]
+SpreadMoves = Annotated[bool, typer.Option("--spread-moves/--no-spread-moves", help="hint: a swap sends down the job "
+                                           "with the fewest moves so far (else the least speed lost).")]
+
+
+def stability(move_margin: float, return_window_h: float, return_margin: float, move_budget: int,
+              spread_moves: bool):
+    """The `Stability` the options above ask for."""
+    from hetplan.allocator.stability import Stability
+
+    return Stability(move_margin, return_window_h * 3600, return_margin, move_budget, spread_moves)
 
 
 def choices(name: str, values: Iterable[str]) -> type[StrEnum]:

@@ -13,7 +13,10 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from hetplan.allocator.stability import Stability
-from hetplan.cli.common import EXIT_INVALID, choices, console, contract_errors, errors, read_trace, warn
+from hetplan.cli.common import (
+    EXIT_INVALID, MoveBudget, MoveMargin, ReturnMargin, ReturnWindowH, SpreadMoves, choices, console, contract_errors,
+    errors, read_trace, stability, warn,
+)
 from hetplan.contracts import CURVES, PROFILES, ContractError, Problem, gpu_declarations
 from hetplan.fsio import atomic_write_bytes, save_figure
 from hetplan.evaluation import EvaluationResult, ProblemInputs, evaluate as run_evaluation
@@ -65,16 +68,11 @@ def evaluate(
                                          "in both traces (else the planner plans them on its unprofiled default)."),
     round_s: float = typer.Option(300.0, "--round-s", min=1.0, help="Scheduling round (s): preemption points."),
     seed: int = typer.Option(0, "--seed", help="Seed for arrivals and model draws."),
-    move_margin: float = typer.Option(Stability.margin, "--move-margin", min=0.0, help="hint: a job changes GPU "
-                                      "type only when the time it saves (over its age) is >= this x the move cost (30 s)."),
-    return_window_h: float = typer.Option(Stability.return_window_s / 3600, "--return-window-h", min=0.0,
-                                          help="hint: no return to a GPU type left within this many hours ..."),
-    return_margin: float = typer.Option(Stability.return_margin, "--return-margin", min=0.0,
-                                        help="... unless the time saved is >= this x the move cost (30 s)."),
-    move_budget: int = typer.Option(Stability.budget, "--move-budget", min=0, help="hint: GPU-type changes per "
-                                    "job at most."),
-    spread_moves: bool = typer.Option(Stability.spread, "--spread-moves/--no-spread-moves", help="hint: a swap "
-                                      "sends down the job with the fewest moves so far (else the least speed lost)."),
+    move_margin: MoveMargin = Stability.margin,
+    return_window_h: ReturnWindowH = Stability.return_window_s / 3600,
+    return_margin: ReturnMargin = Stability.return_margin,
+    move_budget: MoveBudget = Stability.budget,
+    spread_moves: SpreadMoves = Stability.spread,
     solver: Solver = typer.Option("auto", "--solver", help="auto | gurobi | highs."),
     time_limit: float = typer.Option(60.0, "--time-limit", min=0.1),
     out_dir: Path = typer.Option(Path(".hetplan/evaluation"), "--out-dir", help="Where tables and plots go."),
@@ -113,7 +111,7 @@ def evaluate(
                                         rhos=rhos, loads=loads, schedulers=schedulers, unknown_model=unknown_model,
                                         relabel_unknown=relabel_unknown, seed=seed, round_s=round_s,
                                         solver=solver, time_limit=time_limit, progress=step,  # type: ignore[arg-type]
-                                        stability=Stability(move_margin, return_window_h * 3600, return_margin,
+                                        stability=stability(move_margin, return_window_h, return_margin,
                                                             move_budget, spread_moves))
             except InvariantError as exc:  # a bug: name what broke, not an input file
                 raise ContractError([Problem("hetplan simulator", str(exc))]) from None

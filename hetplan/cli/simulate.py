@@ -9,7 +9,10 @@ from pathlib import Path
 import typer
 
 from hetplan.allocator.stability import Stability
-from hetplan.cli.common import EXIT_INVALID, console, contract_errors, errors, read_trace, warn
+from hetplan.cli.common import (
+    EXIT_INVALID, MoveBudget, MoveMargin, ReturnMargin, ReturnWindowH, SpreadMoves, console, contract_errors, errors,
+    read_trace, stability, warn,
+)
 from hetplan.contracts import ContractError, Problem
 
 TRACE_CONTRACT = "trace"
@@ -45,16 +48,11 @@ def simulate(
                                       "move or a resume (s; a stated assumption)."),
     resize_s: float = typer.Option(5.0, "--resize-s", min=0.0, help="Cost of an in-place re-size (s)."),
     seed: int = typer.Option(0, "--seed", help="Seed for arrivals, model draws and the agnostic node draws."),
-    move_margin: float = typer.Option(Stability.margin, "--move-margin", min=0.0, help="hint: a job changes GPU "
-                                      "type only when the time it saves (over its age) is >= this x --migration-s."),
-    return_window_h: float = typer.Option(Stability.return_window_s / 3600, "--return-window-h", min=0.0,
-                                          help="hint: no return to a GPU type left within this many hours ..."),
-    return_margin: float = typer.Option(Stability.return_margin, "--return-margin", min=0.0,
-                                        help="... unless the time saved is >= this x --migration-s."),
-    move_budget: int = typer.Option(Stability.budget, "--move-budget", min=0, help="hint: GPU-type changes per "
-                                    "job at most."),
-    spread_moves: bool = typer.Option(Stability.spread, "--spread-moves/--no-spread-moves", help="hint: a swap "
-                                      "sends down the job with the fewest moves so far (else the least speed lost)."),
+    move_margin: MoveMargin = Stability.margin,
+    return_window_h: ReturnWindowH = Stability.return_window_s / 3600,
+    return_margin: ReturnMargin = Stability.return_margin,
+    move_budget: MoveBudget = Stability.budget,
+    spread_moves: SpreadMoves = Stability.spread,
     out_dir: Path = typer.Option(Path(".hetplan/simulation"), "--out-dir", help="Where tables and plots go."),
     no_mlflow: bool = typer.Option(False, "--no-mlflow", help="Do not log the run to MLflow."),
     tracking_uri: str | None = typer.Option(None, "--tracking-uri"),
@@ -93,9 +91,9 @@ def simulate(
         else:
             hint_set = truth_hints(truth_curves, classes, gpu_types)
             source = "ORACLE: read off the truth"
-        stability = Stability(move_margin, return_window_h * 3600, return_margin, move_budget, spread_moves)
         config = SimConfig(scheduler.value, round_s, migration_s=migration_s, resize_s=resize_s,  # type: ignore[arg-type]
-                           seed=seed, stability=stability)
+                           seed=seed, stability=stability(move_margin, return_window_h, return_margin, move_budget,
+                                                          spread_moves))
         with console.status(f"simulating {len(workload.jobs):,} jobs on {len(fleet):,} nodes"):
             try:
                 result = run_simulation(workload.jobs, fleet, truth_curves, policy.value, hint_set, config)
