@@ -104,7 +104,7 @@ def simulate(
     row = {"policy": policy.value, "scheduler": scheduler.value, "hints": source, "nodes": len(fleet),
            "gpus": int(result.capacity["gpus"]), **summarize(result, 0.0)}
     row.pop("work_per_dollar")
-    files = _write(result, row, workload.warnings + import_warnings, out_dir, stability.to_dict())
+    files = _write(result, row, workload.warnings + import_warnings, out_dir, config.stability.to_dict())
     console.print(" ".join(f"{k}={_fmt(v)}" for k, v in row.items()), highlight=False, soft_wrap=True)
     warn(import_warnings + workload.warnings)
     console.print(f"wrote {', '.join(str(f) for f in files)}", highlight=False, soft_wrap=True)
