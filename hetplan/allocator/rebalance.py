@@ -231,6 +231,7 @@ class _Step:
         self.full: set[tuple[str, int, int | None, int | None, str]] = set()
         self.views: dict[tuple[str, int], ClassView] = {}
         self._moving: dict[str, tuple[dict[str, float], str | None, float, MoveHistory | None]] = {}
+        self._changes: dict[tuple[str, str, str], tuple[float, float, float] | None] = {}  # `_change`, remembered
         self.movable_nodes = {a.node for job_id, parts in current.items() if job_id in self.rank for a in parts}
         """Nodes where a job of this step runs (or ran when it began): the only ones where peers can shrink."""
         self._placed_log: list[tuple[str, tuple[Allocation, ...] | None]] = []  # (job, what it had): undo
@@ -450,7 +451,15 @@ class _Step:
     def _change(self, job: Job, frm: str, to: str) -> tuple[float, float, float] | None:
         """(speed gained, expected remaining s, speed of the moves it adds) when `job` goes from the type it is
         assigned (`frm`) to `to`; None when its own part of the rule (budget, no quick return) forbids it. A job
-        not running yet moves for free; one sent back to the type it runs on saves the move it had."""
+        not running yet moves for free; one sent back to the type it runs on saves the move it had. Remembered for
+        the step (everything it reads is fixed for the step)."""
+        key = (job.job_id, frm, to)
+        if key in self._changes:
+            return self._changes[key]
+        change = self._changes[key] = self._judge(job, frm, to)
+        return change
+
+    def _judge(self, job: Job, frm: str, to: str) -> tuple[float, float, float] | None:
         speeds, r, remaining, h = self._mover(job)
         cost = 0.0
         if r is not None:
