@@ -101,6 +101,20 @@ def eventually(what, deadline_s: float = 20.0):
 # ------------------------------------------------------------------ helpers the stand-in computes with
 
 
+def actuated_requests(pod: dict) -> dict[str, Decimal] | None:
+    """What the stand-in kubelet actuated for a pod's containers (`status.containerStatuses[].resources`), summed;
+    None before it ran any."""
+    statuses = pod.get("status", {}).get("containerStatuses")
+    if not statuses:
+        return None
+    total: dict[str, Decimal] = {}
+    for c in statuses:
+        res = c.get("resources") or {}
+        for k, v in {**(res.get("limits") or {}), **(res.get("requests") or {})}.items():
+            total[k] = total.get(k, Decimal(0)) + parse_quantity(v)
+    return total
+
+
 def pod_requests(pod: dict) -> dict[str, Decimal]:
     """A pod's requests as Kubernetes sums them (containers' requests, else limits; the larger of that and any
     init container)."""
@@ -604,12 +618,17 @@ current-context: stand-in
 
     # ------------------------------------------------------------------ the scheduler and the kubelet
 
-    def used(self, node: str, but: dict | None = None) -> dict[str, Decimal]:
+    def used(self, node: str, but: dict | None = None, actual: bool = False) -> dict[str, Decimal]:
+        """What the pods bound to `node` hold. As the 1.33 scheduler counts it (default): per pod the larger of its
+        spec's requests and what the kubelet actuated (a resize still pending holds both). `actual`: what the
+        kubelet actuated only, the node's real use (a Deferred resize-up is desired, not held)."""
         total: dict[str, Decimal] = {}
         for p in self.pods.values():
             if p is not but and p["spec"].get("nodeName") == node and not terminal(p):
-                for k, v in pod_requests(p).items():
-                    total[k] = total.get(k, Decimal(0)) + v
+                held = actuated_requests(p)
+                wanted = {} if actual and held is not None else pod_requests(p)
+                for k in set(wanted) | set(held or {}):
+                    total[k] = total.get(k, Decimal(0)) + max(wanted.get(k, Decimal(0)), (held or {}).get(k, Decimal(0)))
         return total
 
     def _fits(self, node: str, pod: dict | None) -> bool:
