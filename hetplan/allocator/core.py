@@ -240,14 +240,6 @@ class Allocator:
             return {job: tuple(sorted(parts, key=lambda a: a.job_id)) if job in self._gangs else tuple(parts)
                     for job, parts in grouped.items()}
 
-    def owner(self, allocation_id: str) -> str:
-        """The job an allocation belongs to (a gang part's job; else the allocation's own id)."""
-        with self.lock:
-            for job, parts in self._gangs.items():
-                if allocation_id in parts:
-                    return job
-            return allocation_id
-
     def place_gangs(self, jobs: Sequence[Job]) -> list[Action]:
         """Jobs larger than any node (priority order), each over nodes of one GPU type, all or nothing, the
         GPU-proportional share (or the hinted one) on each part; returns the starts, applied. Co-adaptive
