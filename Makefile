@@ -60,6 +60,8 @@ pipeline: setup
 	$(BIN)/hetplan publish --plan $(WORKSPACE)/plan/plan.json --hints $(WORKSPACE)/plan/hints.parquet \
 		--store $(WORKSPACE)/hints
 	$(BIN)/hetplan hints show --store $(WORKSPACE)/hints
+	$(BIN)/hetplan report --plan-dir $(WORKSPACE)/plan --curves $(WORKSPACE)/curves.parquet \
+		--workload $(WORKSPACE)/trace.csv --out-dir $(WORKSPACE)/plan/report
 	$(BIN)/hetplan evaluate --trace $(WORKSPACE)/trace.csv --budget $(BUDGET) --rho 0.5,1.3 \
 		--owned $(WORKSPACE)/fleet.csv --catalog $(WORKSPACE)/catalog.csv \
 		--curves $(WORKSPACE)/curves.parquet --truth $(WORKSPACE)/profiles.csv --out-dir $(WORKSPACE)/evaluation

@@ -1,7 +1,8 @@
 """The one-page report of a pipeline run: what a person opens first after `make main`.
 
 `write_report(workspace, run_key)` reads the run's files (`runs/<key>/plan/plan.json`, `curves.parquet`, the
-workspace's workload or demand mix) and writes `runs/<key>/report/`: `report.html` and its pictures, four panels:
+workspace's workload or demand mix) and writes `runs/<key>/report/`: `report.html` and its pictures, four panels
+(`hetplan report` writes the same page for a plan directory of `hetplan plan`, through `render_report`):
 
 1. the plan's node mix and cost (`node_mix.png`): GPUs per shape, added vs owned, coloured by GPU type;
 2. the top models' curves with knees (`curves.png`): the models with the largest share of the demand, on
@@ -46,25 +47,33 @@ STATUS_QUO = "status quo"
 
 
 def write_report(workspace: str | Path, run_key: str, top_models: int = TOP_MODELS) -> Path:
-    """Write the run's report (see the module) and point `<workspace>/report` at it; return report.html's path.
-
-    Raises `ContractError` naming the file when the run's plan or curves are missing or broken; nothing is
-    written then.
-    """
+    """Write the pipeline run's report (see the module) and point `<workspace>/report` at it; return
+    report.html's path. Raises `ContractError` naming the file when an input is missing or broken; nothing is
+    written then."""
     ws = Path(workspace)
     run = ws / "runs" / run_key
-    plan = load_plan(run / "plan" / "plan.json")
-    curves = CURVES.load(run / "curves.parquet")
-    shares = _model_shares(ws)
-    out = run / REPORT
-    out.mkdir(parents=True, exist_ok=True)
+    trace = ws / "trace.csv"
+    page = render_report(run / "plan", run / "curves.parquet", run / REPORT, trace=trace if trace.is_file() else None,
+                         demand=ws / "demand.csv", top_models=top_models)
+    _point(ws, run_key)
+    return page
+
+
+def render_report(plan_dir: Path, curves_path: Path, out: Path, *, trace: Path | None = None,
+                  demand: Path | None = None, top_models: int = TOP_MODELS) -> Path:
+    """Write the report of the plan in `plan_dir` (plan.json, baselines.csv, summary.txt), the curves it was
+    planned on and its workload (a job `trace`, else a `demand` mix: models are ranked by their share) into
+    `out`; return report.html's path. Every input is read before anything is written."""
+    plan = load_plan(plan_dir / "plan.json")
+    curves = CURVES.load(curves_path)
+    shares = model_shares(trace=trace, demand=demand)
     top = [m for m in shares.index if m in set(curves["model"])][:top_models]
+    out.mkdir(parents=True, exist_ok=True)
     _save(plot_node_mix(plan), out / PICTURES[0])
     _save(plot_top_curves(curves, top, plan), out / PICTURES[1])
-    _save(plot_jct(plan, _baselines(run / "plan" / "baselines.csv")), out / PICTURES[2])
+    _save(plot_jct(plan, _baselines(plan_dir / "baselines.csv")), out / PICTURES[2])
     page = out / PAGE
-    atomic_write_bytes(page, render(plan, curves, shares, top, _summary(run)).encode())
-    _point(ws, run_key)
+    atomic_write_bytes(page, render(plan, curves, shares, top, _summary(plan_dir)).encode())
     log.info("report: %s", page)
     return page
 
@@ -214,16 +223,13 @@ list it in the nightly DAG's <code>gpu_types</code>.</p></section>
 """
 
 
-def _model_shares(ws: Path) -> pd.Series:
-    """Each model's share of the workload's GPU demand (trace, else the demand mix), largest first."""
-    trace, demand = ws / "trace.csv", ws / "demand.csv"
-    if trace.is_file():
-        mix = demand_from_trace(TRACE.load(trace))
-    elif demand.is_file():
-        mix = DEMAND.load(demand)
-    else:
-        raise ContractError([Problem(str(demand), "no such file (made by `hetplan init --workspace DIR`); the "
-                                                  "report ranks models by the workload or demand mix")])
+def model_shares(*, trace: Path | None = None, demand: Path | None = None) -> pd.Series:
+    """Each model's share of the workload's GPU demand, from a job trace or a demand mix, largest first."""
+    path = trace or demand
+    if path is None or not path.is_file():
+        raise ContractError([Problem(str(path), "no such file (made by `hetplan init --workspace DIR`); the "
+                                                "report ranks models by the workload or demand mix")])
+    mix = demand_from_trace(TRACE.load(path)) if trace else DEMAND.load(path)
     return mix.groupby("model")["share"].sum().sort_values(ascending=False, kind="stable")
 
 
@@ -233,8 +239,8 @@ def _baselines(path: Path) -> pd.DataFrame:
     return pd.read_csv(path)
 
 
-def _summary(run: Path) -> str:
-    path = run / "plan" / "summary.txt"
+def _summary(plan_dir: Path) -> str:
+    path = plan_dir / "summary.txt"
     return path.read_text().strip() if path.is_file() else ""
 
 

@@ -129,7 +129,24 @@ def test_a_report_without_a_plan_names_the_command_and_writes_nothing(tmp_path):
     assert not (tmp_path / "report").exists() and not (tmp_path / "runs" / RUN_KEY / "report").exists()
 
 
+def test_hetplan_report_writes_the_page_for_a_plan_directory(workspace, tmp_path):
+    """`make pipeline`'s report: the same page for `hetplan plan`'s out-dir, outside the nightly run layout."""
+    run = workspace / "current"
+    out = tmp_path / "page"
+    result = CliRunner().invoke(app, ["report", "--plan-dir", str(run / "plan"), "--curves",
+                                      str(run / "curves.parquet"), "--workload", str(workspace / "trace.csv"),
+                                      "--out-dir", str(out)])
+    assert result.exit_code == 0, result.output
+    page = (out / "report.html").read_text()
+    for picture in ("node_mix.png", "curves.png", "jct.png"):
+        assert f'src="{picture}"' in page and (out / picture).stat().st_size > 1000
+    assert page == (workspace / "report" / "report.html").read_text()  # the nightly run's page, byte for byte
+
+
 @pytest.mark.parametrize(("argv", "file", "command"), [
+    (["report", "--out-dir", "r"], ".hetplan/plan/plan.json", "hetplan plan"),
+    (["simulate", "--nodes", "n.csv", "--trace", ".hetplan/trace.csv", "--truth", ".hetplan/profiles.csv"], "n.csv",
+     "hetplan init"),
     (["plan", "--budget", "20", "--no-mlflow", "--out-dir", "p"], ".hetplan/curves.parquet", "hetplan fit"),
     (["fit", "--profiles", "p.csv", "--out", "c.parquet", "--no-mlflow"], "p.csv", "hetplan profile"),
     (["publish", "--plan", "plan.json", "--hints", "h.parquet", "--store", "s"], "plan.json", "hetplan plan"),

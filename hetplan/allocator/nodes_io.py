@@ -41,6 +41,9 @@ class NodeFileError(ValueError):
 def load_nodes(path: str | os.PathLike[str]) -> list[Node]:
     """All nodes of a CSV, YAML or JSON node file (a list, or `{"nodes": [...]}`), or `NodeFileError`."""
     source = Path(path)
+    if not source.exists():
+        raise NodeFileError(f"{source}: no such file (made by `hetplan init --workspace DIR` as fleet.csv; or "
+                            f"write one: name,gpu_type,gpus,vcpus,mem_gb[,count])")
     try:
         text = source.read_text()
     except (OSError, UnicodeDecodeError) as exc:
