@@ -17,6 +17,7 @@ step's own count moves on.
 from __future__ import annotations
 
 import logging
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -257,6 +258,15 @@ def nested(progress: Progress | None, name: str) -> Progress | None:
     if sub is not None:
         return sub(name)
     return lambda done, total, label: progress(done, total, f"{name}: {label}")
+
+
+class StderrHandler(logging.StreamHandler):
+    """A log handler that writes to whatever `sys.stderr` is at the time: while a bar is drawn, rich's proxy,
+    which prints the line above the bar instead of through it."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.setStream(sys.stderr)
+        super().emit(record)
 
 
 @contextmanager

@@ -46,11 +46,11 @@ def fit(
                                              f"{'; '.join(str(s) for s in report.skipped)}")])
             CURVES.write(report.curves, out)
         if not no_mlflow:
+            progress(0, 0, "logging to MLflow")
             from hetplan.sensitivity.tracking import log_fit_job
             from hetplan.tracking import tracking_uri as resolve_uri
 
             uri = resolve_uri(tracking_uri)
-            progress(0, 0, f"logging to MLflow at {uri}")
             job = log_fit_job(report, uri, params={"profiles": str(profiles), "profiles_sha256": fingerprint(profiles),
                                                    "knee_fraction": str(knee_fraction)},
                               profiles=table, profiles_source=str(profiles), progress=progress)
