@@ -121,6 +121,8 @@ class Reporter:
         self._started = self._last_line = self.clock()
         if self._bar is not None:
             self._bar.start()
+            self._root.task = self._bar.add_task(self.title, total=None)  # a clock before the first step
+            self._bar.refresh()
         if self._ticker is not None:
             self._ticker.start()
         return self

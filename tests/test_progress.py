@@ -173,6 +173,7 @@ def test_a_terminal_gets_a_bar_with_eta(lines, clock):
     out = io.StringIO()
     console = Console(file=out, force_terminal=True, width=120, color_system=None)
     with Reporter("fit", console, clock=clock) as progress:
+        assert "fit" in out.getvalue()  # a row with its clock before the first step is known
         progress(0, 4, "fitting a")
         clock.now += 10
         progress(1, 4, "fitting b")
@@ -189,7 +190,7 @@ def test_fit_profiles_reports_every_pair(published_pairs):
     pairs = published_pairs.groupby(["model", "gpu_type"]).ngroups
     assert heard[0] == (0, pairs, f"fitting {pairs} (model, GPU type) pairs")
     assert [h[0] for h in heard] == list(range(pairs + 1))
-    assert {h[2] for h in heard[1:]} == {f"fitted {m} on {g}" for m, g in
+    assert {h[2] for h in heard[1:]} == {f"{m} on {g}" for m, g in
                                          published_pairs.groupby(["model", "gpu_type"]).groups}
 
 

@@ -109,7 +109,7 @@ def fit_profiles(
         nonlocal done
         done += 1
         if progress:
-            progress(done, pairs, f"fitted {model} on {gpu}")
+            progress(done, pairs, f"{model} on {gpu}")
 
     if progress:
         progress(0, pairs, f"fitting {pairs} (model, GPU type) pairs")
