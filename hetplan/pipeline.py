@@ -38,6 +38,7 @@ from hetplan.contracts import (
 )
 from hetplan.fsio import atomic_write_bytes
 from hetplan.gpus import CPU_ONLY, gpu_label
+from hetplan.progress import Reporter, running
 
 log = logging.getLogger(__name__)
 
@@ -185,7 +186,8 @@ def fit_step(workspace: str | Path, run_key: str, gpu_types: Sequence[str], *, m
     profiles = merge_profiles(base.reset_index(drop=True), updates)
     profiles_path = PROFILES.write(profiles, here / "profiles.csv")
     profiles = PROFILES.load(profiles_path)
-    report = fit_profiles(profiles)
+    with Reporter("fit") as progress:
+        report = fit_profiles(profiles, progress=progress)
     if report.curves.empty:
         raise ContractError([Problem(str(profiles_path), "no (model, GPU type) could be fitted: "
                                      + "; ".join(str(s) for s in report.skipped))])
@@ -201,9 +203,11 @@ def fit_step(workspace: str | Path, run_key: str, gpu_types: Sequence[str], *, m
     if mlflow:
         from hetplan.sensitivity.tracking import log_fit_job
 
-        job = log_fit_job(report, tracking_uri, run_name=f"nightly-{run_key}",
-                          params={"profiles": str(profiles_path), "profiles_sha256": fingerprint(profiles_path),
-                                  "run_key": run_key}, profiles=profiles, profiles_source=str(profiles_path))
+        with Reporter("fit, MLflow logging") as progress:
+            job = log_fit_job(report, tracking_uri, run_name=f"nightly-{run_key}",
+                              params={"profiles": str(profiles_path), "profiles_sha256": fingerprint(profiles_path),
+                                      "run_key": run_key}, profiles=profiles, profiles_source=str(profiles_path),
+                              progress=progress)
         result["mlflow_run"] = job.parent_run_id
         result["registered"] = len(job.registrations)
         result["unchanged"] = len(job.unchanged)
@@ -235,13 +239,15 @@ def plan_step(workspace: str | Path, run_key: str, *, budget: float, objective: 
     if jobs is not None:
         from hetplan.codesign import plan_workload, workload_from_trace
 
-        planned = plan_workload(problem, workload_from_trace(jobs, source=str(ws.trace)), objective=objective,  # type: ignore[arg-type]
-                                solver=solver, time_limit=time_limit, inputs=inputs,  # type: ignore[arg-type]
-                                progress=lambda done, total, label: log.debug("replay %d/%d: %s", done, total, label))
+        with Reporter("plan") as progress:
+            planned = plan_workload(problem, workload_from_trace(jobs, source=str(ws.trace)), objective=objective,  # type: ignore[arg-type]
+                                    solver=solver, time_limit=time_limit, inputs=inputs,  # type: ignore[arg-type]
+                                    progress=progress)
         result, baselines, metrics, summary = planned.result, planned.baselines(), planned.metrics(), planned.summary()
     else:
-        steady = plan_with_baselines(problem, solver=solver, time_limit=time_limit, inputs=inputs,  # type: ignore[arg-type]
-                                     source=str(ws.catalog))
+        with running("plan", "solving the MILP and its baselines"):
+            steady = plan_with_baselines(problem, solver=solver, time_limit=time_limit, inputs=inputs,  # type: ignore[arg-type]
+                                         source=str(ws.catalog))
         result, baselines, metrics = steady.result, steady.baselines, {}
         quo = steady.baseline("status quo")
         summary = (f"mix served {result.plan.objective:.1f} reference GPUs per hour at {result.plan.cost_per_hour:.2f} "

@@ -9,7 +9,6 @@ from enum import Enum
 from pathlib import Path
 
 import typer
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from hetplan.allocator.stability import Stability
@@ -21,6 +20,7 @@ from hetplan.contracts import CURVES, PROFILES, ContractError, Problem, gpu_decl
 from hetplan.fsio import atomic_write_bytes, save_figure
 from hetplan.evaluation import EvaluationResult, ProblemInputs, evaluate as run_evaluation
 from hetplan.planner.entry import read_catalog, read_fleet
+from hetplan.progress import Reporter
 from hetplan.sim.engine import SCHEDULERS, InvariantError, SimulationError
 from hetplan.sim.plots import plot_jct_cdf, plot_utilisation
 from hetplan.sim.truth import TruthCurves
@@ -99,18 +99,12 @@ def evaluate(
         fitted = CURVES.load(curves)
         inputs = ProblemInputs(fitted, shapes, budget, fleet, gpu_declarations(shapes, fleet))
         truth_curves = TruthCurves.from_profiles(PROFILES.load(truth), fallback=fitted)
-        with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                      console=console, transient=True) as bar:
-            task = bar.add_task("planning", total=None)
-
-            def step(done: int, total: int, label: str) -> None:
-                bar.update(task, completed=done, total=total, description=label)
-
+        with Reporter("evaluate", errors) as progress:
             try:
                 result = run_evaluation(jobs, inputs, truth_curves, plan_trace=plan_jobs, objective=objective.value,
                                         rhos=rhos, loads=loads, schedulers=schedulers, unknown_model=unknown_model,
                                         relabel_unknown=relabel_unknown, seed=seed, round_s=round_s,
-                                        solver=solver, time_limit=time_limit, progress=step,  # type: ignore[arg-type]
+                                        solver=solver, time_limit=time_limit, progress=progress,  # type: ignore[arg-type]
                                         stability=stability(move_margin, return_window_h, return_margin,
                                                             move_budget, spread_moves))
             except InvariantError as exc:  # a bug: name what broke, not an input file

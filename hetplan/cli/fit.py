@@ -6,14 +6,14 @@ from pathlib import Path
 
 import pandas as pd
 import typer
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from hetplan.cli.common import console, contract_errors, warn
+from hetplan.cli.common import console, contract_errors, errors, warn
 from hetplan.contracts import CURVES, PROFILES
 from hetplan.contracts.plan import fingerprint
 from hetplan.contracts.table import ContractError, Problem
 from hetplan.gpus import REFERENCE, normalize_gpu
+from hetplan.progress import Reporter
 from hetplan.sensitivity import DEFAULT_KNEE_FRACTION, FitReport, fit_profiles
 
 EXIT_PARTIAL = 3
@@ -35,23 +35,26 @@ def fit(
     knee_fraction: float = typer.Option(DEFAULT_KNEE_FRACTION, "--knee-fraction", min=0.5, max=1.0),
 ) -> None:
     """Fit a monotone throughput model per (model, GPU type); exit 3 if some pairs had to be skipped."""
-    with contract_errors():
-        table = PROFILES.load(profiles)
-        extra = [normalize_gpu(g) for g in gpu_types.split(",") if g.strip()]
-        report = _fit_with_progress(table, extra, knee_fraction)
-        if report.curves.empty:
-            raise ContractError([Problem(str(profiles), f"no (model, GPU type) could be fitted: "
-                                         f"{'; '.join(str(s) for s in report.skipped)}")])
-        CURVES.write(report.curves, out)
-    if not no_mlflow:
-        from hetplan.sensitivity.tracking import log_fit_job
-        from hetplan.tracking import tracking_uri as resolve_uri
+    job = None
+    with Reporter("fit", errors) as progress:
+        with contract_errors():
+            table = PROFILES.load(profiles)
+            extra = [normalize_gpu(g) for g in gpu_types.split(",") if g.strip()]
+            report = fit_profiles(table, extra, knee_fraction, progress=progress)
+            if report.curves.empty:
+                raise ContractError([Problem(str(profiles), f"no (model, GPU type) could be fitted: "
+                                             f"{'; '.join(str(s) for s in report.skipped)}")])
+            CURVES.write(report.curves, out)
+        if not no_mlflow:
+            progress(0, 0, "logging to MLflow")
+            from hetplan.sensitivity.tracking import log_fit_job
+            from hetplan.tracking import tracking_uri as resolve_uri
 
-        uri = resolve_uri(tracking_uri)
-        with console.status(f"logging to MLflow at {uri}"):
+            uri = resolve_uri(tracking_uri)
             job = log_fit_job(report, uri, params={"profiles": str(profiles), "profiles_sha256": fingerprint(profiles),
                                                    "knee_fraction": str(knee_fraction)},
-                              profiles=table, profiles_source=str(profiles))
+                              profiles=table, profiles_source=str(profiles), progress=progress)
+    if job is not None:
         promoted = sum(r.promoted for r in job.registrations)
         console.print(f"MLflow: run {job.parent_run_id} in experiment hetplan-sensitivity; "
                       f"{len(job.registrations)} models registered, {promoted} now champion, "
@@ -60,16 +63,6 @@ def fit(
     warn(str(s) for s in report.skipped)
     if report.skipped:
         raise typer.Exit(EXIT_PARTIAL)
-
-
-def _fit_with_progress(table: pd.DataFrame, extra: list[str], fraction: float) -> FitReport:
-    pairs = table.groupby(["model", "gpu_type"]).ngroups
-    columns = (TextColumn("fitting"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.description}"),
-               TimeElapsedColumn())
-    with Progress(*columns, console=console, transient=True) as progress:
-        task = progress.add_task("", total=pairs)
-        return fit_profiles(table, extra, fraction, progress=lambda what: progress.update(task, advance=1,
-                                                                                          description=what))
 
 
 def _summary(report: FitReport, out: Path) -> None:

@@ -16,10 +16,9 @@ from pathlib import Path
 
 import pandas as pd
 import typer
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from hetplan.cli.common import choices, console, contract_errors, read_trace, warn
+from hetplan.cli.common import choices, console, contract_errors, errors, read_trace, warn
 from hetplan.contracts import DEMAND, ContractError, Problem, demand_from_trace, fingerprint
 from hetplan.fsio import atomic_write_bytes, save_figure
 from hetplan.planner import SolveError, frontier_table, sweep, write_plan_artifacts
@@ -27,6 +26,7 @@ from hetplan.planner.baselines import STATUS_QUO, Evaluation
 from hetplan.planner.entry import Planned, load_problem, plan_with_baselines
 from hetplan.planner.plots import plot_cost_jct, plot_frontier, plot_node_mix
 from hetplan.planner.planner import PlanResult
+from hetplan.progress import Reporter, nested
 from hetplan.traces import FORMATS
 
 
@@ -188,23 +188,18 @@ def _plan_workload(problem, jobs: pd.DataFrame, objective: Objective, max_avg_jc
     from hetplan.planner.problem import with_budget
 
     workload = workload_from_trace(jobs, source="--workload")
-    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  console=console, transient=True) as bar:
-        task = bar.add_task("proposing candidate clusters", total=None)
+    with Reporter("plan", errors) as progress:
 
-        def step(done: int, total: int, label: str) -> None:
-            bar.update(task, completed=done, total=total, description=f"replaying {label}")
-
-        def run(at, inputs=None):
+        def run(at, inputs=None, progress=progress):
             return plan_workload(at, workload, objective=objective.value, max_avg_jct=max_avg_jct,  # type: ignore[arg-type]
                                  scheduler=scheduler.value, solver=solver.value, time_limit=time_limit,  # type: ignore[arg-type]
-                                 inputs=inputs, progress=step)
+                                 inputs=inputs, progress=progress)
 
         planned = run(problem, inputs)
         plans = []
         for b in budgets:
             try:
-                plans.append(run(with_budget(problem, b)))
+                plans.append(run(with_budget(problem, b), progress=nested(progress, f"--sweep {b:g} $/h")))
             except ContractError as exc:  # a budget of the sweep that plans nothing is a gap in the frontier
                 warn([f"--sweep {b:g}: {'; '.join(p.message for p in exc.problems)}"])
     warn(planned.workload.warnings)

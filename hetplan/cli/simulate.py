@@ -64,6 +64,7 @@ def simulate(
     """
     from hetplan.allocator.nodes_io import NodeFileError, load_nodes
     from hetplan.contracts import CURVES, PROFILES
+    from hetplan.progress import running
     from hetplan.sim.engine import InvariantError, SimConfig, SimulationError, simulate as run_simulation
     from hetplan.sim.metrics import summarize
     from hetplan.sim.setups import knee_hints, read_hints, truth_hints
@@ -94,7 +95,7 @@ def simulate(
         config = SimConfig(scheduler.value, round_s, migration_s=migration_s, resize_s=resize_s,  # type: ignore[arg-type]
                            seed=seed, stability=stability(move_margin, return_window_h, return_margin, move_budget,
                                                           spread_moves))
-        with console.status(f"simulating {len(workload.jobs):,} jobs on {len(fleet):,} nodes"):
+        with running("simulate", f"simulating {len(workload.jobs):,} jobs on {len(fleet):,} nodes", errors):
             try:
                 result = run_simulation(workload.jobs, fleet, truth_curves, policy.value, hint_set, config)
             except InvariantError as exc:  # a bug: name what broke, not an input file

@@ -16,8 +16,9 @@ Because the status quo is always a candidate, the one the simulator picks is nev
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
 
 import numpy as np
 
@@ -26,6 +27,7 @@ from hetplan.planner.model import MilpModel, build_model
 from hetplan.planner.planner import EPSILON, PlanResult, trim_idle_nodes
 from hetplan.planner.problem import PlanningProblem, with_budget
 from hetplan.planner.solvers import SolveError, SolverName, solve
+from hetplan.progress import Progress
 
 STATUS_QUO = "status quo"
 HINT = "hint"
@@ -54,14 +56,24 @@ class Candidate:
 
 def propose(problem: PlanningProblem, *, fractions: Sequence[float] = BUDGET_FRACTIONS,
             floors: Sequence[float] = SPEED_FLOORS, floors_at_every_fraction: bool = False, per_gpu_type: bool = True,
-            solver: SolverName = "auto", time_limit: float = 60.0, gap: float = 1e-3) -> list[Candidate]:
-    """The candidates of `problem` (which must have a budget), duplicates (same nodes, same policy) removed."""
+            solver: SolverName = "auto", time_limit: float = 60.0, gap: float = 1e-3,
+            progress: Progress | None = None) -> list[Candidate]:
+    """The candidates of `problem` (which must have a budget), duplicates (same nodes, same policy) removed;
+    `progress` hears of each before its MILP solves."""
     if problem.budget is None:
         raise ValueError("candidates need a budget to spend")
     model = build_model(problem, "mix")
     found: list[Candidate] = []
+    with_floors = len(fractions) if floors_at_every_fraction else sum(f >= 1 for f in fractions)
+    steps = 3 + len(fractions) + with_floors * len(floors) + (len(problem.gpu_types) if per_gpu_type else 0)
+    tried = 0
 
-    def add(name: str, counts: dict[int, int] | None, policy: str = HINT) -> None:
+    def add(name: str, mix: Callable[[], dict[int, int] | None], policy: str = HINT) -> None:
+        nonlocal tried
+        if progress:
+            progress(tried, steps, f"proposing {name}")
+        tried += 1
+        counts = mix()
         if counts is None:
             return
         result = value_of(problem, model, counts, policy == PROPORTIONAL, solver, time_limit)
@@ -72,22 +84,26 @@ def propose(problem: PlanningProblem, *, fractions: Sequence[float] = BUDGET_FRA
             found.append(candidate)
 
     status_quo = status_quo_counts(problem, model)
-    add(STATUS_QUO, status_quo, PROPORTIONAL)
-    add(f"{STATUS_QUO} + hints", status_quo)
+    add(STATUS_QUO, lambda: status_quo, PROPORTIONAL)
+    add(f"{STATUS_QUO} + hints", lambda: status_quo)
     for fraction in sorted(fractions, reverse=True):
         at = with_budget(problem, problem.budget * fraction)
         at_model = build_model(at, "mix")
-        add(f"milp {fraction:.0%} budget", _counts(at, at_model, solver, time_limit, gap))
+        add(f"milp {fraction:.0%} budget", partial(_counts, at, at_model, solver, time_limit, gap))
         if fraction < 1 and not floors_at_every_fraction:
             continue
         for floor in floors:
             name = f"speed floor {floor:g}" + ("" if fraction == 1 else f", {fraction:.0%} budget")
-            add(name, _counts(at, at_model.restricted(_fast_columns(at_model, floor)), solver, time_limit, gap))
+            add(name, partial(_counts, at, at_model.restricted(_fast_columns(at_model, floor)), solver, time_limit,
+                              gap))
     if per_gpu_type:
         gpu_of_column = model.columns["gpu_type"].to_numpy()
         for gpu in problem.gpu_types:
-            add(f"only {gpu}", _counts(problem, model.restricted(gpu_of_column == gpu), solver, time_limit, gap))
-    add("GPU-only mix", gpu_only_counts(problem, model, solver, time_limit), PROPORTIONAL)
+            add(f"only {gpu}", partial(_counts, problem, model.restricted(gpu_of_column == gpu), solver, time_limit,
+                                       gap))
+    add("GPU-only mix", partial(gpu_only_counts, problem, model, solver, time_limit), PROPORTIONAL)
+    if progress:
+        progress(steps, steps, "proposed")
     return found
 
 

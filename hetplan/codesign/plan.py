@@ -15,7 +15,6 @@ The winner's plan records the objective, every candidate's simulated figures and
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 import pandas as pd
@@ -29,12 +28,12 @@ from hetplan.planner.baselines import GPU_ONLY, HETPLAN, Evaluation
 from hetplan.planner.planner import PlanResult, plan_id
 from hetplan.planner.problem import PlanningProblem
 from hetplan.planner.solvers import SolverName
+from hetplan.progress import Progress
 from hetplan.sim.engine import SimConfig
 
 COST_FRACTIONS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
 PRUNE_LOAD = 1.25
 REFINE = 3  # the best candidates tried again with their hints ranked fastest first (`_refined`)
-Progress = Callable[[int, int, str], None]
 
 
 @dataclass
@@ -103,10 +102,8 @@ def plan_workload(problem: PlanningProblem, workload: Workload, *, objective: Wo
     """
     workload = without_classes(workload, problem.unplannable, "larger than every node shape (no plan can run them)")
     fractions = COST_FRACTIONS if objective == "cost" else BUDGET_FRACTIONS
-    if progress:
-        progress(0, 1, "proposing candidates")
     candidates = propose(problem, fractions=fractions, floors_at_every_fraction=objective == "cost", solver=solver,
-                         time_limit=time_limit)
+                         time_limit=time_limit, progress=progress)
     if not candidates:
         raise ContractError([Problem("<catalog>", f"nothing could be planned: budget {problem.budget:g} $/h buys no "
                                      "useful node and there is no owned fleet")])

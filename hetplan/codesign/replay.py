@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass
 from functools import cached_property
@@ -20,12 +20,11 @@ import pandas as pd
 from hetplan.codesign.candidates import Candidate
 from hetplan.hints import HintSet
 from hetplan.planner.problem import PlanningProblem
+from hetplan.progress import Progress
 from hetplan.sim.engine import SimConfig, simulate
 from hetplan.sim.metrics import summarize
 from hetplan.sim.setups import nodes_from_counts
 from hetplan.sim.truth import TruthCurves
-
-Progress = Callable[[int, int, str], None]
 
 
 def usable_cpus() -> int:
@@ -118,7 +117,8 @@ def simulations(runs: _Runs, which: Sequence[tuple[int, int]], workers: int,
     (`START_METHOD`), each given `runs` once when it starts; only the summaries come back. Each simulation is a
     function of its inputs alone, so the summaries are the same as one after the other, only sooner on several
     cores."""
-    names = [runs.candidates[i].name for i, _ in which]
+    names = [f"replaying {runs.candidates[i].name}" + (f", draw {d + 1}" if len(runs.draws) > 1 else "")
+             for i, d in which]
     workers = min(workers, len(which))
     runs.truth  # noqa: B018 (once, here: the workers receive it with the runs)
     if workers <= 1:
@@ -133,7 +133,7 @@ def simulations(runs: _Runs, which: Sequence[tuple[int, int]], workers: int,
         futures = {pool.submit(_summary, run): k for k, run in enumerate(which)}
         for done, future in enumerate(as_completed(futures)):
             if progress:
-                progress(done, len(which), names[futures[future]])
+                progress(done + 1, len(which), names[futures[future]])
         return {which[k]: future.result() for future, k in futures.items()}
 
 

@@ -18,7 +18,7 @@ load and scheduler: `jct_speedup` = its average JCT / the setup's (above 1 is be
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
 import numpy as np
@@ -36,14 +36,13 @@ from hetplan.planner.baselines import GPU_ONLY, HETPLAN, SENSITIVITY_AWARE
 from hetplan.planner.entry import plan_with_baselines
 from hetplan.planner.problem import PlanningProblem, build_problem
 from hetplan.planner.solvers import SolverName
+from hetplan.progress import Progress, nested
 from hetplan.sim.engine import GANG_SCALING, SimConfig, simulate
 from hetplan.sim.metrics import summarize
 from hetplan.sim.setups import Setup, knee_hints, nodes_from_counts
 from hetplan.sim.truth import FITTED_FALLBACK, TruthCurves
 from hetplan.sim.workload import MIX, prepare_workload, with_load
 
-Progress = Callable[[int, int, str], None]
-"""Called before each step with (steps done, steps in all, what runs next)."""
 HOUR = 3600.0
 PLAN_SEED_OFFSET = 0
 REPLAY_SEED_OFFSET = 1000  # the replay's arrivals never repeat the planner's draws
@@ -124,7 +123,8 @@ def evaluate(trace: pd.DataFrame, problem_inputs: ProblemInputs, truth: TruthCur
                             HintSet.from_frame(steady.result.hints), steady.result.plan.cost_per_hour,
                             steady.result.plan.objective)
         else:
-            planned = _plan_at(problem, plan_trace, point, objective, schedulers[0], round_s, seed, solver, time_limit)
+            planned = _plan_at(problem, plan_trace, point, objective, schedulers[0], round_s, seed, solver, time_limit,
+                               nested(progress, f"planning for {label}"))
             plans[label] = planned
             hetplan = _setup_of(HETPLAN, planned)
         setups = [*baselines, hetplan]
@@ -216,11 +216,12 @@ def _truth_model(model: str, truth: TruthCurves) -> str:
 
 
 def _plan_at(problem: PlanningProblem, plan_trace: pd.DataFrame, point: LoadPoint, objective: str, scheduler: str,
-             round_s: float, seed: int, solver: SolverName, time_limit: float) -> WorkloadPlan:
+             round_s: float, seed: int, solver: SolverName, time_limit: float,
+             progress: Progress | None = None) -> WorkloadPlan:
     jobs = plan_trace if point.plan_rate is None else with_load(plan_trace, point.plan_rate, seed + PLAN_SEED_OFFSET)
     workload = workload_from_trace(jobs, seed=seed)
     return plan_workload(problem, workload, objective=objective, scheduler=scheduler, round_s=round_s,  # type: ignore[arg-type]
-                         solver=solver, time_limit=time_limit)
+                         solver=solver, time_limit=time_limit, progress=progress)
 
 
 def _setup_of(name: str, planned: WorkloadPlan) -> Setup:

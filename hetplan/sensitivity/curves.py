@@ -11,6 +11,7 @@ import numpy as np
 import pandas as pd
 
 from hetplan.contracts import CURVES
+from hetplan.progress import Progress
 from hetplan.sensitivity.estimators import FEATURES
 from hetplan.sensitivity.fitting import PairFit, SkipPair, fit_pair, usable_points
 from hetplan.sensitivity.knee import DEFAULT_KNEE_FRACTION, Knee, find_knee
@@ -18,7 +19,6 @@ from hetplan.sensitivity.transfer import Transfer, transfer_curve
 
 logger = logging.getLogger(__name__)
 
-Progress = Callable[[str], None]
 PARALLEL_MIN_PAIRS = 24  # below this, starting worker processes costs more than it saves
 
 
@@ -95,6 +95,7 @@ def fit_profiles(
     A curve covers only its measured range (a transferred curve, its anchor's): the model's grid points
     outside that box are left out, so neither the planner nor a knee ever rests on an extrapolation.
     Models are fitted in `workers` processes (default: the cores available) when there are enough pairs.
+    `progress` hears of each pair with points as it is fitted (in processes: as its model finishes).
     """
     points = per_gpu(profiles)
     report = FitReport(curves=pd.DataFrame())
@@ -102,18 +103,32 @@ def fit_profiles(
     groups = [(str(model), pts) for model, pts in points.groupby("model", sort=True)]
     pairs = sum(pts["gpu_type"].nunique() for _, pts in groups)
     jobs = max(1, min(fit_workers() if workers is None else workers, len(groups)))
+    done = 0
+
+    def fitted(model: str, gpu: str) -> None:
+        nonlocal done
+        done += 1
+        if progress:
+            progress(done, pairs, f"{model} on {gpu}")
+
+    if progress:
+        progress(0, pairs, f"fitting {pairs} (model, GPU type) pairs")
     if jobs > 1 and pairs >= PARALLEL_MIN_PAIRS:
         from joblib import Parallel, delayed
 
-        # Models are independent (a transfer only uses its own model's fits): one task per model, in processes.
-        parts = Parallel(n_jobs=jobs, return_as="generator")(
+        # Models are independent (a transfer only uses its own model's fits): one task per model, in processes,
+        # taken as they finish (for progress) and put back in model order.
+        finished = Parallel(n_jobs=jobs, return_as="generator_unordered")(
             delayed(_fit_model)(model, pts, tuple(gpu_types), knee_fraction) for model, pts in groups)
+        by_model: dict[str, _ModelPart] = {}
+        for part in finished:
+            by_model[part.model] = part
+            for gpu in part.gpu_types:
+                fitted(part.model, gpu)
+        parts: Iterable[_ModelPart] = (by_model[model] for model, _ in groups)
     else:
-        parts = (_fit_model(model, pts, tuple(gpu_types), knee_fraction) for model, pts in groups)
-    for (model, pts), part in zip(groups, parts):
-        if progress:
-            for gpu in sorted(pts["gpu_type"].unique()):
-                progress(f"{model} on {gpu}")
+        parts = (_fit_model(model, pts, tuple(gpu_types), knee_fraction, fitted) for model, pts in groups)
+    for part in parts:
         report.fits += part.fits
         report.transfers += part.transfers
         report.skipped += part.skipped
@@ -132,6 +147,8 @@ def fit_workers() -> int:
 
 @dataclass
 class _ModelPart:
+    model: str
+    gpu_types: list[str]  # those with points, in order
     fits: list[PairFit] = field(default_factory=list)
     transfers: list[Transfer] = field(default_factory=list)
     skipped: list[Skipped] = field(default_factory=list)
@@ -139,12 +156,13 @@ class _ModelPart:
     rows: list[pd.DataFrame] = field(default_factory=list)
 
 
-def _fit_model(model: str, model_points: pd.DataFrame, gpu_types: tuple[str, ...], knee_fraction: float) -> _ModelPart:
-    """Fit (or transfer) every GPU type of one model."""
-    report = _ModelPart()
+def _fit_model(model: str, model_points: pd.DataFrame, gpu_types: tuple[str, ...], knee_fraction: float,
+               fitted: Callable[[str, str], None] | None = None) -> _ModelPart:
+    """Fit (or transfer) every GPU type of one model; `fitted(model, gpu)` after each GPU type with points."""
+    by_gpu = {str(gpu): pts for gpu, pts in model_points.groupby("gpu_type", sort=True)}
+    report = _ModelPart(model, list(by_gpu))
     rows = report.rows
     grid = planning_grid(model_points)
-    by_gpu = {gpu: pts for gpu, pts in model_points.groupby("gpu_type", sort=True)}
     pending: dict[str, str] = {}
     for gpu, pts in by_gpu.items():
         try:
@@ -152,6 +170,9 @@ def _fit_model(model: str, model_points: pd.DataFrame, gpu_types: tuple[str, ...
         except SkipPair as exc:
             pending[gpu] = str(exc)
             continue
+        finally:
+            if fitted:
+                fitted(model, gpu)
         box = MeasuredRange.of(pts)
         inside = box.clip(grid)
         surface = inside.assign(throughput=fit.estimator.predict(inside))

@@ -36,6 +36,7 @@ from mlflow.models import infer_signature
 from mlflow.tracking import MlflowClient
 
 import hetplan_estimators
+from hetplan.progress import Progress
 from hetplan.sensitivity.curves import FitReport
 from hetplan.sensitivity.estimators import FEATURES
 from hetplan.sensitivity.fitting import PairFit
@@ -113,10 +114,11 @@ def registered_name(model: str, gpu_type: str) -> str:
 
 def log_fit_job(report: FitReport, uri: str | None = None, run_name: str | None = None,
                 params: dict[str, str] | None = None, profiles: pd.DataFrame | None = None,
-                profiles_source: str | None = None) -> JobLog:
+                profiles_source: str | None = None, progress: Progress | None = None) -> JobLog:
     """Log `report` to MLflow and register each fitted pair whose curve changed; return what happened.
 
-    `profiles` (the table fitted, from `profiles_source`) is logged as the job's input data set.
+    `profiles` (the table fitted, from `profiles_source`) is logged as the job's input data set. `progress`
+    hears of each plot, registration and transfer logged.
     """
     uri = tracking_uri(uri)
     mlflow.set_tracking_uri(uri)
@@ -143,14 +145,27 @@ def log_fit_job(report: FitReport, uri: str | None = None, run_name: str | None 
         if log.unchanged:
             mlflow.log_text("\n".join(log.unchanged) + "\n", "unchanged.txt")
         touched = {f.model for f in changed} | {t.model for t in report.transfers}
+        steps, done = len(touched) + len(changed) + len(report.transfers), 0
+
+        def step(label: str) -> None:
+            nonlocal done
+            if progress:
+                progress(done, steps, label)
+            done += 1
+
         for model in sorted(touched):
+            step(f"plotting {model}")
             _log_figure(plot_model(report.curves, model), f"models/{model}.png")
         requirements = pip_requirements()
         for fit in changed:
+            step(f"registering {registered_name(fit.model, fit.gpu_type)}")
             log.registrations.append(_log_fit(client, report, fit, fingerprints[(fit.model, fit.gpu_type)],
                                               requirements, dataset))
         for transfer in report.transfers:
+            step(f"logging the transfer to {transfer.model} on {transfer.gpu_type}")
             _log_transfer(report, transfer)
+        if progress:
+            progress(steps, steps, "logged")
     logger.info("MLflow: %d models registered, %d unchanged (kept their versions)", len(log.registrations),
                 len(log.unchanged))
     return log
