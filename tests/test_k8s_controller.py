@@ -134,7 +134,7 @@ def test_resize_goes_through_the_subresource_migrate_through_eviction_and_the_cu
     assert rig.api.objects[("configmaps", "hetplan", "hetplan-controller-cursor")]["data"]["cursor"] == str(seq)
     rig.api.finish("ml", new)  # the job ends: released
     eventually(lambda: rig.allocator.running() == {})
-    assert c.stats.counts["releases"] == 1 and c.stats.counts["errors"] == 0
+    assert c.stats.counts["releases"] == 1 and c.stats.counts["errors"] == 0, c.stats.counts
 
 
 def test_a_pdb_holds_an_eviction_until_it_allows_it(rig):

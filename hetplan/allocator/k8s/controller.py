@@ -154,7 +154,7 @@ class Controller:
     # ------------------------------------------------------------------ threads
 
     def start(self) -> Controller:
-        for target, name in ((self._watch_pods, "pods"), (self._run, "loop")):
+        for target, name in ((self._watch_pods, "pods"), (self._renew, "lease"), (self._run, "loop")):
             thread = threading.Thread(target=target, name=f"hetplan-controller-{name}", daemon=True)
             thread.start()
             self._threads.append(thread)
@@ -244,20 +244,27 @@ class Controller:
 
     # ------------------------------------------------------------------ the loop
 
+    def _renew(self) -> None:
+        """The Lease, on its own thread (as client-go's leader election): a long step never delays a renewal. A
+        replica that does not lead tries every third of the renew deadline (at most 1 s), so it takes over within
+        the lease duration plus that after the leader's last renewal."""
+        every = max(self.elector.renew_deadline / 3, 0.05)
+        while not self._stopping.is_set():
+            was = self.elector.leading()
+            self.elector.lead()
+            if self.elector.leading() and not was:
+                self._wake.set()
+            self._stopping.wait(every if self.elector.leading() else min(every, 1.0))
+
     def _run(self) -> None:
-        renew_every = max(self.elector.renew_deadline / 3, 0.05)
-        last_renew = 0.0
         failures = 0
         while not self._stopping.is_set():
-            now = time.monotonic()
-            if now - last_renew >= renew_every or not self.elector.leading():
-                self.elector.lead()
-                last_renew = now
             if not self.elector.leading():
                 if self._leading:
                     log.warning("controller: %s lost the lease; stops acting", self.identity)
                 self._leading = False
-                self._stopping.wait(min(renew_every, 1.0))
+                self._wake.wait(0.5)
+                self._wake.clear()
                 continue
             if not self.synced.is_set():
                 self.synced.wait(0.2)
@@ -279,8 +286,8 @@ class Controller:
             self._wake.clear()
 
     def step(self) -> None:
-        """One pass: releases, actions, migrations in progress, the periodic reconcile."""
-        self._releases()
+        """One pass: actions, releases (after the actions: they are the latency that counts; the re-sizes a
+        release causes are read at once in the next pass), migrations in progress, the periodic reconcile."""
         try:
             answer = self.service.actions(self.cursor or 0) if self.cursor is not None else None
         except Gone as exc:
@@ -295,6 +302,8 @@ class Controller:
             self.apply_batch(batch)
             # once per batch: applying an action again changes nothing (converge compares first)
             self._save_cursor(int(batch[-1]["seq"]))
+        if self._releases():
+            self._wake.set()
         self._advance_migrations()
         self._report_kubelet()
         now = time.monotonic()
@@ -459,6 +468,7 @@ class Controller:
             old_pod = self.pods.get((ns, old))
         m = Migration(job, (ns, old), (ns, name), int(seq) if seq.isdigit() else 0,
                       grace=self._grace(old_pod) if old_pod else self.checkpoint_grace)
+        m.evicted = old_pod is None  # gone before this replica looked: taken as evicted by the previous leader
         if old_pod is not None and pods.annotations(old_pod).get(pods.CHECKPOINT_KEY) == str(m.seq):
             m.asked_at = time.monotonic()  # asked already: its grace is counted again from here (never less)
         self._migrations[job] = m
@@ -491,11 +501,13 @@ class Controller:
                         m.asked_at = now
                     done = pods.annotations(old).get(pods.CHECKPOINTED_KEY) == str(m.seq)
                     if done or now - m.asked_at >= m.grace:
-                        if not self._evict(old, f"moving to {m.new[1]}"):
+                        m.evicted = self._evict(old, f"moving to {m.new[1]}")
+                        if not m.evicted:
                             m.next_try = now + 1.0
                     continue
                 if new is not None and pods.gated(new):
-                    if old is not None and pods.ended(old):  # it finished before it could move
+                    if (old is not None and pods.ended(old)) or not m.evicted:
+                        # it finished (or was deleted, not by us) before it could move: the job is over
                         self.core.delete_namespaced_pod(m.new[1], m.new[0], _preload_content=False,
                                                         _request_timeout=self.timeout)
                     else:
@@ -535,23 +547,32 @@ class Controller:
 
     # ------------------------------------------------------------------ releases and the kubelet's answers
 
-    def _releases(self) -> None:
-        while True:
-            with self._lock:
-                if not self._ended:
-                    return
-                pod = self._ended.popleft()
+    def _releases(self) -> int:
+        """Release the jobs of the pods that ended (concurrently, as `apply_batch`); how many were released."""
+        with self._lock:
+            ended, self._ended = list(self._ended), deque()
+        due = []
+        for pod in ended:
             job = pods.job_id(pod)
             if job is None or any(pods.uid(p) != pods.uid(pod) for p in self.live(job)):
                 continue  # not ours, or its job goes on in another pod (a move, or a pod created again by name)
-            if self._reused(pod):
-                self.stats.count("release-skipped-reused")
-                log.info("controller: %s/%s (uid %s) ended but a new pod of that name holds job %s; not released",
-                         *pods.key(pod), pods.uid(pod), job)
-                continue
-            self.service.release(job)
-            self._orphans.pop(job, None)
-            self.stats.count("releases")
+            due.append(pod)
+        if not due:
+            return 0
+        done = list(self._pool.map(self._release, due)) if len(due) > 1 else [self._release(due[0])]
+        return sum(done)
+
+    def _release(self, pod: dict) -> bool:
+        job = str(pods.job_id(pod))
+        if self._reused(pod):
+            self.stats.count("release-skipped-reused")
+            log.info("controller: %s/%s (uid %s) ended but a new pod of that name holds job %s; not released",
+                     *pods.key(pod), pods.uid(pod), job)
+            return False
+        self.service.release(job)
+        self._orphans.pop(job, None)
+        self.stats.count("releases")
+        return True
 
     def _reused(self, pod: dict) -> bool:
         """Whether the API server now has another, running pod under `pod`'s name with its job id (deleted and
@@ -560,6 +581,10 @@ class Controller:
         from kubernetes.client.exceptions import ApiException
 
         ns, name = pods.key(pod)
+        with self._lock:
+            cached = self.pods.get((ns, name))
+        if cached is not None and pods.uid(cached) == pods.uid(pod):
+            return False  # it is still there (ended, not deleted): no other pod can have its name
         try:
             answer = self.core.read_namespaced_pod(name, ns, _preload_content=False, _request_timeout=self.timeout)
         except ApiException as exc:
