@@ -173,12 +173,13 @@ class Rig:
         return f"differing {differ[:5]}; on {node}: {held}"
 
     def leaderless(self) -> list[tuple[float, float]]:
-        """The windows without a leader: from each controller kill to the first Lease write by another replica."""
+        """The windows without a leader: from each controller kill to the next Lease write (by another replica, or
+        by the killed one started again: same identity, so it renews the Lease as its own at once)."""
         windows = []
         for at, who in self.kills:
             if who == "service":
                 continue
-            taken = next((t for t, holder in self.api.lease_history if t > at and holder and holder != who), None)
+            taken = next((t for t, holder in self.api.lease_history if t > at and holder), None)
             windows.append((at, taken if taken is not None else float("inf")))
         return windows
 

@@ -275,3 +275,22 @@ def test_a_deferred_resize_is_reported_and_followed_until_the_kubelet_actuates_i
     assert len([x for x in rig.api.calls if x[1].endswith("/resize")]) == 2
     assert c.stats.counts["resize-infeasible"] == 1 and c.stats.counts["errors"] == 0
     assert rig.api.overcommits == []
+
+
+def test_a_resize_that_comes_mid_move_is_applied_once_the_replacement_is_bound_not_at_the_next_reconcile(rig):
+    c = rig.controller(lease_seconds=30)  # reconciles every 60 s: only the one at start may run in this test
+    rig.api.create_pod("ml", k8s_pod("p1", annotations={pods.GRACE_KEY: "30"}))
+    a = allocation(rig.allocator, "ml/p1")
+    moved = replace(a, node="gpu-b" if a.node == "gpu-a" else "gpu-a")
+    rig.allocator.apply_actions([Action("migrate", "ml/p1", (a,), (moved,))])
+    seq = rig.allocator.log.latest
+    eventually(lambda: pods.annotations(rig.api.pod("ml", "p1")).get(pods.CHECKPOINT_KEY) == str(seq))
+    grown = replace(moved, cpu_m=moved.cpu_m + 2000)
+    rig.allocator.apply_actions([Action("resize", "ml/p1", (moved,), (grown,))])
+    eventually(lambda: c.cursor == rig.allocator.log.latest)
+    assert requests_of(rig.api.pod("ml", f"p1-m{seq}")) == (moved.cpu_m, moved.mem_mib)  # mid-move: waits
+    rig.api.pod_call("PATCH", "ml", "p1", None, {"metadata": {"annotations": {pods.CHECKPOINTED_KEY: str(seq)}}},
+                     "application/merge-patch+json")
+    eventually(lambda: requests_of(rig.api.pod("ml", f"p1-m{seq}")) == (grown.cpu_m, grown.mem_mib), 10)
+    assert rig.api.pod("ml", f"p1-m{seq}")["spec"]["nodeName"] == moved.node
+    assert c.stats.counts["reconciles"] == 1 and c.stats.counts["errors"] == 0, c.stats.counts

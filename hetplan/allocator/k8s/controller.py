@@ -149,6 +149,7 @@ class Controller:
         self._last_reconcile = 0.0
         self._orphans: dict[str, float] = {}  # job -> when first seen without a pod
         self._migrations: dict[str, Migration] = {}
+        self._after_move: dict[str, tuple[pods.Target, int, float]] = {}  # job -> the target that came mid-move
         self._pending: dict[str, PendingResize] = {}  # pod uid -> the resize the kubelet has not actuated
 
     # ------------------------------------------------------------------ threads
@@ -305,6 +306,7 @@ class Controller:
         if self._releases():
             self._wake.set()
         self._advance_migrations()
+        self._converge_after_moves()
         self._report_kubelet()
         now = time.monotonic()
         due = min(self._orphans.values(), default=now) + self.orphan_grace  # an orphan's grace ended
@@ -386,6 +388,7 @@ class Controller:
             self.converge(job, pods.Target.of(after[0]), seq, float(action.get("at") or 0))
         elif kind == "stop":
             self._orphans.pop(job, None)
+            self._after_move.pop(job, None)
             for pod in self.live(job):
                 self._evict(pod, f"stopped by the allocator (action {seq})")
 
@@ -393,8 +396,12 @@ class Controller:
         """Bring the pod of `job` to `target`: nothing if it is there; resize on its node; else migrate."""
         live = self.live(job)
         holders = [p for p in live if not pods.gated(p)]
+        self._after_move.pop(job, None)
         if job in self._migrations or any(pods.gated(p) for p in live):
-            return  # a move in progress: its replacement was made with the allocation of its time; re-checked after
+            # a move in progress: its replacement was made with the allocation of its time; this target is applied
+            # once the replacement is bound (`_converge_after_moves`), not at the next reconcile
+            self._after_move[job] = (target, seq, at)
+            return
         if not holders:
             return  # no pod (yet, or any more): reconcile decides
         pod = holders[0]
@@ -405,6 +412,19 @@ class Controller:
             self._resize(pod, target, at)
         else:
             self._migrate(job, pod, target, seq, at)
+
+    def _converge_after_moves(self) -> None:
+        """The actions that came while their job was moving: applied once the move is done and the replacement is
+        bound to its node (a resize of a pod not yet bound would race the scheduler's fit check)."""
+        for job, (target, seq, at) in list(self._after_move.items()):
+            if job in self._migrations:
+                continue
+            live = self.live(job)
+            if any(pods.gated(p) for p in live):
+                continue
+            if live and not all((p.get("spec") or {}).get("nodeName") for p in live):
+                continue  # ungated, not bound yet
+            self.converge(job, target, seq, at)
 
     def _resize(self, pod: dict, target: pods.Target, at: float) -> None:
         from kubernetes.client.exceptions import ApiException
