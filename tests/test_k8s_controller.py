@@ -279,6 +279,7 @@ def test_a_deferred_resize_is_reported_and_followed_until_the_kubelet_actuates_i
 
 def test_a_resize_that_comes_mid_move_is_applied_once_the_replacement_is_bound_not_at_the_next_reconcile(rig):
     c = rig.controller(lease_seconds=30)  # reconciles every 60 s: only the one at start may run in this test
+    eventually(lambda: c.stats.counts["reconciles"] == 1)
     rig.api.create_pod("ml", k8s_pod("p1", annotations={pods.GRACE_KEY: "30"}))
     a = allocation(rig.allocator, "ml/p1")
     moved = replace(a, node="gpu-b" if a.node == "gpu-a" else "gpu-a")
