@@ -27,7 +27,7 @@ from hetplan.allocator.k8s import pods
 from hetplan.hints import HintStore
 from allocator_helpers import make_plan
 from servers import free_port
-from standin_apiserver import FakeApiServer, actuated_requests, eventually, k8s_node, k8s_pod
+from standin_apiserver import ApiError, FakeApiServer, actuated_requests, eventually, k8s_node, k8s_pod
 
 TYPES = [("NVIDIA-A100-SXM4-80GB", "A100-80GB", 8, "96", "1000Gi", 12), ("Tesla-V100-SXM2-16GB", "V100", 8, "64",
          "488Gi", 14), ("Tesla-T4", "T4", 4, "48", "192Gi", 14)]
@@ -238,7 +238,10 @@ def run_pods(rig: Rig, count: int, seed: int, kill_at: dict[int, str], gap: floa
         for pod in rig.managed():
             job = pods.job_id(pod)
             if job in ends and ends[job] <= now and not pods.gated(pod):
-                rig.api.finish(*pods.key(pod))
+                try:
+                    rig.api.finish(*pods.key(pod))
+                except ApiError:
+                    pass  # evicted (moved) since the snapshot: its replacement ends at the next call
 
     for i in range(count):
         pod = rig.api.create_pod("ml", k8s_pod(f"p{i:03d}", model=MODELS[i % 6], gpus=rng.choice([1, 1, 2, 4]),

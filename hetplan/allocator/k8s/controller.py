@@ -414,17 +414,11 @@ class Controller:
             self._migrate(job, pod, target, seq, at)
 
     def _converge_after_moves(self) -> None:
-        """The actions that came while their job was moving: applied once the move is done and the replacement is
-        bound to its node (a resize of a pod not yet bound would race the scheduler's fit check)."""
+        """The actions that came while their job was moving: applied as soon as the move is done (the replacement
+        ungated, bound or still waiting for room: a pending pod's resize is what the scheduler then fits)."""
         for job, (target, seq, at) in list(self._after_move.items()):
-            if job in self._migrations:
-                continue
-            live = self.live(job)
-            if any(pods.gated(p) for p in live):
-                continue
-            if live and not all((p.get("spec") or {}).get("nodeName") for p in live):
-                continue  # ungated, not bound yet
-            self.converge(job, target, seq, at)
+            if job not in self._migrations and not any(pods.gated(p) for p in self.live(job)):
+                self.converge(job, target, seq, at)
 
     def _resize(self, pod: dict, target: pods.Target, at: float) -> None:
         from kubernetes.client.exceptions import ApiException
