@@ -281,8 +281,8 @@ class Controller:
                 self.stats.count("errors")
                 failures += 1
                 log.warning("controller: %s; retrying", _one_line(exc))
-                # 0.1 s doubling to 2 s: a restarting service is followed within ~0.1-2 s of coming back
-                self._stopping.wait(min(0.05 * 2 ** failures, 2.0))
+                # 0.1 s doubling to 0.5 s: a restarting service is followed within 0.5 s of coming back
+                self._stopping.wait(min(0.05 * 2 ** failures, 0.5))
             self._wake.wait(self.poll)
             self._wake.clear()
 
