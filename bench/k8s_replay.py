@@ -81,7 +81,8 @@ def run(count: int, stretch: float, seconds: float, hinted: bool, root: Path) ->
     finally:
         rig.close()
     kinds = {k: sum(a["kind"] == k for a in actions) for k in ("start", "stop", "resize", "migrate")}
-    return {**result, "quiet": quiet, "kinds": kinds, "overcommits": rig.api.overcommits,
+    waits = sorted(rig.api.bind_waits.values())
+    return {**result, "quiet": quiet, "kinds": kinds, "overcommits": rig.api.overcommits, "waits": waits,
             "webhook_failures": rig.api.webhook_failures, "nodes": len(rig.nodes), "events": len(events)}
 
 
@@ -107,11 +108,12 @@ def main() -> None:
              "GPU; " + ("models a seeded draw from the **derived** hint table (**synthetic**)" if args.hinted else
                         "no hints (the trace's pods carry no model)") + ".\n",
              "| pod events | pods asked / served by the webhook / default path | actions: start, stop, resize, "
-             "migrate | pods below their own request (at their end) | overcommitted node changes | drift after "
-             "the last event | replay wall |", "|---:|---|---|---:|---:|---|---:|",
+             "migrate | pods below their own request (at their end) | overcommitted node changes | pods that waited "
+             "for room (longest) | drift after the last event | replay wall |", "|---:|---|---|---:|---:|---|---|---:|",
              f"| {r['events']:,} | {c['asked']:,} / {c['served']:,} / {c['default-path']:,} | "
              f"{', '.join(str(r['kinds'][k]) for k in ('start', 'stop', 'resize', 'migrate'))} | {len(r['below'])} | "
-             f"{len(r['overcommits'])} | 0 after {r['quiet']:.1f} s | {c['wall_s']} s |", ""]
+             f"{len(r['overcommits'])} | {len(r['waits'])} ({max(r['waits'], default=0):.1f} s) | 0 after "
+             f"{r['quiet']:.1f} s | {c['wall_s']} s |", ""]
     print("\n".join(lines))
     if r["below"] or r["overcommits"]:
         print("below:", r["below"][:5], "overcommits:", r["overcommits"][:5])

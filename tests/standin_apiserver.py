@@ -255,6 +255,9 @@ class FakeApiServer:
         self.calls: list[tuple[str, str, Any]] = []  # (method, path, body) of every write
         self.lease_history: list[tuple[float, str]] = []  # (time.time(), holderIdentity) of every Lease write
         self.overcommits: list[str] = []  # "node resource used > allocatable" after a pod change (should stay [])
+        self.bind_waits: dict[tuple[str, str], float] = {}  # pods created without gates and not bound at once:
+        # seconds from creation to binding (a pod pinned before its peers' shrinks were actuated waits for room)
+        self._unbound: dict[tuple[str, str], float] = {}
         self.call_times: list[float] = []  # when each of `calls` arrived (time.time())
         outer = self
 
@@ -497,6 +500,8 @@ current-context: stand-in
             self.pods[(namespace, pod["metadata"]["name"])] = pod
             self._emit("ADDED", pod)
             self.schedule()
+            if not pod["spec"].get("nodeName") and not pod["spec"].get("schedulingGates"):
+                self._unbound[(namespace, pod["metadata"]["name"])] = time.monotonic()
             return copy.deepcopy(pod)
 
     def _admit(self, pod: dict) -> dict:
@@ -671,6 +676,9 @@ current-context: stand-in
                 for c in pod["spec"]["containers"]]
 
     def _bind(self, pod: dict, node: str) -> None:
+        key = (pod["metadata"]["namespace"], pod["metadata"]["name"])
+        if key in self._unbound:
+            self.bind_waits[key] = time.monotonic() - self._unbound.pop(key)
         pod["spec"]["nodeName"] = node
         pod["status"] = {**pod["status"], "phase": "Running", "containerStatuses": self._actuated(pod),
                          "conditions": [{"type": "PodScheduled", "status": "True"}]}

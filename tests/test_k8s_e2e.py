@@ -65,6 +65,7 @@ def test_200_pods_on_40_nodes_with_two_controller_kills_and_a_service_kill(tmp_p
           f"{len(delays)}), migrations {len(migrations)} (evictions {len(evictions)}), {kills}; action to PATCH: "
           f"all p50 {quantile([d for d, _ in delays], 0.5):.3f} s p99 {quantile([d for d, _ in delays], 0.99):.3f} s, "
           f"with a leader p99 {quantile(steady, 0.99):.3f} s; leaderless windows "
-          f"{[round(b - a, 2) for a, b in windows]} s; unserved {rig.unserved}")
+          f"{[round(b - a, 2) for a, b in windows]} s; unserved {rig.unserved}; pods that waited for room "
+          f"{len(api.bind_waits)} (longest {max(api.bind_waits.values(), default=0):.2f} s)")
     assert delays and len(windows) == 2 and all(b - a < 2 + 2 for a, b in windows)  # bounded by the lease (2 s)
     # timing targets are proven in bench/k8s_latency.py (bench/RESULTS.md), not asserted on a shared machine
