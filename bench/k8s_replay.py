@@ -60,7 +60,7 @@ def run(count: int, stretch: float, seconds: float, hinted: bool, root: Path) ->
         from allocator_helpers import make_plan
 
         frame = derived_hints()
-        HintStore(store).publish(make_plan("k8s-replay"), frame)
+        HintStore(store).publish(make_plan("bench-derived"), frame)  # the table names its plan
         models = sorted(set(frame["model"]))
         rng = random.Random(0)
         named = {e.body["job_id"]: rng.choice(models) for e in events if not e.release}

@@ -1,11 +1,15 @@
 """`hetplan controller`: the cluster runs the plan. Follows the allocator's action log and applies it to the pods.
 
-One loop, run by the replica that holds the Lease (`lease.LeaseElector`; the others only serve the webhook):
+One loop, run by the replica that holds the Lease (`lease.LeaseElector`, renewed on its own thread; the others
+only serve the webhook), woken every `poll` seconds and by every pod event:
 
 1. **Pods**: a list + watch of the opted-in pods (label `hetplan.io/model`, all namespaces; 410 Gone: list again)
    keeps a cache. A pod of a job that ends (Succeeded, Failed) or is deleted, with no other pod of its job left
-   (a migration's replacement counts), is released (`POST /v1/release`).
-2. **Actions**: `GET /v1/actions?since=<cursor>`, oldest first. `resize` -> PATCH on the pod's `resize`
+   (a migration's replacement, or a pod created again under its name: compared by UID), is released
+   (`POST /v1/release`).
+2. **Actions**: `GET /v1/actions?since=<cursor>`, oldest first; different jobs' at once (`workers` threads), one
+   job's in order; an action for a job in the middle of a move is applied once the move is done. `resize` -> PATCH
+   on the pod's `resize`
    subresource (in-place pod resize); `migrate` -> the replacement pod is created on the target node behind the
    scheduling gate `hetplan.io/migration`, the old pod is asked to checkpoint (annotation `hetplan.io/checkpoint`,
    answered by `hetplan.io/checkpointed` or its grace period), then evicted through the Eviction API
@@ -20,8 +24,9 @@ One loop, run by the replica that holds the Lease (`lease.LeaseElector`; the oth
    pod for `orphan_grace` seconds is released; a pod with a job id and no allocation is allocated again (then
    re-sized or moved), or left alone with one logged reason if the allocator refuses it.
 
-What the API server or the kubelet refuses (a 422 on the resize, `PodResizePending` Infeasible) is logged once and
-counted, never retried in a loop; the next reconcile looks at it again only if the allocation changed.
+What the API server or the kubelet refuses (a 422 on the resize, `PodResizePending` Infeasible) is logged once,
+counted and (the kubelet's) annotated on the pod, never retried in a loop; a Deferred resize is reported the same
+way and followed with a backoff until the kubelet actuates it (`_report_kubelet`).
 """
 
 from __future__ import annotations
