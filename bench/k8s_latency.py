@@ -58,7 +58,8 @@ def run(setting: str, count: int, seed: int) -> dict:
     alive = [d for d, a in delays if not without_leader(a, windows)]
     for d, a in delays:
         if d > 1:  # what came before a slow one, for the record
-            print(f"slow: {d:.2f} s {a['job_id']} seq {a['seq']}; its actions:", [
+            print(f"slow: {d:.2f} s {a['job_id']} seq {a['seq']}, "
+                  f"{'in' if without_leader(a, windows) else 'outside'} a leaderless window; its actions:", [
                 (x["seq"], x["kind"], round(x["at"] - a["at"], 2)) for x in actions if x["job_id"] == a["job_id"]])
     return {"delays": [d for d, _ in delays], "alive_delays": alive,
             "resizes": sum(a["kind"] == "resize" for a in actions), "matched": len(delays),
