@@ -304,9 +304,9 @@ class Controller:
         if answer is None and self.cursor is None:
             self.reconcile()
         batch = (answer or {}).get("actions", [])
-        if batch and self.elector.leading():
-            self.apply_batch(batch)
-            # once per batch: applying an action again changes nothing (converge compares first)
+        if batch and self.elector.leading() and self.apply_batch(batch):
+            # once per batch: applying an action again changes nothing (converge compares first); not when the
+            # lease was lost mid-batch (the next leader reads the log from the cursor, and reconciles)
             self._save_cursor(int(batch[-1]["seq"]))
         if self._releases():
             self._wake.set()
@@ -362,25 +362,24 @@ class Controller:
         with self._lock:
             return [p for p in self.pods.values() if pods.job_id(p) == job and not pods.ended(p)]
 
-    def apply_batch(self, batch: list[Mapping[str, Any]]) -> None:
+    def apply_batch(self, batch: list[Mapping[str, Any]]) -> bool:
         """Apply a batch of actions: one job's in their order, different jobs' at once (`workers` threads), so
-        that a batch of re-sizes takes about one API call's time, not one per action. Errors are raised after
-        every job's actions were tried."""
+        that a batch of re-sizes takes about one API call's time, not one per action. Whether every action was
+        applied (False: the lease was lost meanwhile). Errors are raised after every job's actions were tried."""
         by_job: dict[str, list[Mapping[str, Any]]] = {}
         for action in batch:
             by_job.setdefault(str(action["job_id"]), []).append(action)
 
-        def run(actions: list[Mapping[str, Any]]) -> None:
+        def run(actions: list[Mapping[str, Any]]) -> bool:
             for action in actions:
-                if self.elector.leading():
-                    self.apply(action)
+                if not self.elector.leading():
+                    return False
+                self.apply(action)
+            return True
 
         if len(by_job) == 1 or self.workers <= 1:
-            for actions in by_job.values():
-                run(actions)
-            return
-        for future in [self._pool.submit(run, actions) for actions in by_job.values()]:
-            future.result()
+            return all([run(actions) for actions in by_job.values()])
+        return all([future.result() for future in [self._pool.submit(run, a) for a in by_job.values()]])
 
     def apply(self, action: Mapping[str, Any]) -> None:
         kind, job, seq = action["kind"], action["job_id"], int(action["seq"])
