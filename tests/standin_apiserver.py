@@ -9,14 +9,18 @@ loopback, so that the node sync and the controller are tested with the real clie
   applied; failurePolicy Ignore), delete, merge PATCH (resources are immutable there: 422, as in Kubernetes),
   and the subresources `binding`, `eviction` (policy/v1; PodDisruptionBudgets with `minAvailable` honoured:
   429) and `resize` (strategic merge of containers' cpu/memory; the stand-in kubelet actuates it, or marks it
-  `PodResizePending` Infeasible/Deferred as the 1.33 kubelet does).
+  `PodResizePending` Infeasible/Deferred as the 1.33 kubelet does, and actuates a Deferred resize once its node
+  has room, as the 1.33 kubelet retries them when resources are freed).
 - ConfigMaps and coordination.k8s.io/v1 Leases: get, create (409 AlreadyExists), replace (409 Conflict on a stale
   resourceVersion: optimistic concurrency, which leader election and the controller's cursor rely on).
 - A scheduler: a pod without `spec.nodeName`, without scheduling gates, is bound to the node its required node
   affinity names (`matchFields metadata.name`), else to the first node it fits on, if its requests fit the node's
   allocatable minus the requests of the pods running there; then it is Running.
 
-Every write is recorded in `calls` (method, path, body) so that tests can tell how a change was made.
+Every write is recorded in `calls` (method, path, body) so that tests can tell how a change was made; every holder
+a Lease is written with in `lease_history` (time, holder); and every pod change is checked against its node: what
+the kubelet actuated for the node's pods above the node's allocatable is recorded in `overcommits` (not a Kubernetes
+feature: the invariant the tests assert, at every step rather than sampled).
 """
 
 from __future__ import annotations
@@ -249,6 +253,11 @@ class FakeApiServer:
         self.webhook_failures = 0
         self.kubelet_refuses: set[tuple[str, str]] = set()  # pods whose resizes the kubelet finds Infeasible
         self.calls: list[tuple[str, str, Any]] = []  # (method, path, body) of every write
+        self.lease_history: list[tuple[float, str]] = []  # (time.time(), holderIdentity) of every Lease write
+        self.overcommits: list[str] = []  # "node resource used > allocatable" after a pod change (should stay [])
+        self.bind_waits: dict[tuple[str, str], float] = {}  # pods created without gates and not bound at once:
+        # seconds from creation to binding (a pod pinned before its peers' shrinks were actuated waits for room)
+        self._unbound: dict[tuple[str, str], float] = {}
         self.call_times: list[float] = []  # when each of `calls` arrived (time.time())
         outer = self
 
@@ -445,6 +454,9 @@ current-context: stand-in
         """Under the lock: a new resourceVersion for `pod` and its watch event."""
         self.rv += 1
         pod["metadata"]["resourceVersion"] = str(self.rv)
+        node = pod["spec"].get("nodeName")
+        if node in self.nodes:
+            self._check(node)
         self.pod_events.append((self.rv, kind, copy.deepcopy(pod)))
         if len(self.pod_events) > self.history:
             dropped = self.pod_events[: len(self.pod_events) - self.history]
@@ -488,6 +500,8 @@ current-context: stand-in
             self.pods[(namespace, pod["metadata"]["name"])] = pod
             self._emit("ADDED", pod)
             self.schedule()
+            if not pod["spec"].get("nodeName") and not pod["spec"].get("schedulingGates"):
+                self._unbound[(namespace, pod["metadata"]["name"])] = time.monotonic()
             return copy.deepcopy(pod)
 
     def _admit(self, pod: dict) -> dict:
@@ -607,7 +621,7 @@ current-context: stand-in
         if node and key in self.kubelet_refuses:
             conditions.append({"type": "PodResizePending", "status": "True", "reason": "Infeasible",
                                "message": "Node didn't have enough capacity: memory, requested: ..."})
-        elif node and not self._fits(node, None):
+        elif node and not self._room_for(node, pod):
             conditions.append({"type": "PodResizePending", "status": "True", "reason": "Deferred",
                                "message": "Node didn't have enough resource: cpu"})
         elif node:
@@ -631,6 +645,22 @@ current-context: stand-in
                     total[k] = total.get(k, Decimal(0)) + max(wanted.get(k, Decimal(0)), (held or {}).get(k, Decimal(0)))
         return total
 
+    def _check(self, node: str) -> None:
+        """Record `node` in `overcommits` if what its pods' containers actually hold exceeds its allocatable."""
+        allocatable = self.nodes[node]["status"]["allocatable"]
+        for resource, used in self.used(node, actual=True).items():
+            if used > parse_quantity(allocatable.get(resource, "0")):
+                self.overcommits.append(f"{node} {resource} {used} > {allocatable.get(resource, '0')}")
+
+    def _room_for(self, node: str, pod: dict) -> bool:
+        """The kubelet's admission of a resize: what the node's other pods actually hold plus `pod`'s new requests
+        fit the node's allocatable."""
+        allocatable = self.nodes[node]["status"]["allocatable"]
+        used = self.used(node, but=pod, actual=True)
+        for k, v in pod_requests(pod).items():
+            used[k] = used.get(k, Decimal(0)) + v
+        return all(v <= parse_quantity(allocatable.get(k, "0")) for k, v in used.items() if v > 0)
+
     def _fits(self, node: str, pod: dict | None) -> bool:
         """`pod` (None: none more) fits `node` with what runs there."""
         allocatable = self.nodes[node]["status"]["allocatable"]
@@ -646,14 +676,30 @@ current-context: stand-in
                 for c in pod["spec"]["containers"]]
 
     def _bind(self, pod: dict, node: str) -> None:
+        key = (pod["metadata"]["namespace"], pod["metadata"]["name"])
+        if key in self._unbound:
+            self.bind_waits[key] = time.monotonic() - self._unbound.pop(key)
         pod["spec"]["nodeName"] = node
         pod["status"] = {**pod["status"], "phase": "Running", "containerStatuses": self._actuated(pod),
                          "conditions": [{"type": "PodScheduled", "status": "True"}]}
         self._emit("MODIFIED", pod)
 
+    def _retry_deferred(self) -> None:
+        """The stand-in kubelet: a Deferred resize is actuated once its node has room (the 1.33 kubelet retries
+        Deferred resizes when resources are freed)."""
+        for pod in list(self.pods.values()):
+            pending = [c for c in pod["status"].get("conditions") or [] if c["type"] == "PodResizePending"]
+            node = pod["spec"].get("nodeName")
+            if pending and pending[0].get("reason") == "Deferred" and not terminal(pod) and self._room_for(node, pod):
+                pod["status"]["conditions"] = [c for c in pod["status"]["conditions"] if c["type"] != "PodResizePending"]
+                pod["status"]["containerStatuses"] = self._actuated(pod)
+                self._emit("MODIFIED", pod)
+
     def schedule(self) -> None:
-        """The stand-in default-scheduler: bind every pending, ungated pod that fits where it must (or anywhere)."""
+        """The stand-in default-scheduler: bind every pending, ungated pod that fits where it must (or anywhere);
+        then the stand-in kubelet retries Deferred resizes."""
         with self.lock:
+            self._retry_deferred()
             for pod in list(self.pods.values()):
                 spec = pod["spec"]
                 if spec.get("nodeName") or spec.get("schedulingGates") or terminal(pod) or \
@@ -702,6 +748,8 @@ current-context: stand-in
         obj["metadata"]["namespace"] = key[1]
         self.rv += 1
         obj["metadata"]["resourceVersion"] = str(self.rv)
+        if key[0] == "leases":
+            self.lease_history.append((time.time(), str((obj.get("spec") or {}).get("holderIdentity") or "")))
         self.objects[key] = obj
         return copy.deepcopy(obj)
 

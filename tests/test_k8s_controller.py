@@ -134,7 +134,7 @@ def test_resize_goes_through_the_subresource_migrate_through_eviction_and_the_cu
     assert rig.api.objects[("configmaps", "hetplan", "hetplan-controller-cursor")]["data"]["cursor"] == str(seq)
     rig.api.finish("ml", new)  # the job ends: released
     eventually(lambda: rig.allocator.running() == {})
-    assert c.stats.counts["releases"] == 1 and c.stats.counts["errors"] == 0
+    assert c.stats.counts["releases"] == 1 and c.stats.counts["errors"] == 0, c.stats.counts
 
 
 def test_a_pdb_holds_an_eviction_until_it_allows_it(rig):
@@ -167,7 +167,8 @@ def test_reconcile_at_start_and_after_410_repairs_drift_both_ways(tmp_path):
         eventually(lambda: requests_of(r.api.pod("ml", "kept")) == (small.cpu_m, small.mem_mib))
         lost = allocation(r.allocator, "ml/lost")
         assert requests_of(r.api.pod("ml", "lost")) == (lost.cpu_m, lost.mem_mib)
-        assert c.stats.counts["orphans-released"] == 1 and c.stats.counts["adopted"] == 1
+        # counted once the service's answer is back (after the change the test saw)
+        eventually(lambda: c.stats.counts["orphans-released"] == 1 and c.stats.counts["adopted"] == 1)
         # the log moves on by more than it keeps while the controller is away: 410, reconcile, continue
         c.stop()
         r.controllers.clear()
@@ -186,13 +187,10 @@ def test_a_pod_watch_expired_lists_again_and_releases_what_ended_meanwhile(rig):
     c = rig.controller()
     rig.api.create_pod("ml", k8s_pod("p1"))
     eventually(lambda: ("ml", "p1") in c.pods)
-    rig.api.compact()  # the watch's resourceVersion is gone: the next watch is answered 410
     with rig.api.lock:
         pod = rig.api.pods.pop(("ml", "p1"))  # deleted without an event the controller could see
-    rig.api.pod_events.clear()
-    rig.api.rv += 1
-    with rig.api.lock:
-        rig.api.lock.notify_all()
+        rig.api.rv += 1
+    rig.api.compact()  # then the watch's resourceVersion is gone: the watch is answered 410 and lists again
     eventually(lambda: rig.allocator.running() == {})
     assert pod and c.stats.counts["releases"] + c.stats.counts["orphans-released"] >= 1
 
@@ -213,3 +211,88 @@ def test_two_replicas_never_both_act_and_the_second_takes_over(rig):
     eventually(lambda: requests_of(rig.api.pod("ml", "p1"))[0] == b.cpu_m + 1000)
     lease = rig.api.objects[("leases", "hetplan", "hetplan-controller")]["spec"]
     assert lease["holderIdentity"] == "c2" and lease["leaseTransitions"] == 1
+
+
+def test_a_late_event_of_a_deleted_pod_does_not_release_the_pod_created_again_under_its_name(rig):
+    """Job ids are `<namespace>/<name>`: a pod deleted and created again by name holds the same job id. The old pod's
+    DELETED event, handled after the new pod exists, must not release the new pod's allocation (checked by UID)."""
+    # another replica holds the lease: this controller watches (and queues the old pod's end) but does not act yet
+    rig.api.object_call("POST", "leases", "hetplan", None, {"metadata": {"name": "hetplan-controller"}, "spec": {
+        "holderIdentity": "elsewhere", "leaseDurationSeconds": 60, "renewTime": "2026-12-01T00:00:00.000000Z"}})
+    c = rig.controller(lease_seconds=60)
+    rig.api.create_pod("ml", k8s_pod("p1"))
+    old_uid = rig.api.pod("ml", "p1")["metadata"]["uid"]
+    rig.api.pod_call("DELETE", "ml", "p1", None, None, "")
+    rig.api.create_pod("ml", k8s_pod("p1"))  # created again by name: the webhook gets the same job id
+    new_uid = rig.api.pod("ml", "p1")["metadata"]["uid"]
+    assert new_uid != old_uid and "ml/p1" in rig.allocator.running()
+    eventually(lambda: pods.uid(c.pods.get(("ml", "p1"), {})) == new_uid and len(c._ended) == 1)
+    with rig.api.lock:  # the other replica is gone: this one takes over and handles the old pod's end
+        del rig.api.objects[("leases", "hetplan", "hetplan-controller")]
+    eventually(lambda: c.elector.leading() and not c._ended)
+    eventually(lambda: c.stats.counts["reconciles"] >= 1)
+    assert "ml/p1" in rig.allocator.running() and c.stats.counts["releases"] == 0
+    # the cache held the new pod; without it (the watch behind), the API server is asked: same answer
+    c._ended.append({"metadata": {"namespace": "ml", "name": "p1", "uid": old_uid,
+                                  "annotations": {pods.JOB_ID_KEY: "ml/p1"}}, "status": {"phase": "Succeeded"}})
+    with c._lock:
+        del c.pods[("ml", "p1")]
+    eventually(lambda: c.stats.counts["release-skipped-reused"] == 1)
+    assert "ml/p1" in rig.allocator.running() and c.stats.counts["releases"] == 0
+    rig.api.pod_call("DELETE", "ml", "p1", None, None, "")  # the new pod's own end does release it
+    eventually(lambda: rig.allocator.running() == {})
+
+
+def test_a_deferred_resize_is_reported_and_followed_until_the_kubelet_actuates_it_and_infeasible_is_not_retried(rig):
+    c = rig.controller(deferred_backoff_max=1)
+    rig.api.create_pod("ml", k8s_pod("p1", cpu="4"))
+    a = allocation(rig.allocator, "ml/p1")
+    # a pod hetplan does not manage takes most of the node's cores (the allocator does not see it)
+    hog = k8s_pod("hog", model=None, gpus=0, cpu=f"{32 - a.cpu_m // 1000 - 1}", memory="1Gi")
+    hog["spec"]["affinity"] = pods.pinned_affinity({}, a.node)
+    rig.api.create_pod("ml", hog)
+    assert rig.api.pod("ml", "hog")["spec"].get("nodeName") == a.node
+    bigger = replace(a, cpu_m=a.cpu_m + 4000)
+    rig.allocator.apply_actions([Action("resize", "ml/p1", (a,), (bigger,))])
+    eventually(lambda: pods.resize_pending(rig.api.pod("ml", "p1")) is not None)
+    assert pods.resize_pending(rig.api.pod("ml", "p1"))[0] == "Deferred"  # the stand-in kubelet: no room now
+    eventually(lambda: pods.annotations(rig.api.pod("ml", "p1")).get(pods.RESIZE_PENDING_KEY, "").startswith(
+        "Deferred: "))
+    eventually(lambda: c.stats.counts["resize-deferred-waits"] >= 2)  # looked at again, with a backoff
+    assert c.stats.counts["resize-deferred"] == 1 and len([x for x in rig.api.calls if x[1].endswith("/resize")]) == 1
+    rig.api.pod_call("DELETE", "ml", "hog", None, None, "")  # room frees: the kubelet actuates it
+    eventually(lambda: c.stats.counts["resize-deferred-done"] == 1)
+    pod = rig.api.pod("ml", "p1")
+    assert pods.RESIZE_PENDING_KEY not in pods.annotations(pod) and pods.resize_pending(pod) is None
+    assert pod["status"]["containerStatuses"][0]["resources"]["requests"]["cpu"] == pods.cpu_text(bigger.cpu_m)
+
+    rig.api.kubelet_refuses.add(("ml", "p1"))  # the kubelet will never fit the next one
+    smaller = replace(bigger, cpu_m=bigger.cpu_m - 1000)
+    rig.allocator.apply_actions([Action("resize", "ml/p1", (bigger,), (smaller,))])
+    eventually(lambda: c.stats.counts["resize-infeasible"] == 1)
+    eventually(lambda: pods.annotations(rig.api.pod("ml", "p1")).get(pods.RESIZE_PENDING_KEY, "").startswith(
+        "Infeasible: "))
+    c.reconcile()  # a reconcile does not retry it: the pod's spec already says what the allocator wants
+    assert len([x for x in rig.api.calls if x[1].endswith("/resize")]) == 2
+    assert c.stats.counts["resize-infeasible"] == 1 and c.stats.counts["errors"] == 0
+    assert rig.api.overcommits == []
+
+
+def test_a_resize_that_comes_mid_move_is_applied_once_the_replacement_is_bound_not_at_the_next_reconcile(rig):
+    c = rig.controller(lease_seconds=30)  # reconciles every 60 s: only the one at start may run in this test
+    eventually(lambda: c.stats.counts["reconciles"] == 1)
+    rig.api.create_pod("ml", k8s_pod("p1", annotations={pods.GRACE_KEY: "30"}))
+    a = allocation(rig.allocator, "ml/p1")
+    moved = replace(a, node="gpu-b" if a.node == "gpu-a" else "gpu-a")
+    rig.allocator.apply_actions([Action("migrate", "ml/p1", (a,), (moved,))])
+    seq = rig.allocator.log.latest
+    eventually(lambda: pods.annotations(rig.api.pod("ml", "p1")).get(pods.CHECKPOINT_KEY) == str(seq))
+    grown = replace(moved, cpu_m=moved.cpu_m + 2000)
+    rig.allocator.apply_actions([Action("resize", "ml/p1", (moved,), (grown,))])
+    eventually(lambda: c.cursor == rig.allocator.log.latest)
+    assert requests_of(rig.api.pod("ml", f"p1-m{seq}")) == (moved.cpu_m, moved.mem_mib)  # mid-move: waits
+    rig.api.pod_call("PATCH", "ml", "p1", None, {"metadata": {"annotations": {pods.CHECKPOINTED_KEY: str(seq)}}},
+                     "application/merge-patch+json")
+    eventually(lambda: requests_of(rig.api.pod("ml", f"p1-m{seq}")) == (grown.cpu_m, grown.mem_mib), 10)
+    assert rig.api.pod("ml", f"p1-m{seq}")["spec"]["nodeName"] == moved.node
+    assert c.stats.counts["reconciles"] == 1 and c.stats.counts["errors"] == 0, c.stats.counts

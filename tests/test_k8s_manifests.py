@@ -63,8 +63,8 @@ def test_webhook_is_fail_open_and_opt_in():
 
 
 # The API calls the code makes (hetplan/allocator/k8s/controller.py, lease.py, nodes.py), as (resource, verb).
-CONTROLLER_CALLS = {("pods", "list"), ("pods", "watch"), ("pods", "create"), ("pods", "patch"), ("pods", "delete"),
-                    ("pods/resize", "patch"), ("pods/eviction", "create"), ("leases", "get"), ("leases", "create"),
+CONTROLLER_CALLS = {("pods", "get"), ("pods", "list"), ("pods", "watch"), ("pods", "create"), ("pods", "patch"),
+                    ("pods", "delete"), ("pods/resize", "patch"), ("pods/eviction", "create"), ("leases", "get"), ("leases", "create"),
                     ("leases", "update"), ("configmaps", "get"), ("configmaps", "create"), ("configmaps", "update")}
 NODE_SYNC_CALLS = {("nodes", "get"), ("nodes", "list"), ("nodes", "watch")}
 

@@ -35,6 +35,8 @@ def controller(
     lease_seconds: float = typer.Option(15.0, "--lease-seconds", min=1, help="Lease duration."),
     allocate_wait: float = typer.Option(5.0, "--allocate-wait", min=0,
                                         help="Seconds the webhook retries a service it cannot reach (a restart)."),
+    workers: int = typer.Option(8, "--workers", min=1, max=64,
+                                help="Threads applying one batch of actions: different jobs' at once (1: in order)."),
     log_level: str = typer.Option("info", "--log-level"),
 ) -> None:
     """Follow the allocator's action log and apply it to the pods (leader-elected); serve the admission webhook."""
@@ -52,7 +54,7 @@ def controller(
     me = identity or f"{socket.gethostname()}-{os.getpid()}"
     worker = Controller(api, AllocatorClient(service), namespace=namespace, name=name, identity=me, poll=poll,
                         reconcile_seconds=reconcile, orphan_grace=orphan_grace, checkpoint_grace=checkpoint_grace,
-                        lease_seconds=lease_seconds)
+                        lease_seconds=lease_seconds, workers=workers)
     webhook = None
     if webhook_port:
         webhook = WebhookServer(AllocatorClient(service, wait=allocate_wait), webhook_host, webhook_port,

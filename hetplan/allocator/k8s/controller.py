@@ -1,11 +1,15 @@
 """`hetplan controller`: the cluster runs the plan. Follows the allocator's action log and applies it to the pods.
 
-One loop, run by the replica that holds the Lease (`lease.LeaseElector`; the others only serve the webhook):
+One loop, run by the replica that holds the Lease (`lease.LeaseElector`, renewed on its own thread; the others
+only serve the webhook), woken every `poll` seconds and by every pod event:
 
 1. **Pods**: a list + watch of the opted-in pods (label `hetplan.io/model`, all namespaces; 410 Gone: list again)
    keeps a cache. A pod of a job that ends (Succeeded, Failed) or is deleted, with no other pod of its job left
-   (a migration's replacement counts), is released (`POST /v1/release`).
-2. **Actions**: `GET /v1/actions?since=<cursor>`, oldest first. `resize` -> PATCH on the pod's `resize`
+   (a migration's replacement, or a pod created again under its name: compared by UID), is released
+   (`POST /v1/release`).
+2. **Actions**: `GET /v1/actions?since=<cursor>`, oldest first; different jobs' at once (`workers` threads), one
+   job's in order; an action for a job in the middle of a move is applied once the move is done. `resize` -> PATCH
+   on the pod's `resize`
    subresource (in-place pod resize); `migrate` -> the replacement pod is created on the target node behind the
    scheduling gate `hetplan.io/migration`, the old pod is asked to checkpoint (annotation `hetplan.io/checkpoint`,
    answered by `hetplan.io/checkpointed` or its grace period), then evicted through the Eviction API
@@ -20,8 +24,9 @@ One loop, run by the replica that holds the Lease (`lease.LeaseElector`; the oth
    pod for `orphan_grace` seconds is released; a pod with a job id and no allocation is allocated again (then
    re-sized or moved), or left alone with one logged reason if the allocator refuses it.
 
-What the API server or the kubelet refuses (a 422 on the resize, `PodResizePending` Infeasible) is logged once and
-counted, never retried in a loop; the next reconcile looks at it again only if the allocation changed.
+What the API server or the kubelet refuses (a 422 on the resize, `PodResizePending` Infeasible) is logged once,
+counted and (the kubelet's) annotated on the pod, never retried in a loop; a Deferred resize is reported the same
+way and followed with a backoff until the kubelet actuates it (`_report_kubelet`).
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ import threading
 import time
 from collections import Counter, deque
 from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -74,13 +80,42 @@ class Migration:
 
 
 @dataclass
+class PendingResize:
+    """A resize the kubelet has not actuated: what was reported (reason, the pod's requests), since when, and when
+    to look again (a Deferred one, with a doubling backoff)."""
+
+    signature: tuple
+    reason: str
+    since: float
+    next_check: float
+    backoff: float
+
+
+@dataclass
 class Stats:
+    """Counters (`count`: thread-safe, actions are applied on several threads) and the delays from an action's
+    number (its `at`, the allocator's clock) to the API call that applied it."""
+
     counts: Counter = field(default_factory=Counter)
     latencies: deque = field(default_factory=lambda: deque(maxlen=100_000))  # seconds from an action to its PATCH
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def count(self, what: str, n: int = 1) -> None:
+        with self.lock:
+            self.counts[what] += n
 
     def render(self) -> str:
+        with self.lock:
+            counts, delays = sorted(self.counts.items()), sorted(self.latencies)
         lines = ["# TYPE hetplan_controller_total counter"]
-        lines += [f'hetplan_controller_total{{what="{k}"}} {v}' for k, v in sorted(self.counts.items())]
+        lines += [f'hetplan_controller_total{{what="{k}"}} {v}' for k, v in counts]
+        lines += ["# HELP hetplan_controller_action_delay_seconds From an action's number to the call that applied "
+                  "it (the last 100,000).", "# TYPE hetplan_controller_action_delay_seconds summary"]
+        for q in (0.5, 0.9, 0.99):
+            value = delays[int(q * (len(delays) - 1))] if delays else float("nan")
+            lines.append(f'hetplan_controller_action_delay_seconds{{quantile="{q}"}} {value:.4f}')
+        lines += [f"hetplan_controller_action_delay_seconds_sum {sum(delays):.4f}",
+                  f"hetplan_controller_action_delay_seconds_count {len(delays)}"]
         return "\n".join(lines) + "\n"
 
 
@@ -90,7 +125,8 @@ class Controller:
     def __init__(self, api: Any, service: AllocatorClient, namespace: str = "hetplan",
                  name: str = "hetplan-controller", identity: str = "controller", poll: float = 0.2,
                  reconcile_seconds: float = 30.0, orphan_grace: float = 30.0, checkpoint_grace: float = 30.0,
-                 lease_seconds: float = 15.0, watch_seconds: int = 300, request_timeout: float = 10.0) -> None:
+                 lease_seconds: float = 15.0, watch_seconds: int = 300, request_timeout: float = 10.0,
+                 workers: int = 8, deferred_backoff_max: float = 60.0) -> None:
         from kubernetes.client import CoordinationV1Api, CoreV1Api
 
         self.core = CoreV1Api(api)
@@ -101,6 +137,8 @@ class Controller:
         self.elector = LeaseElector(CoordinationV1Api(api), namespace, name, identity, lease_seconds,
                                     request_timeout=request_timeout)
         self.stats = Stats()
+        self.workers, self.deferred_backoff_max = workers, deferred_backoff_max
+        self._pool = ThreadPoolExecutor(max(1, workers), thread_name_prefix="hetplan-controller-apply")
         self.pods: dict[tuple[str, str], dict] = {}  # the opted-in pods, from the watch
         self.synced = threading.Event()
         self._ended: deque[dict] = deque()  # pods that ended or were deleted, to release
@@ -116,12 +154,13 @@ class Controller:
         self._last_reconcile = 0.0
         self._orphans: dict[str, float] = {}  # job -> when first seen without a pod
         self._migrations: dict[str, Migration] = {}
-        self._reported: set[tuple[str, str]] = set()  # (pod uid, condition reason) already reported
+        self._after_move: dict[str, tuple[pods.Target, int, float]] = {}  # job -> the target that came mid-move
+        self._pending: dict[str, PendingResize] = {}  # pod uid -> the resize the kubelet has not actuated
 
     # ------------------------------------------------------------------ threads
 
     def start(self) -> Controller:
-        for target, name in ((self._watch_pods, "pods"), (self._run, "loop")):
+        for target, name in ((self._watch_pods, "pods"), (self._renew, "lease"), (self._run, "loop")):
             thread = threading.Thread(target=target, name=f"hetplan-controller-{name}", daemon=True)
             thread.start()
             self._threads.append(thread)
@@ -136,6 +175,7 @@ class Controller:
                 if self._watch is not None:
                     self._watch.stop()
                 thread.join(0.1)
+        self._pool.shutdown(wait=False, cancel_futures=True)
         self.elector.release()
 
     # ------------------------------------------------------------------ the pod watch
@@ -166,7 +206,7 @@ class Controller:
             except ApiException as exc:
                 if exc.status == 410:
                     log.info("controller: pod watch expired (410 Gone); listing the pods again")
-                    self.stats.counts["pod-relists"] += 1
+                    self.stats.count("pod-relists")
                     self._resource_version = None
                     continue
                 failures = self._watch_failed(exc, failures)
@@ -210,19 +250,27 @@ class Controller:
 
     # ------------------------------------------------------------------ the loop
 
-    def _run(self) -> None:
-        renew_every = max(self.elector.renew_deadline / 3, 0.05)
-        last_renew = 0.0
+    def _renew(self) -> None:
+        """The Lease, on its own thread (as client-go's leader election): a long step never delays a renewal. A
+        replica that does not lead tries every third of the renew deadline (at most 1 s), so it takes over within
+        the lease duration plus that after the leader's last renewal."""
+        every = max(self.elector.renew_deadline / 3, 0.05)
         while not self._stopping.is_set():
-            now = time.monotonic()
-            if now - last_renew >= renew_every or not self.elector.leading():
-                self.elector.lead()
-                last_renew = now
+            was = self.elector.leading()
+            self.elector.lead()
+            if self.elector.leading() and not was:
+                self._wake.set()
+            self._stopping.wait(every if self.elector.leading() else min(every, 1.0))
+
+    def _run(self) -> None:
+        failures = 0
+        while not self._stopping.is_set():
             if not self.elector.leading():
                 if self._leading:
                     log.warning("controller: %s lost the lease; stops acting", self.identity)
                 self._leading = False
-                self._stopping.wait(min(renew_every, 1.0))
+                self._wake.wait(0.5)
+                self._wake.clear()
                 continue
             if not self.synced.is_set():
                 self.synced.wait(0.2)
@@ -233,34 +281,37 @@ class Controller:
                     self._read_cursor()
                     self.reconcile()
                 self.step()
+                failures = 0
             except Exception as exc:  # noqa: BLE001 - the loop outlives any error: logged, counted, retried
-                self.stats.counts["errors"] += 1
+                self.stats.count("errors")
+                failures += 1
                 log.warning("controller: %s; retrying", _one_line(exc))
-                self._stopping.wait(1.0)
+                # 0.1 s doubling to 0.5 s: a restarting service is followed within 0.5 s of coming back
+                self._stopping.wait(min(0.05 * 2 ** failures, 0.5))
             self._wake.wait(self.poll)
             self._wake.clear()
 
     def step(self) -> None:
-        """One pass: releases, actions, migrations in progress, the periodic reconcile."""
-        self._releases()
+        """One pass: actions, releases (after the actions: they are the latency that counts; the re-sizes a
+        release causes are read at once in the next pass), migrations in progress, the periodic reconcile."""
         try:
             answer = self.service.actions(self.cursor or 0) if self.cursor is not None else None
         except Gone as exc:
             log.info("controller: action log answered 410 (%s); reconciling", exc)
-            self.stats.counts["gone"] += 1
+            self.stats.count("gone")
             self.reconcile(latest=exc.latest)
             answer = None
         if answer is None and self.cursor is None:
             self.reconcile()
-        applied = None
-        for action in (answer or {}).get("actions", []):
-            if not self.elector.leading():
-                break
-            self.apply(action)
-            applied = int(action["seq"])
-        if applied is not None:  # once per batch: applying an action again changes nothing (converge compares first)
-            self._save_cursor(applied)
+        batch = (answer or {}).get("actions", [])
+        if batch and self.elector.leading() and self.apply_batch(batch):
+            # once per batch: applying an action again changes nothing (converge compares first); not when the
+            # lease was lost mid-batch (the next leader reads the log from the cursor, and reconciles)
+            self._save_cursor(int(batch[-1]["seq"]))
+        if self._releases():
+            self._wake.set()
         self._advance_migrations()
+        self._converge_after_moves()
         self._report_kubelet()
         now = time.monotonic()
         due = min(self._orphans.values(), default=now) + self.orphan_grace  # an orphan's grace ended
@@ -311,17 +362,37 @@ class Controller:
         with self._lock:
             return [p for p in self.pods.values() if pods.job_id(p) == job and not pods.ended(p)]
 
+    def apply_batch(self, batch: list[Mapping[str, Any]]) -> bool:
+        """Apply a batch of actions: one job's in their order, different jobs' at once (`workers` threads), so
+        that a batch of re-sizes takes about one API call's time, not one per action. Whether every action was
+        applied (False: the lease was lost meanwhile). Errors are raised after every job's actions were tried."""
+        by_job: dict[str, list[Mapping[str, Any]]] = {}
+        for action in batch:
+            by_job.setdefault(str(action["job_id"]), []).append(action)
+
+        def run(actions: list[Mapping[str, Any]]) -> bool:
+            for action in actions:
+                if not self.elector.leading():
+                    return False
+                self.apply(action)
+            return True
+
+        if len(by_job) == 1 or self.workers <= 1:
+            return all([run(actions) for actions in by_job.values()])
+        return all([future.result() for future in [self._pool.submit(run, a) for a in by_job.values()]])
+
     def apply(self, action: Mapping[str, Any]) -> None:
         kind, job, seq = action["kind"], action["job_id"], int(action["seq"])
-        self.stats.counts[f"action-{kind}"] += 1
+        self.stats.count(f"action-{kind}")
         after = action.get("after") or []
         if kind in ("resize", "migrate"):
             if len(after) != 1:
-                self.stats.counts["gang-skipped"] += 1
+                self.stats.count("gang-skipped")
                 return
             self.converge(job, pods.Target.of(after[0]), seq, float(action.get("at") or 0))
         elif kind == "stop":
             self._orphans.pop(job, None)
+            self._after_move.pop(job, None)
             for pod in self.live(job):
                 self._evict(pod, f"stopped by the allocator (action {seq})")
 
@@ -329,18 +400,29 @@ class Controller:
         """Bring the pod of `job` to `target`: nothing if it is there; resize on its node; else migrate."""
         live = self.live(job)
         holders = [p for p in live if not pods.gated(p)]
+        self._after_move.pop(job, None)
         if job in self._migrations or any(pods.gated(p) for p in live):
-            return  # a move in progress: its replacement was made with the allocation of its time; re-checked after
+            # a move in progress: its replacement was made with the allocation of its time; this target is applied
+            # once the replacement is bound (`_converge_after_moves`), not at the next reconcile
+            self._after_move[job] = (target, seq, at)
+            return
         if not holders:
             return  # no pod (yet, or any more): reconcile decides
         pod = holders[0]
         if pods.matches(pod, target):
-            self.stats.counts["already-applied"] += 1
+            self.stats.count("already-applied")
             return
         if pods.node_of(pod) == target.node:
             self._resize(pod, target, at)
         else:
             self._migrate(job, pod, target, seq, at)
+
+    def _converge_after_moves(self) -> None:
+        """The actions that came while their job was moving: applied as soon as the move is done (the replacement
+        ungated, bound or still waiting for room: a pending pod's resize is what the scheduler then fits)."""
+        for job, (target, seq, at) in list(self._after_move.items()):
+            if job not in self._migrations and not any(pods.gated(p) for p in self.live(job)):
+                self.converge(job, target, seq, at)
 
     def _resize(self, pod: dict, target: pods.Target, at: float) -> None:
         from kubernetes.client.exceptions import ApiException
@@ -353,12 +435,12 @@ class Controller:
         except ApiException as exc:
             if exc.status == 404:
                 return
-            self.stats.counts["resize-refused"] += 1
+            self.stats.count("resize-refused")
             log.warning("controller: resize of %s/%s to %s refused: %s (not retried)", ns, name, target,
                         _one_line(exc))
             return
         except ValueError as exc:
-            self.stats.counts["resize-refused"] += 1
+            self.stats.count("resize-refused")
             log.warning("controller: resize of %s/%s to %s impossible: %s", ns, name, target, exc)
             return
         self._observe(at, "resize")
@@ -368,9 +450,10 @@ class Controller:
                 self.pods[pods.key(updated)] = updated
 
     def _observe(self, at: float, what: str) -> None:
-        self.stats.counts[what] += 1
-        if at:
-            self.stats.latencies.append(max(0.0, time.time() - at))
+        with self.stats.lock:
+            self.stats.counts[what] += 1
+            if at:
+                self.stats.latencies.append(max(0.0, time.time() - at))
 
     def _migrate(self, job: str, pod: dict, target: pods.Target, seq: int, at: float) -> None:
         from kubernetes.client.exceptions import ApiException
@@ -379,20 +462,20 @@ class Controller:
             new = pods.replacement(pod, target, seq)
         except ValueError as exc:
             log.warning("controller: move of %s impossible: %s", job, exc)
-            self.stats.counts["migrate-refused"] += 1
+            self.stats.count("migrate-refused")
             return
         ns = pods.key(pod)[0]
         try:
             self.core.create_namespaced_pod(ns, new, _preload_content=False, _request_timeout=self.timeout)
         except ApiException as exc:
             if exc.status != 409:
-                self.stats.counts["migrate-refused"] += 1
+                self.stats.count("migrate-refused")
                 log.warning("controller: replacement of %s/%s refused: %s", ns, pods.key(pod)[1], _one_line(exc))
                 return
         self._observe(at, "migrate")
-        self._migrations[job] = Migration(job, pods.key(pod), (ns, new["metadata"]["name"]), seq,
-                                          grace=self._grace(pod))
-        self._advance_migrations()
+        with self._lock:
+            self._migrations[job] = Migration(job, pods.key(pod), (ns, new["metadata"]["name"]), seq,
+                                              grace=self._grace(pod))
 
     def _resume(self, job: str, new: dict) -> None:
         """A move another replica (or this one, before a restart) began: go on from where the cluster says it is."""
@@ -403,10 +486,11 @@ class Controller:
             old_pod = self.pods.get((ns, old))
         m = Migration(job, (ns, old), (ns, name), int(seq) if seq.isdigit() else 0,
                       grace=self._grace(old_pod) if old_pod else self.checkpoint_grace)
+        m.evicted = old_pod is None  # gone before this replica looked: taken as evicted by the previous leader
         if old_pod is not None and pods.annotations(old_pod).get(pods.CHECKPOINT_KEY) == str(m.seq):
             m.asked_at = time.monotonic()  # asked already: its grace is counted again from here (never less)
         self._migrations[job] = m
-        self.stats.counts["migrations-resumed"] += 1
+        self.stats.count("migrations-resumed")
         log.info("controller: resuming the move of %s (%s -> %s)", job, old, name)
 
     def _grace(self, pod: dict) -> float:
@@ -435,11 +519,13 @@ class Controller:
                         m.asked_at = now
                     done = pods.annotations(old).get(pods.CHECKPOINTED_KEY) == str(m.seq)
                     if done or now - m.asked_at >= m.grace:
-                        if not self._evict(old, f"moving to {m.new[1]}"):
+                        m.evicted = self._evict(old, f"moving to {m.new[1]}")
+                        if not m.evicted:
                             m.next_try = now + 1.0
                     continue
                 if new is not None and pods.gated(new):
-                    if old is not None and pods.ended(old):  # it finished before it could move
+                    if (old is not None and pods.ended(old)) or not m.evicted:
+                        # it finished (or was deleted, not by us) before it could move: the job is over
                         self.core.delete_namespaced_pod(m.new[1], m.new[0], _preload_content=False,
                                                         _request_timeout=self.timeout)
                     else:
@@ -447,7 +533,7 @@ class Controller:
                                                        [{"op": "remove", "path": "/spec/schedulingGates"}],
                                                        _content_type=JSON_PATCH, _preload_content=False,
                                                        _request_timeout=self.timeout)
-                        self.stats.counts["migrated"] += 1
+                        self.stats.count("migrated")
                 del self._migrations[job]
             except ApiException as exc:
                 if exc.status == 404 and new is None:
@@ -469,41 +555,116 @@ class Controller:
             if exc.status == 404:
                 return True
             if exc.status == 429:
-                self.stats.counts["eviction-blocked"] += 1
+                self.stats.count("eviction-blocked")
                 log.info("controller: eviction of %s/%s blocked by a PodDisruptionBudget; retrying", ns, name)
                 return False
             raise
-        self.stats.counts["evictions"] += 1
+        self.stats.count("evictions")
         log.info("controller: evicted %s/%s: %s", ns, name, why)
         return True
 
     # ------------------------------------------------------------------ releases and the kubelet's answers
 
-    def _releases(self) -> None:
-        while True:
-            with self._lock:
-                if not self._ended:
-                    return
-                pod = self._ended.popleft()
+    def _releases(self) -> int:
+        """Release the jobs of the pods that ended (concurrently, as `apply_batch`); how many were released."""
+        with self._lock:
+            ended, self._ended = list(self._ended), deque()
+        due = []
+        for pod in ended:
             job = pods.job_id(pod)
-            if job is None or any(pods.key(p) != pods.key(pod) for p in self.live(job)):
-                continue  # not ours, or its job goes on in another pod (a move)
-            self.service.release(job)
-            self._orphans.pop(job, None)
-            self.stats.counts["releases"] += 1
+            if job is None or any(pods.uid(p) != pods.uid(pod) for p in self.live(job)):
+                continue  # not ours, or its job goes on in another pod (a move, or a pod created again by name)
+            due.append(pod)
+        if not due:
+            return 0
+        done = list(self._pool.map(self._release, due)) if len(due) > 1 else [self._release(due[0])]
+        return sum(done)
+
+    def _release(self, pod: dict) -> bool:
+        job = str(pods.job_id(pod))
+        if self._reused(pod):
+            self.stats.count("release-skipped-reused")
+            log.info("controller: %s/%s (uid %s) ended but a new pod of that name holds job %s; not released",
+                     *pods.key(pod), pods.uid(pod), job)
+            return False
+        self.service.release(job)
+        self._orphans.pop(job, None)
+        self.stats.count("releases")
+        return True
+
+    def _reused(self, pod: dict) -> bool:
+        """Whether the API server now has another, running pod under `pod`'s name with its job id (deleted and
+        created again: the old pod's late event must not release the new one's allocation). The cache may not have
+        seen the new pod yet, so the API server is asked."""
+        from kubernetes.client.exceptions import ApiException
+
+        ns, name = pods.key(pod)
+        with self._lock:
+            cached = self.pods.get((ns, name))
+        if cached is not None and pods.uid(cached) == pods.uid(pod):
+            return False  # it is still there (ended, not deleted): no other pod can have its name
+        try:
+            answer = self.core.read_namespaced_pod(name, ns, _preload_content=False, _request_timeout=self.timeout)
+        except ApiException as exc:
+            if exc.status == 404:
+                return False
+            raise
+        now = json.loads(answer.data)
+        return pods.uid(now) != pods.uid(pod) and not pods.ended(now) and pods.job_id(now) == pods.job_id(pod)
 
     def _report_kubelet(self) -> None:
+        """Resizes the kubelet has not actuated (`PodResizePending`): reported once per resize (log, count
+        `resize-deferred` / `resize-infeasible`, the pod's annotation `hetplan.io/resize-pending`); a Deferred one is
+        looked at again with a backoff (1 s doubling to `deferred_backoff_max`; the 1.33 kubelet retries it itself
+        when room frees) and counted `resize-deferred-done` once actuated; an Infeasible one is never retried (the
+        next action for the pod replaces it)."""
         with self._lock:
-            snapshot = list(self.pods.values())
+            snapshot = [p for p in self.pods.values() if not pods.ended(p)]
+        now = time.monotonic()
         for pod in snapshot:
-            for c in (pod.get("status") or {}).get("conditions") or []:
-                if c.get("type") == "PodResizePending" and c.get("reason") == "Infeasible":
-                    mark = (str(pods.meta(pod).get("uid")), str(pods.meta(pod).get("resourceVersion")))
-                    if mark[0] not in {u for u, _ in self._reported}:
-                        self._reported.add(mark)
-                        self.stats.counts["resize-infeasible"] += 1
-                        log.warning("controller: kubelet refused the resize of %s/%s: %s (not retried)",
-                                    *pods.key(pod), c.get("message", "Infeasible"))
+            uid, pending = pods.uid(pod), pods.resize_pending(pod)
+            known = self._pending.get(uid)
+            if pending is None:
+                if known is not None:
+                    del self._pending[uid]
+                    if known.reason == "Deferred":
+                        self.stats.count("resize-deferred-done")
+                        log.info("controller: deferred resize of %s/%s actuated after %.1f s", *pods.key(pod),
+                                 now - known.since)
+                    self._annotate(pod, None)
+                continue
+            reason, message = pending
+            signature = (reason, pods.requests(pod))
+            if known is None or known.signature != signature:
+                self._pending[uid] = PendingResize(signature, reason, now, now + 1.0, 1.0)
+                self.stats.count(f"resize-{reason.lower()}")
+                log.warning("controller: kubelet %s the resize of %s/%s: %s%s", "deferred" if reason == "Deferred"
+                            else "refused", *pods.key(pod), message or reason,
+                            " (it retries when room frees)" if reason == "Deferred" else " (not retried)")
+                self._annotate(pod, f"{reason}: {message}"[:500])
+            elif reason == "Deferred" and now >= known.next_check:
+                known.backoff = min(known.backoff * 2, self.deferred_backoff_max)
+                known.next_check = now + known.backoff
+                self.stats.count("resize-deferred-waits")
+                log.info("controller: resize of %s/%s still deferred after %.0f s (next look in %.0f s): %s",
+                         *pods.key(pod), now - known.since, known.backoff, message)
+        live = {pods.uid(p) for p in snapshot}
+        for uid in [u for u in self._pending if u not in live]:
+            del self._pending[uid]
+
+    def _annotate(self, pod: dict, value: str | None) -> None:
+        """Set (None: remove) the annotation `hetplan.io/resize-pending` on `pod`; a pod gone meanwhile is fine."""
+        from kubernetes.client.exceptions import ApiException
+
+        if pods.annotations(pod).get(pods.RESIZE_PENDING_KEY) == value:
+            return
+        ns, name = pods.key(pod)
+        try:
+            self.core.patch_namespaced_pod(name, ns, {"metadata": {"annotations": {pods.RESIZE_PENDING_KEY: value}}},
+                                           _content_type=MERGE, _preload_content=False, _request_timeout=self.timeout)
+        except ApiException as exc:
+            if exc.status != 404:
+                log.warning("controller: annotating %s/%s: %s", ns, name, _one_line(exc))
 
     # ------------------------------------------------------------------ reconcile
 
@@ -533,7 +694,7 @@ class Controller:
                 log.info("controller: allocation of %s has no pod; released", job)
                 self.service.release(job)
                 self._orphans.pop(job, None)
-                self.stats.counts["orphans-released"] += 1
+                self.stats.count("orphans-released")
         for job in set(self._orphans) - set(by_job):
             self._orphans.pop(job, None)
         for pod in snapshot:
@@ -545,7 +706,7 @@ class Controller:
             self._adopt(job, pod)
         if latest is not None:
             self._save_cursor(latest)
-        self.stats.counts["reconciles"] += 1
+        self.stats.count("reconciles")
 
     def _adopt(self, job: str, pod: dict) -> None:
         """A pod with a job id and no allocation (the allocator lost it, or released it meanwhile): allocate again."""
@@ -569,9 +730,9 @@ class Controller:
         if answer.get("status") != "allocated" or len(answer.get("parts") or []) > 1:
             if answer.get("status") == "allocated":
                 self.service.release(job)
-            self.stats.counts["adopt-refused"] += 1
+            self.stats.count("adopt-refused")
             log.warning("controller: pod %s/%s has no allocation and the allocator refuses it again (%s); left as "
                         "it runs", *pods.key(pod), answer.get("reason") or "a gang")
             return
-        self.stats.counts["adopted"] += 1
+        self.stats.count("adopted")
         self.converge(job, pods.Target.of(answer["allocation"]), self.cursor or 0)

@@ -10,6 +10,7 @@ Opt-in: the pod label `hetplan.io/model` (the model, as for the extender). What 
 | `hetplan.io/checkpoint-grace-seconds` | annotation, optional, set by the user | how long to wait for that answer (default: the controller's `--checkpoint-grace`) |
 | `hetplan.io/migrated-from` | annotation | on a replacement: the pod it replaces |
 | `hetplan.io/migration` | scheduling gate | on a replacement until the pod it replaces is gone |
+| `hetplan.io/resize-pending` | annotation, written by the controller | the kubelet has not actuated the last resize: `Deferred: <its message>` (it retries when room frees) or `Infeasible: ...` (it never will); removed once actuated |
 
 The allocation goes to one container, the *main* one: the container named by the annotation `hetplan.io/container`,
 else the first that asks for GPUs, else the first. It gets requests = limits = the allocation minus what the other
@@ -36,6 +37,7 @@ CHECKPOINTED_KEY = "hetplan.io/checkpointed"
 GRACE_KEY = "hetplan.io/checkpoint-grace-seconds"
 MIGRATED_FROM_KEY = "hetplan.io/migrated-from"
 MIGRATION_GATE = "hetplan.io/migration"
+RESIZE_PENDING_KEY = "hetplan.io/resize-pending"
 OPT_IN = MODEL_KEY
 
 
@@ -68,6 +70,20 @@ def meta(pod: Mapping[str, Any]) -> dict[str, Any]:
 def key(pod: Mapping[str, Any]) -> tuple[str, str]:
     m = meta(pod)
     return str(m.get("namespace") or "default"), str(m.get("name") or "")
+
+
+def uid(pod: Mapping[str, Any]) -> str:
+    """The pod's UID: unlike its name, never reused by a pod created again under the same name."""
+    return str(meta(pod).get("uid") or "")
+
+
+def resize_pending(pod: Mapping[str, Any]) -> tuple[str, str] | None:
+    """(reason, message) of the kubelet's `PodResizePending` condition (reason `Deferred` or `Infeasible`, 1.33),
+    or None when no resize is pending."""
+    for c in (pod.get("status") or {}).get("conditions") or []:
+        if c.get("type") == "PodResizePending" and str(c.get("status", "True")) == "True":
+            return str(c.get("reason") or "Deferred"), str(c.get("message") or "")
+    return None
 
 
 def annotations(pod: Mapping[str, Any]) -> dict[str, str]:
