@@ -228,6 +228,8 @@ def host_record(host: HostSizes, hosting: Hosting) -> dict:
 
 def describe(record: Mapping) -> str:
     """One line for a person: the job sizes a plan hosts and those it cannot (from `host_record`)."""
+    if not record:
+        return "job sizes: no size to host was asked for"
     hosted = ", ".join(str(n) for n in record["hosted"]) or "none"
     line = (f"job sizes: hosts {hosted} GPUs (up to {record['hosts_up_to']} on one GPU type, "
             f"{record['hosting_gpu_type'] or '-'}); asked for {record['gpus']} (largest job seen "
