@@ -162,7 +162,7 @@ def test_an_owned_fleet_without_a_budget_is_its_own_status_quo(inputs):
 
 @pytest.mark.parametrize(("plan_largest", "max_job_gpus", "replay_largest"), [
     (32, None, 32),  # the plan trace's largest job
-    (4, 16, 16),  # a size the plan trace never had, asked for with --max-job-gpus
+    (4, 24, 24),  # a size the plan trace never had, asked for with --max-job-gpus (unasked: 16 GPUs of a type)
 ])
 def test_hetplan_rejects_no_job_size_the_plan_was_asked_to_host(inputs, plan_largest, max_job_gpus, replay_largest):
     """The catalog's largest node has 8 GPUs: the big jobs run as gangs over one GPU type, on every plan."""
