@@ -216,10 +216,14 @@ def fit_step(workspace: str | Path, run_key: str, gpu_types: Sequence[str], *, m
 
 def plan_step(workspace: str | Path, run_key: str, *, budget: float, objective: str = "jct",
               stale_gpu_types: Sequence[str] = (), clouds: Sequence[str] = (), solver: str = "auto",
-              time_limit: float = 60.0, tracking_uri: str | None = None, mlflow: bool = True) -> dict[str, Any]:
+              time_limit: float = 60.0, tracking_uri: str | None = None, mlflow: bool = True,
+              max_job_gpus: int | None = None) -> dict[str, Any]:
     """Plan from this run's curves on the workspace's owned fleet (`fleet.csv`, if any) plus what `budget`
     rents: for its workload (`trace.csv`) by `objective` (jct, p95-jct, makespan), or with `throughput` (or
-    no workload) for its demand mix. Write the artifacts and `summary.txt` to `<run>/plan/`."""
+    no workload) for its demand mix. Write the artifacts and `summary.txt` to `<run>/plan/`.
+
+    The plan hosts the workspace trace's largest job (the fleet's history, also when planning for the demand
+    mix) and `max_job_gpus` on one GPU type (`hetplan.planner.sizes`)."""
     from hetplan.planner import write_plan_artifacts
     from hetplan.planner.entry import load_problem, plan_with_baselines
     from hetplan.workspace import Workspace
@@ -229,10 +233,13 @@ def plan_step(workspace: str | Path, run_key: str, *, budget: float, objective: 
     ws = Workspace(Path(workspace))
     here = run_dir(ws.root, run_key)
     for_workload = objective != "throughput" and ws.trace.is_file()
-    jobs = TRACE.load(ws.trace) if for_workload else None
+    history = TRACE.load(ws.trace) if ws.trace.is_file() else None
+    jobs = history if for_workload else None
     demand = demand_from_trace(jobs) if jobs is not None else DEMAND.load(ws.demand)
     problem, inputs = load_problem(here / "curves.parquet", ws.catalog, demand, budget, clouds=clouds,
-                                   fleet=ws.fleet if ws.fleet.is_file() else None)
+                                   fleet=ws.fleet if ws.fleet.is_file() else None, max_job_gpus=max_job_gpus,
+                                   history_gpus=int(history["num_gpus"].max()) if history is not None
+                                   and len(history) else None)
     inputs["workload" if for_workload else "demand"] = fingerprint(ws.trace if for_workload else ws.demand)
     for warning in problem.warnings:
         log.warning("%s", warning)

@@ -13,6 +13,7 @@ from hetplan.codesign import choose, plan_workload, propose, workload_from_trace
 from hetplan.codesign.candidates import PROPORTIONAL, STATUS_QUO
 from hetplan.contracts import CURVES, ContractError, load_plan
 from hetplan.planner import build_problem
+from hetplan.planner import sizes
 from hetplan.reference import build_reference
 from hetplan.sensitivity import fit_profiles
 
@@ -117,6 +118,32 @@ def test_jobs_larger_than_every_shape_are_left_out_and_counted(curves, catalog):
     plan = plan_workload(problem, workload)
     assert plan.workload.summary["dropped_jobs"] == 3 and plan.workload.summary["jobs"] == 37
     assert any("3 of 40 jobs left out" in w for w in plan.warnings)
+    record = plan.result.plan.planning["host_sizes"]  # left out of the replays, hosted by the plan all the same
+    assert record["largest_seen"] == 64 and record["hosts_up_to"] >= 64 and record["not_hosted"] == []
+    assert hosting_of(problem, plan.candidate(plan.winner)).up_to >= 64
+
+
+def hosting_of(problem, candidate):
+    return sizes.hosting_of(problem.shapes, candidate.counts)
+
+
+@pytest.mark.parametrize(("budget", "max_job_gpus", "gpus", "status_quo"), [
+    (30.0, None, 32, False),  # the status quo's single shape at 30 $/h hosts no 32-GPU job: not a candidate
+    (150.0, None, 32, True),
+    (60.0, 48, 48, False),  # --max-job-gpus above the workload's largest job
+])
+def test_every_candidate_hosts_the_workloads_largest_job(curves, catalog, budget, max_job_gpus, gpus, status_quo):
+    trace = jobs().assign(num_gpus=lambda f: np.where(f.index < 2, 32, f["num_gpus"]))
+    problem = build_problem(curves, catalog, workload_from_trace(trace).demand, budget=budget,
+                            max_job_gpus=max_job_gpus)
+    candidates = propose(problem)
+    assert problem.host.gpus == gpus and len(candidates) >= 5
+    for candidate in candidates:
+        hosting = hosting_of(problem, candidate)
+        assert hosting.up_to >= gpus, (candidate.name, hosting)
+        assert candidate.result.plan.planning["host_sizes"]["not_hosted"] == []
+        assert candidate.cost_per_hour <= budget + 1e-6
+    assert (STATUS_QUO in {c.name for c in candidates}) == status_quo
 
 
 def test_an_empty_workload_is_refused():
@@ -166,6 +193,9 @@ def test_cli_plans_for_a_workload_and_says_why(files):
     assert "simulated gain" in result.output
     plan = load_plan(out / "plan.json")
     assert plan.planning["objective"] == "jct" and plan.inputs["workload"].startswith("sha256:")
+    host = plan.planning["host_sizes"]  # the workload's jobs are of 1, 2 and 4 GPUs: the margin is 4
+    assert host["largest_seen"] == 4 and host["gpus"] == 4 and host["hosted"] == [1, 2, 4]
+    assert "job sizes: hosts 1, 2, 4 GPUs" in result.output
     candidates = pd.read_csv(out / "candidates.csv")
     assert candidates["chosen"].sum() == 1 and STATUS_QUO in set(candidates["candidate"])
     assert all(isinstance(json.loads(counts), dict) for counts in candidates["node_counts"])

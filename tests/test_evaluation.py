@@ -126,6 +126,9 @@ def test_cli_evaluate_prints_the_comparison_and_writes_tables_and_plots(cli_inpu
     (("--rho", "1", "--load", "3"), "give --rho or --load, not both"),
     (("--unknown-model", "bert"), "'bert' is not a truth model"),
     (("--objective", "fastest"), "'fastest' is not one of"),
+    (("--max-job-gpus", "0"), "Invalid value for '--max-job-gpus'"),
+    (("--max-job-gpus", "512"), "--max-job-gpus 512 needs 512 GPUs of one GPU type, and a budget of 60 $/h buys no "
+                                "such cluster"),
 ])
 def test_cli_evaluate_refuses_bad_options_and_writes_nothing(cli_inputs, extra, message):
     out = cli_inputs / "refused"
@@ -155,6 +158,24 @@ def test_an_owned_fleet_without_a_budget_is_its_own_status_quo(inputs):
     by_setup = out.summary.set_index("setup")
     assert by_setup.loc["status quo", "gpus"] == 16 and by_setup.loc["status quo", "cost_per_hour"] == 0
     assert by_setup.loc["hetplan", "gpus"] == 16 and by_setup.loc["hetplan", "cost_per_hour"] == 0  # nothing to buy
+
+
+@pytest.mark.parametrize(("plan_largest", "max_job_gpus", "replay_largest"), [
+    (32, None, 32),  # the plan trace's largest job
+    (4, 24, 24),  # a size the plan trace never had, asked for with --max-job-gpus (unasked: 16 GPUs of a type)
+])
+def test_hetplan_rejects_no_job_size_the_plan_was_asked_to_host(inputs, plan_largest, max_job_gpus, replay_largest):
+    """The catalog's largest node has 8 GPUs: the big jobs run as gangs over one GPU type, on every plan."""
+    profiles, curves, catalog = inputs
+    truth = TruthCurves.from_profiles(profiles, fallback=curves)
+    plan_jobs = trace(20, 1).assign(num_gpus=lambda f: np.where(f.index == 3, plan_largest, f["num_gpus"]))
+    replay_jobs = trace(20, 2, start=20).assign(num_gpus=lambda f: np.where(f.index % 7 == 1, replay_largest,
+                                                                             f["num_gpus"]))
+    out = evaluate(replay_jobs, ProblemInputs(curves, catalog, 60.0, max_job_gpus=max_job_gpus), truth,
+                   plan_trace=plan_jobs, rhos=(0.8,))
+    hetplan = out.summary.set_index("setup").loc["hetplan"]
+    assert hetplan["rejected_too_big"] == 0 and hetplan["completed"] == 20
+    assert out.plans["rho 0.8"].result.plan.planning["host_sizes"]["hosts_up_to"] >= replay_largest
 
 
 def test_speedups_compare_only_the_jobs_every_setup_ran():

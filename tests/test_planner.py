@@ -16,6 +16,7 @@ from hetplan.planner import (
     sweep,
 )
 from hetplan.planner.entry import plan_with_baselines
+from hetplan.planner.sizes import cheapest_hosting, describe, restore_hosting
 from hetplan.reference import build_reference
 from hetplan.sensitivity import fit_profiles
 
@@ -506,3 +507,133 @@ def test_a_cost_sweep_plans_each_budget_for_the_target(workspace, tmp_path):
                       "--out-dir", str(out))
     assert result.exit_code == 0, result.output
     assert len(pd.read_csv(out / "frontier.csv")) == 2
+
+
+# ------------------------------------------------------------------ job sizes every plan hosts (sizes.py)
+
+HOST_CURVES = pd.concat([curve("img", "A100", [(2, 50, 10.0), (8, 50, 40.0)]), curve("img", "T4", [(2, 20, 3.0)])])
+HOST_CATALOG = pd.DataFrame([  # per $: an A100 node serves 16 (8 x 40 / 20), a 4-T4 node 6 (4 x 3 / 2)
+    shape("a8", "A100", 8, 64, 800, 20.0), shape("t4x4", "T4", 4, 32, 200, 2.0), shape("t4x1", "T4", 1, 8, 50, 1.0),
+])
+
+
+def host_demand(*sizes):
+    return pd.DataFrame({"model": ["img"] * len(sizes), "num_gpus": list(sizes), "share": [1.0 / len(sizes)] * len(sizes)})
+
+
+def hosts(result):
+    """The most GPUs of one GPU type in a plan: the largest job it runs (on one node or as a gang)."""
+    return int((result.nodes["gpus"] * (result.nodes["added"] + result.nodes["owned"])).groupby(
+        result.nodes["gpu_type"]).sum().max())
+
+
+@pytest.mark.parametrize(("budget", "objective", "target", "counts"), [
+    # 32 GPUs of one type cost 16 $/h on T4 (8 x t4x4), 80 $/h on A100: with 40 $/h two A100 nodes (the best
+    # per $) would leave nothing to host the 32-GPU job; one A100 node and ten 4-T4 nodes do
+    (40.0, "mix", None, {"a8": 1, "t4x4": 10}),
+    (16.0, "mix", None, {"t4x4": 8}),
+    (200.0, "mix", None, None),
+    (200.0, "sum", None, None),
+    (200.0, "cost", 5.0, None),
+])
+def test_every_steady_state_plan_hosts_the_largest_job_on_one_gpu_type(budget, objective, target, counts):
+    problem = build_problem(HOST_CURVES, HOST_CATALOG, host_demand(1, 32), budget=budget)
+    assert problem.host.gpus == 32 and len(problem.unplannable) == 1  # no node runs img x32 whole: a gang
+    planned = plan_with_baselines(problem, objective=objective, target=target)
+    assert hosts(planned.result) >= 32 and planned.result.plan.cost_per_hour <= budget + 1e-6
+    if counts is not None:
+        assert planned.result.plan.node_counts == counts
+    record = planned.result.plan.planning["host_sizes"]
+    assert record["hosts_up_to"] >= 32 and record["hosted"] == [1, 32] and record["not_hosted"] == []
+
+
+def test_baselines_are_valued_without_the_hosting_requirement():
+    """The status quo is what it is: two A100 nodes (16 GPUs) at 40 $/h, valued although they host no 32-GPU job."""
+    planned = plan_with_baselines(build_problem(HOST_CURVES, HOST_CATALOG, host_demand(1, 32), budget=40.0))
+    quo = planned.baseline("status quo")
+    assert quo.node_counts == {"a8": 2} and quo.value > planned.result.plan.objective > 0
+
+
+@pytest.mark.parametrize(("sizes", "history", "requested", "budget", "gpus", "not_hosted"), [
+    ((1, 32), None, None, 200.0, 32, []),
+    ((1, 24), None, None, 200.0, 32, []),  # the margin: the next power of two
+    ((1, 24), None, None, 14.0, 24, [32]),  # 24 T4s cost 12 $/h, 32 cost 16: the margin is not bought
+    ((1, 32), None, None, 14.0, 1, [32]),  # no size between 1 and 32 is worth hosting
+    ((1, 4), 16, None, 200.0, 16, []),  # the fleet's history ran 16-GPU jobs
+    ((1, 32), None, 48, 200.0, 48, []),  # --max-job-gpus above the workload's
+    ((1, 4), None, 2, 200.0, 4, []),  # ... and never below it
+])
+def test_the_size_to_host(sizes, history, requested, budget, gpus, not_hosted):
+    problem = build_problem(HOST_CURVES, HOST_CATALOG, host_demand(*sizes), budget=budget, history_gpus=history,
+                            max_job_gpus=requested)
+    assert problem.host.gpus == gpus
+    result = plan_cluster(problem)
+    assert hosts(result) >= gpus
+    record = result.plan.planning["host_sizes"]
+    assert record["not_hosted"] == not_hosted and record["requested"] == requested
+    if not_hosted:  # the plan says which sizes it cannot host, and why
+        assert any(f"cannot host {not_hosted[0]} GPUs" in w for w in problem.warnings)
+        assert f"cannot host {not_hosted[0]} GPUs" in describe(record) and record["shortfall"]
+
+
+@pytest.mark.parametrize(("requested", "budget", "message"), [
+    (64, 20.0, "--max-job-gpus: --max-job-gpus 64 needs 64 GPUs of one GPU type, and a budget of 20 $/h buys no such "
+               "cluster: the cheapest, 64 x T4, costs 32.00 $/h; raise --budget to at least 32.00, or lower "
+               "--max-job-gpus (the budget hosts up to 40)"),
+    (33, 16.0, "the cheapest, 33 x T4, costs 17.00 $/h"),  # 8 x t4x4 + 1 x t4x1
+])
+def test_a_budget_too_small_for_max_job_gpus_is_a_one_line_error(requested, budget, message):
+    with pytest.raises(ContractError) as caught:
+        build_problem(HOST_CURVES, HOST_CATALOG, host_demand(1), budget=budget, max_job_gpus=requested)
+    assert message in str(caught.value) and "\n" not in str(caught.value)
+
+
+@pytest.mark.parametrize(("gpus", "budget", "cheapest"), [
+    (32, None, {"A100": 80.0, "T4": 16.0}),
+    (9, None, {"A100": 40.0, "T4": 5.0}),  # 2 x t4x4 + 1 x t4x1 beats 3 x t4x4
+    (10, 4.0, {}),
+    (32, 16.0, {"T4": 16.0}),
+])
+def test_the_cheapest_way_to_host_a_size_per_gpu_type(gpus, budget, cheapest):
+    shapes = build_problem(HOST_CURVES, HOST_CATALOG, host_demand(1), budget=100.0).shapes
+    assert cheapest_hosting(shapes, gpus, budget) == pytest.approx(cheapest)
+
+
+@pytest.mark.parametrize(("solved", "trimmed", "restored"), [
+    ([1, 8, 0], [1, 2, 0], [1, 8, 0]),  # idle T4 nodes given back: they host the 32-GPU job
+    ([1, 6, 8], [1, 0, 0], [1, 6, 8]),
+    ([4, 2, 0], [2, 0, 0], [4, 0, 0]),  # hosted on A100: A100 nodes back, not the idle T4s
+    ([1, 8, 0], [1, 8, 0], [1, 8, 0]),
+])
+def test_trimming_idle_nodes_keeps_what_hosting_needs(solved, trimmed, restored):
+    shapes = build_problem(HOST_CURVES, HOST_CATALOG, host_demand(1), budget=100.0).shapes
+    assert list(restore_hosting(shapes, np.array(solved), np.array(trimmed), 32)) == restored
+
+
+def test_cli_plan_hosts_max_job_gpus_and_says_what_it_hosts(workspace, tmp_path):
+    out = tmp_path / "out"
+    result = run_plan(workspace, "--budget", "80", "--max-job-gpus", "16", "--out-dir", str(out))
+    assert result.exit_code == 0, result.output
+    record = load_plan(out / "plan.json").planning["host_sizes"]
+    assert record["requested"] == 16 and record["hosts_up_to"] >= 16 and record["not_hosted"] == []
+    assert f"job sizes: hosts 1, 16 GPUs (up to {record['hosts_up_to']} on one GPU type" in result.output
+
+
+def test_cli_plan_says_which_job_sizes_it_cannot_host(workspace, tmp_path):
+    demand = tmp_path / "demand.csv"
+    pd.DataFrame({"model": ["res18", "res18"], "num_gpus": [1, 512], "share": [0.9, 0.1]}).to_csv(demand, index=False)
+    out = tmp_path / "out"
+    result = CliRunner().invoke(app, ["plan", "--curves", str(workspace / "curves.parquet"), "--catalog",
+                                      str(workspace / "catalog.csv"), "--demand", str(demand), "--no-mlflow",
+                                      "--budget", "40", "--out-dir", str(out)], env={"COLUMNS": "200"})
+    assert result.exit_code == 0, result.output
+    assert "cannot host 512 GPUs" in result.output
+    assert load_plan(out / "plan.json").planning["host_sizes"]["not_hosted"] == [512]
+
+
+def test_cli_plan_refuses_a_max_job_gpus_the_budget_cannot_buy_and_writes_nothing(workspace, tmp_path):
+    out = tmp_path / "out"
+    result = run_plan(workspace, "--budget", "5", "--max-job-gpus", "64", "--out-dir", str(out))
+    assert result.exit_code == 1
+    assert "--max-job-gpus 64 needs 64 GPUs of one GPU type" in result.output and "--budget" in result.output
+    assert not out.exists()

@@ -20,6 +20,7 @@ from hetplan.contracts import CURVES, PROFILES, ContractError, Problem, gpu_decl
 from hetplan.fsio import atomic_write_bytes, save_figure
 from hetplan.evaluation import EvaluationResult, ProblemInputs, evaluate as run_evaluation
 from hetplan.planner.entry import read_catalog, read_fleet
+from hetplan.planner.sizes import describe
 from hetplan.progress import Reporter
 from hetplan.sim.engine import SCHEDULERS, InvariantError, SimulationError
 from hetplan.sim.plots import plot_jct_cdf, plot_utilisation
@@ -73,6 +74,10 @@ def evaluate(
     return_margin: ReturnMargin = Stability.return_margin,
     move_budget: MoveBudget = Stability.budget,
     spread_moves: SpreadMoves = Stability.spread,
+    max_job_gpus: int | None = typer.Option(None, "--max-job-gpus", min=1, help="The largest job (GPUs) hetplan's "
+                                            "plan must host on one GPU type (default, and at least: the plan "
+                                            "trace's largest job, raised to the next power of two where the budget "
+                                            "allows)."),
     solver: Solver = typer.Option("auto", "--solver", help="auto | gurobi | highs."),
     time_limit: float = typer.Option(60.0, "--time-limit", min=0.1),
     out_dir: Path = typer.Option(Path(".hetplan/evaluation"), "--out-dir", help="Where tables and plots go."),
@@ -97,7 +102,7 @@ def evaluate(
         shapes = read_catalog(catalog, [c.strip() for c in clouds.split(",")])
         fleet = read_fleet(owned, catalog) if owned else None
         fitted = CURVES.load(curves)
-        inputs = ProblemInputs(fitted, shapes, budget, fleet, gpu_declarations(shapes, fleet))
+        inputs = ProblemInputs(fitted, shapes, budget, fleet, gpu_declarations(shapes, fleet), max_job_gpus)
         truth_curves = TruthCurves.from_profiles(PROFILES.load(truth), fallback=fitted)
         with Reporter("evaluate", errors) as progress:
             try:
@@ -123,7 +128,8 @@ def evaluate(
         params = {"trace": str(trace), "plan_trace": str(plan_trace or trace), "format": fmt, "budget": budget,
                   "objective": objective.value, "policies": ",".join(schedulers), "rho": rho or "-",
                   "loads": load or "trace", "clouds": clouds or "all", "unknown_model": unknown_model,
-                  "relabel_unknown": relabel_unknown, "round_s": round_s, "seed": seed, "solver": solver}
+                  "relabel_unknown": relabel_unknown, "round_s": round_s, "seed": seed, "solver": solver,
+                  "max_job_gpus": max_job_gpus or "-"}
         try:
             run = log_evaluation_run(result, params, files, tracking_uri)
         except Exception as exc:  # the files are written; say that MLflow did not take them, and fail
@@ -209,7 +215,9 @@ def _print(result: EvaluationResult) -> None:
                           f"{r.work_per_dollar_ratio:.2f}x", str(r.rejected_too_big))
         console.print(table)
     for label, plan in result.plans.items():
-        console.print(f"hetplan at {label}: {plan.winner} ({plan.objective} objective)", highlight=False)
+        console.print(f"hetplan at {label}: {plan.winner} ({plan.objective} objective); "
+                      + describe((plan.result.plan.planning or {}).get("host_sizes") or {}), highlight=False,
+                      soft_wrap=True)
     console.print("JCT speedup = status quo avg JCT / setup avg JCT; work/$ = reference GPU-hours completed per "
                   "US$ over the makespan; queue = arrival to first start. Speeds come from the truth profiles "
                   "(where a warning says so, from the planner's curves), the plans from the fitted curves.",

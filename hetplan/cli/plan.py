@@ -25,6 +25,7 @@ from hetplan.planner import SolveError, frontier_table, sweep, write_plan_artifa
 from hetplan.planner.baselines import STATUS_QUO, Evaluation
 from hetplan.planner.entry import Planned, load_problem, plan_with_baselines
 from hetplan.planner.plots import plot_cost_jct, plot_frontier, plot_node_mix
+from hetplan.planner.sizes import describe
 from hetplan.planner.planner import PlanResult
 from hetplan.progress import Reporter, nested
 from hetplan.traces import FORMATS
@@ -79,6 +80,10 @@ def plan(
                                       "(or name,count naming catalog shapes)."),
     demand_gpus: float | None = typer.Option(None, "--demand-gpus", min=0.0, help="Total GPU demand: no plan "
                                              "allocates more GPUs (default: unbounded)."),
+    max_job_gpus: int | None = typer.Option(None, "--max-job-gpus", min=1, help="The largest job (GPUs) the plan "
+                                            "must host on one GPU type; an error if --budget cannot buy it "
+                                            "(default, and at least: the workload's largest job, raised to the "
+                                            "next power of two where the budget allows)."),
     clouds: str = typer.Option("", "--clouds", help="Comma-separated clouds to buy from (default: all)."),
     scheduler: Scheduler = typer.Option(Scheduler.las, "--scheduler", help="The cluster's scheduling policy, "
                                         "for the workload's replays."),
@@ -99,7 +104,7 @@ def plan(
         jobs = read_trace(workload, workload_format)[0] if workload else None
         mix = demand_from_trace(jobs) if jobs is not None else DEMAND.load(demand)
         problem, inputs = load_problem(curves, catalog, mix, budget, clouds=[c.strip() for c in clouds.split(",")],
-                                       fleet=owned, demand_gpus=demand_gpus)
+                                       fleet=owned, demand_gpus=demand_gpus, max_job_gpus=max_job_gpus)
         inputs["workload" if workload else "demand"] = fingerprint(workload or demand)
         warn(problem.warnings)
         try:
@@ -252,6 +257,8 @@ def _summary(outcome: Outcome, out_dir: Path) -> None:
         _candidate_table(outcome)
     elif outcome.baselines:
         _baseline_table(outcome)
+    if plan.planning and "host_sizes" in plan.planning:
+        console.print(describe(plan.planning["host_sizes"]), highlight=False, soft_wrap=True)
     if plan.needs_profiling:
         console.print(f"needs profiling (planned on the conservative default): {', '.join(plan.needs_profiling)}",
                       highlight=False)

@@ -11,7 +11,10 @@ the MILP reads off it, and the allocator policy it runs with:
 - `GPU-only mix`: the mix a planner that ignores CPU and RAM would buy, run at the proportional share;
 - `status quo`: the baseline itself, proportional policy; `status quo + hints`: its nodes with the MILP's hints.
 
-Because the status quo is always a candidate, the one the simulator picks is never worse in-sample.
+Every candidate hosts the problem's job size (`hetplan.planner.sizes`: that many GPUs of one GPU type): the
+MILP's mixes are built to, and a fixed cluster that does not (the status quo's single shape, at a budget too
+small for it) is valued infeasible and left out. Where the status quo is a candidate, the one the simulator
+picks is never worse in-sample.
 """
 
 from __future__ import annotations

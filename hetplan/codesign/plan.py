@@ -100,7 +100,8 @@ def plan_workload(problem: PlanningProblem, workload: Workload, *, objective: Wo
     Replays run in `workers` processes (default: the CPUs this process may use); the plan is the same
     whatever their number.
     """
-    workload = without_classes(workload, problem.unplannable, "larger than every node shape (no plan can run them)")
+    workload = without_classes(workload, problem.unplannable, "no node shape runs them whole (the plan hosts the "
+                               "largest as gangs: planning.host_sizes), and the replays leave them out")
     fractions = COST_FRACTIONS if objective == "cost" else BUDGET_FRACTIONS
     candidates = propose(problem, fractions=fractions, floors_at_every_fraction=objective == "cost", solver=solver,
                          time_limit=time_limit, progress=progress)
@@ -196,7 +197,8 @@ def _stamped(result: PlanResult, inputs: dict[str, str], planning: dict) -> Plan
     plan = result.plan
     pid = plan_id(inputs, plan.budget_per_hour, plan.created_at)
     hints = result.hints.assign(plan_id=pid) if len(result.hints) else result.hints
-    stamped = plan.model_copy(update={"plan_id": pid, "inputs": inputs, "planning": planning})
+    stamped = plan.model_copy(update={"plan_id": pid, "inputs": inputs, "planning": {**(plan.planning or {}),
+                                                                                   **planning}})
     return PlanResult(stamped, hints, result.allocation, result.nodes, result.solution, result.warnings)
 
 

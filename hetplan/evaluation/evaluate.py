@@ -161,10 +161,11 @@ class ProblemInputs:
     budget: float
     fleet: pd.DataFrame | None = None
     declarations: dict | None = None
+    max_job_gpus: int | None = None  # the largest job every plan hosts, at least (`hetplan.planner.sizes`)
 
     def problem(self, demand: pd.DataFrame) -> PlanningProblem:
         return build_problem(self.curves, self.catalog, demand, self.budget, fleet=self.fleet,
-                             declarations=self.declarations)
+                             declarations=self.declarations, max_job_gpus=self.max_job_gpus)
 
 
 def load_points(plan_trace: pd.DataFrame, replay_jobs: pd.DataFrame, truth: TruthCurves, quo_nodes: Sequence[Node],

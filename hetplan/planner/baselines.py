@@ -9,7 +9,8 @@
 4. hetplan: node mix and CPU/RAM split chosen together.
 
 Each baseline is the hetplan model with other bounds (`MilpModel.pinned` / `restricted`), so its value is
-the same quantity as the plan's objective.
+the same quantity as the plan's objective. Baselines are bought as they would be without the job size a plan
+must host (`MilpModel.unhosted`): they are what they are, and a job they cannot host is theirs to reject.
 """
 
 from __future__ import annotations
@@ -108,7 +109,9 @@ def value_of(problem: PlanningProblem, model: MilpModel, counts: dict[int, int],
 
 def evaluate_baselines(problem: PlanningProblem, hetplan: PlanResult, model: MilpModel, solver: SolverName = "auto",
                        time_limit: float = 60.0, fairness: float = 0.0) -> list[Evaluation]:
-    """Value the three baselines and hetplan's plan with `model` (the one the plan was solved with)."""
+    """Value the three baselines and hetplan's plan with `model` (the one the plan was solved with), the
+    baselines without its hosting rows."""
+    problem, model = replace(problem, host=None), model.unhosted()
     results = []
     status_quo = status_quo_counts(problem, model)
     if status_quo is not None:

@@ -73,12 +73,15 @@ def read_fleet(path: str | Path, catalog_path: str | Path | None = None) -> pd.D
 
 def load_problem(curves: str | Path, catalog: str | Path, demand: pd.DataFrame, budget: float | None, *,
                  clouds: Sequence[str] = (), fleet: str | Path | None = None,
-                 demand_gpus: float | None = None) -> tuple[PlanningProblem, dict[str, str]]:
-    """The planning problem of these files, and the inputs' fingerprints for the plan's record."""
+                 demand_gpus: float | None = None, max_job_gpus: int | None = None,
+                 history_gpus: int | None = None) -> tuple[PlanningProblem, dict[str, str]]:
+    """The planning problem of these files, and the inputs' fingerprints for the plan's record; every plan of it
+    hosts `max_job_gpus` and `history_gpus` GPUs on one GPU type (`hetplan.planner.sizes`)."""
     shapes = read_catalog(catalog, clouds)
     owned = read_fleet(fleet, catalog) if fleet else None
     declarations = gpu_declarations(shapes, owned) if owned is not None else gpu_declarations(shapes)
-    problem = build_problem(CURVES.load(curves), shapes, demand, budget, demand_gpus, owned, declarations)
+    problem = build_problem(CURVES.load(curves), shapes, demand, budget, demand_gpus, owned, declarations,
+                            max_job_gpus=max_job_gpus, history_gpus=history_gpus)
     inputs = {"curves": fingerprint(curves), "catalog": fingerprint(catalog)}
     if fleet:
         inputs["fleet"] = fingerprint(fleet)

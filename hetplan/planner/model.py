@@ -13,6 +13,11 @@ Rows: the budget; per shape its GPUs, cores and RAM (added plus owned nodes); th
   (sum_c v_c x_c >= alpha share_j T, sparse because it is written against T);
 - `cost`: minimise sum_s p_s n_s subject to the `mix` rows and T >= a target.
 
+Hosting (`hetplan.planner.sizes`): where the problem names a job size N every plan must host and the owned
+fleet alone does not, one binary y_g per GPU type g that can reach N (columns after T), a row sum_g y_g >= 1,
+and per such type sum_{s of g} gpus_s n_s >= N y_g - owned GPUs of g: one GPU type has N GPUs, so a job of
+N runs (on one node or as a gang, as the simulator runs it).
+
 v_c is the per-GPU throughput normalised by the class's reference throughput. Baselines, speed floors and
 fixed clusters are the same model with other bounds (`pinned`, `restricted`), never a second builder.
 """
@@ -50,6 +55,9 @@ class MilpModel:
     columns: pd.DataFrame  # per x column: j, s, gpu_type, cpus, mem_gb, throughput, value
     budget_row: int | None
     price: np.ndarray  # per shape, US$/h
+    host_gpus: int = 0  # the job size every plan hosts (0: none asked, or the owned fleet hosts it)
+    n_host: int = 0  # y columns (one per GPU type that can reach host_gpus), after T
+    host_row: int | None = None  # the first of the n_host per-type rows; the row after them is sum_g y_g >= 1
 
     @property
     def num_vars(self) -> int:
@@ -61,14 +69,30 @@ class MilpModel:
 
     @property
     def t_column(self) -> int:
-        return self.num_vars - 1
+        return self.num_vars - 1 - self.n_host
 
     def pinned(self, counts: dict[int, int]) -> MilpModel:
-        """The same model on a fixed cluster: n_s = counts[s] (0 for shapes not named)."""
+        """The same model on a fixed cluster: n_s = counts[s] (0 for shapes not named); each y_g fixed to
+        whether the cluster has host_gpus GPUs of type g (so a pinned model stays an LP, infeasible when it
+        hosts no type)."""
         lower, upper = self.lower.copy(), self.upper.copy()
         fixed = np.array([counts.get(s, 0) for s in range(self.n_shapes)], dtype=float)
         lower[: self.n_shapes] = upper[: self.n_shapes] = fixed
+        if self.host_row is not None:
+            rows = slice(self.host_row, self.host_row + self.n_host)
+            gpus = self.matrix.tocsr()[rows, : self.n_shapes] @ fixed
+            y = slice(self.t_column + 1, self.num_vars)
+            lower[y] = upper[y] = np.minimum(upper[y], gpus - self.host_gpus >= self.row_lower[rows] - 1e-9)
         return replace(self, lower=lower, upper=upper)
+
+    def unhosted(self) -> MilpModel:
+        """The same model without the hosting rows (what a baseline is valued with: it is what it is)."""
+        if self.host_row is None:
+            return self
+        row_lower, upper, lower = self.row_lower.copy(), self.upper.copy(), self.lower.copy()
+        row_lower[self.host_row : self.host_row + self.n_host + 1] = -INF
+        lower[self.t_column + 1 :] = upper[self.t_column + 1 :] = 0.0
+        return replace(self, row_lower=row_lower, lower=lower, upper=upper, host_gpus=0)
 
     def restricted(self, keep: np.ndarray) -> MilpModel:
         """The same model with only the x columns where `keep` is true usable (the others bounded to 0)."""
@@ -132,7 +156,25 @@ def build_model(problem: PlanningProblem, objective: Objective = "mix", fairness
               np.array([0.0]), np.array([0.0]))
         block(js, xs, np.ones(n_x), np.full(n_classes, -INF), classes["demand_gpus"].to_numpy(float))
 
-    n_vars = t_col + 1
+    node_upper = _node_bounds(shapes["available"].to_numpy(float), price, problem.budget,
+                              maximize=objective != "cost")
+    host_gpus, host_types = _hosting(problem, node_upper)
+    n_host = len(host_types)
+    host_row = None
+    if host_gpus:
+        gpu_type = shapes["gpu_type"].to_numpy()
+        owned_gpus = shapes["gpus"].to_numpy(float) * owned
+        of_type = [np.flatnonzero(gpu_type == g) for g in host_types]
+        per_row = np.concatenate([np.full(len(s_idx), k) for k, s_idx in enumerate(of_type)] + [np.arange(n_host)])
+        host_cols = np.concatenate([*of_type, t_col + 1 + np.arange(n_host)])
+        host_vals = np.concatenate([shapes["gpus"].to_numpy(float)[s_idx] for s_idx in of_type]
+                                   + [np.full(n_host, -float(host_gpus))])
+        host_row = block(per_row.astype(int), host_cols, host_vals,
+                         np.array([-owned_gpus[s_idx].sum() for s_idx in of_type]), np.full(n_host, INF))
+        block(np.zeros(n_host, dtype=int), t_col + 1 + np.arange(n_host), np.ones(n_host), np.array([1.0]),
+              np.array([INF]))
+
+    n_vars = t_col + 1 + n_host
     cost = np.zeros(n_vars)
     if objective == "cost":
         cost[:n_shapes] = price
@@ -140,18 +182,33 @@ def build_model(problem: PlanningProblem, objective: Objective = "mix", fairness
         cost[t_col] = 1.0
     lower = np.zeros(n_vars)
     upper = np.full(n_vars, INF)
-    upper[:n_shapes] = _node_bounds(shapes["available"].to_numpy(float), price, problem.budget,
-                                    maximize=objective != "cost")
+    upper[:n_shapes] = node_upper
+    upper[t_col + 1 :] = 1.0
     if objective == "cost":
         lower[t_col] = float(target)
     integer = np.zeros(n_vars, dtype=bool)
     integer[:n_shapes] = True
+    integer[t_col + 1 :] = True
     r = np.concatenate([t[0] for t in triplets])
     c = np.concatenate([t[1] for t in triplets])
     v = np.concatenate([t[2] for t in triplets])
     matrix = sp.csc_matrix((v, (r, c)), shape=(rows, n_vars))
     return MilpModel(cost, lower, upper, integer, matrix, np.concatenate(row_lo), np.concatenate(row_hi),
-                     objective != "cost", objective, n_shapes, columns, budget_row, price)
+                     objective != "cost", objective, n_shapes, columns, budget_row, price, host_gpus, n_host,
+                     host_row)
+
+
+def _hosting(problem: PlanningProblem, node_upper: np.ndarray) -> tuple[int, list[str]]:
+    """The job size the model must make room for (0 when none is asked or the owned fleet already hosts it)
+    and the GPU types that can reach it within the nodes' upper bounds (none: the model is infeasible)."""
+    need = problem.host.gpus if problem.host is not None else 0
+    shapes = problem.shapes
+    gpus, owned = shapes["gpus"].to_numpy(float), shapes["owned"].to_numpy(float)
+    most = pd.DataFrame({"gpu_type": shapes["gpu_type"], "owned": gpus * owned, "most": gpus * (owned + node_upper)})
+    by_type = most.groupby("gpu_type", sort=True)[["owned", "most"]].sum()
+    if need < 1 or (by_type["owned"] >= need).any():
+        return 0, []
+    return need, [str(g) for g in by_type.index[by_type["most"] >= need]]
 
 
 def _node_bounds(available: np.ndarray, price: np.ndarray, budget: float | None, maximize: bool) -> np.ndarray:

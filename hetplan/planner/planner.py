@@ -14,6 +14,7 @@ from hetplan.contracts import HINTS, ContractError, Plan, Problem
 from hetplan.planner.hints import hints_from_allocation
 from hetplan.planner.model import MilpModel, Objective, build_model
 from hetplan.planner.problem import PlanningProblem
+from hetplan.planner.sizes import host_record, hosting_of, restore_hosting
 from hetplan.planner.solvers import SolverName, Solution, solve
 
 EPSILON = 1e-6
@@ -91,6 +92,8 @@ def read_solution(problem: PlanningProblem, model: MilpModel, solution: Solution
         model_size={"variables": model.num_vars, "constraints": model.num_rows},
         needs_profiling=list(problem.defaults.default_models), gpu_type_rules=dict(problem.defaults.gpu_types),
         unplanned=problem.unplannable.to_dict("records") if len(problem.unplannable) else [],
+        planning={"host_sizes": host_record(problem.host, hosting_of(shapes, counts))}
+        if problem.host is not None and problem.host.required else None,
     )
     # A plan that allocates nothing (a budget below every useful node) has no hints; callers report it.
     hints = (hints_from_allocation(problem, allocation, counts, pid) if len(allocation)
@@ -129,7 +132,8 @@ def trim_idle_nodes(problem: PlanningProblem, model: MilpModel, values: np.ndarr
 
     Node counts carry no weight in a throughput objective, so a solver may spend spare budget on nodes
     nothing runs on; keeping only as many as the allocation's GPUs, cores and RAM need (pinned counts stay)
-    lowers the cost and changes nothing else.
+    lowers the cost and changes nothing else. Where the model must host a job size, nodes are given back
+    until one GPU type hosts it again (`hetplan.planner.sizes.restore_hosting`).
     """
     shapes = problem.shapes
     n = np.rint(values[: model.n_shapes]).astype(int)
@@ -142,6 +146,8 @@ def trim_idle_nodes(problem: PlanningProblem, model: MilpModel, values: np.ndarr
     pinned = model.lower[: model.n_shapes] == model.upper[: model.n_shapes]
     lower = model.lower[: model.n_shapes].astype(int)
     trimmed = np.where(pinned, n, np.minimum(n, np.maximum(needed, lower)))
+    if model.host_gpus:
+        trimmed = restore_hosting(shapes, n, trimmed, model.host_gpus)
     return {s: int(c) for s, c in enumerate(trimmed)}
 
 

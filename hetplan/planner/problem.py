@@ -9,6 +9,9 @@ Shapes are what can be bought (the catalog) plus what is owned (an owned fleet: 
 add). Every shape's GPU type and every class's model gets curves: measured or fitted where they exist,
 else the stated defaults of `hetplan.planner.defaults` (listed in `defaults`), so nothing is dropped
 silently. Only a class no shape can run at all (larger than every node) is left out, and counted.
+
+`host` is the job size every plan must host (`hetplan.planner.sizes`): the demand's largest job with a
+margin, the owned fleet's history and the user's `max_job_gpus` taken in, checked against the budget.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ import pandas as pd
 from hetplan.contracts.table import ContractError, Problem
 from hetplan.gpus import REFERENCE, GpuDeclaration
 from hetplan.planner.defaults import Completion, complete_curves
+from hetplan.planner.sizes import HostSizes, implied_sizes, settle
 
 logger = logging.getLogger(__name__)
 
@@ -111,6 +115,7 @@ class PlanningProblem:
     demand_fixed: bool = False  # True when the total demand was given, not derived from the budget
     defaults: Completion = field(default_factory=Completion)
     unplannable: pd.DataFrame = field(default_factory=pd.DataFrame)  # classes no shape can run: model, num_gpus, share
+    host: HostSizes | None = None  # the job size every plan hosts (None: no requirement)
 
     @property
     def gpu_types(self) -> list[str]:
@@ -136,13 +141,18 @@ def prune_dominated_shapes(shapes: pd.DataFrame) -> pd.DataFrame:
 
 def build_problem(curves: pd.DataFrame, catalog: pd.DataFrame, demand: pd.DataFrame, budget: float | None,
                   demand_gpus: float | None = None, fleet: pd.DataFrame | None = None,
-                  declarations: Mapping[str, GpuDeclaration] | None = None) -> PlanningProblem:
+                  declarations: Mapping[str, GpuDeclaration] | None = None, *, max_job_gpus: int | None = None,
+                  history_gpus: int | None = None) -> PlanningProblem:
     """Assemble a problem from validated curve, catalog and demand tables; raise `ContractError` if hopeless.
 
     `fleet` is the owned fleet (`name,gpu_type,gpus,vcpus,mem_gb,count`): free capacity the plan always
     includes. `declarations` say how GPU types without curves run (else the opaque default). `demand_gpus`
     is the total GPU demand behind the `sum` objective's per-class caps; by default what the budget could
     buy at the cheapest per-GPU price plus the owned GPUs, so it never binds in aggregate.
+
+    Every plan of the problem hosts the demand's largest job with a margin (`hetplan.planner.sizes`), at least
+    `history_gpus` (the owned fleet's largest job) and `max_job_gpus` (the user's); a budget that cannot buy
+    the required size raises `ContractError`.
     """
     warnings: list[str] = []
     shapes = _shapes(catalog, fleet)
@@ -192,7 +202,9 @@ def build_problem(curves: pd.DataFrame, catalog: pd.DataFrame, demand: pd.DataFr
 
     fixed = demand_gpus is not None
     classes["demand_gpus"] = classes["share"] * (demand_gpus if fixed else default_demand_gpus(shapes, budget))
-    return PlanningProblem(shapes, classes, options, budget, warnings, fixed, completion, unplannable)
+    host, short = settle(implied_sizes(demand["num_gpus"], history_gpus, max_job_gpus), shapes, budget)
+    warnings += short
+    return PlanningProblem(shapes, classes, options, budget, warnings, fixed, completion, unplannable, host)
 
 
 def default_demand_gpus(shapes: pd.DataFrame, budget: float | None) -> float:
