@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from hetplan.contracts.table import ContractError, Problem
 from hetplan.planner.solvers import SolverName
 from hetplan.planning.objective import Objective
 
@@ -14,11 +15,11 @@ HOLDOUT = 0.2
 SOLVER_NAMES: dict[str, SolverName] = {"auto": "auto", "gurobi": "gurobi", "highs": "highs"}
 
 
-class RequestError(ValueError):
+class RequestError(ContractError):
     """A request whose options do not go together; `option` names the one to change (e.g. `--budget`)."""
 
     def __init__(self, option: str, message: str) -> None:
-        super().__init__(f"{option}: {message}")
+        super().__init__([Problem(option, message)])
         self.option = option
         self.message = message
 
