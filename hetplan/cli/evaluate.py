@@ -210,7 +210,7 @@ def _print(result: EvaluationResult) -> None:
     for (rho, load, scheduler), label in _runs(result).items():
         rows = _of_run(result.summary, rho, load, scheduler)
         table = Table("setup", "GPUs", "$/h", "avg JCT h", "median h", "p95 h", "p99 h", "makespan h", "queue h",
-                      "GPU util", "CPU util", "work/$", "JCT speedup", "predicted [interval]", "real/pred",
+                      "GPU util", "CPU util", "work/$", "JCT speedup", "predicted", "real/pred",
                       "work/$ ratio", "too big", title=label, title_justify="left")
         for r in rows.itertuples():
             table.add_row(r.setup, str(r.gpus), f"{r.cost_per_hour:.1f}", f"{r.avg_jct_h:.3g}", f"{r.median_jct_h:.3g}",
