@@ -134,7 +134,8 @@ def test_cli_evaluate_prints_the_comparison_and_writes_tables_and_plots(cli_inpu
     assert {"setup", "avg_jct_h", "jct_speedup", "rho"} <= set(summary.columns) and set(summary["rho"]) == {1.3}
     hetplan = summary[summary["setup"] == "hetplan"].iloc[0]
     assert hetplan["predicted_low"] <= hetplan["predicted_jct_speedup"] <= hetplan["predicted_high"]
-    assert hetplan["realised_over_predicted"] == pytest.approx(hetplan["jct_speedup"] / hetplan["predicted_jct_speedup"])
+    predicted = hetplan["predicted_jct_speedup"]
+    assert hetplan["realised_over_predicted"] == pytest.approx(hetplan["jct_speedup"] / predicted)
     assert "real/pred" in result.output and f"{hetplan['predicted_jct_speedup']:.2f}x [" in result.output
     assert "planner's predicted speedup over the status quo" in result.output
     assert run.data.metrics["hetplan.las.rho1.3.predicted_jct_speedup"] == pytest.approx(

@@ -164,7 +164,8 @@ def test_the_same_plan_call_makes_a_steady_plan_without_a_workload(curves, catal
     problem = build_problem(curves, catalog, workload.demand, budget=60.0)
     outcome = plan(problem, PlanRequest(sweep=(30.0,)), None)
     assert outcome.objective is Objective.throughput and outcome.prediction is None and outcome.steady is not None
-    assert outcome.mix.total() == NodeMix.of_plan(outcome.result.plan).total() and set(outcome.frontier["budget"]) == {30.0}
+    assert outcome.mix.total() == NodeMix.of_plan(outcome.result.plan).total()
+    assert set(outcome.frontier["budget"]) == {30.0}
     assert "predicted" in outcome.summary and outcome.setup("hetplan", problem.shapes).gpus > 0
     with pytest.raises(RequestError, match="needs --max-avg-jct"):
         plan(problem, PlanRequest(Objective.cost), workload)

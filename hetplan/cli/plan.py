@@ -4,7 +4,8 @@ Without `--workload` it solves the steady-state MILP (`throughput`: the most of 
 hour; `throughput-sum`; `cost` for a mix target) and values the baselines with the same model. With
 `--workload TRACE` it plans for those jobs (`hetplan.codesign`): the MILP proposes candidate clusters, the
 simulator replays each, and the objective (`jct`, the default; `p95-jct`; `makespan`; `cost` with
-`--max-avg-jct`) picks one.
+`--max-avg-jct`) picks one, and its prediction comes with an interval (`hetplan.planning.prediction`).
+Both go through `hetplan.planning.plan`; this module reads the files, prints and writes.
 """
 
 from __future__ import annotations

@@ -123,7 +123,8 @@ def plan_workload(problem: PlanningProblem, workload: Workload, *, objective: Wo
     weighed["chosen"] = weighed.index == chosen
     winner = replayed[chosen].candidate
     planning = {
-        "objective": objective, "metric": workload_objective(objective).metric, "max_avg_jct_h": max_avg_jct, "scheduler": scheduler,
+        "objective": str(objective), "metric": workload_objective(objective).metric, "max_avg_jct_h": max_avg_jct,
+        "scheduler": scheduler,
         "round_s": round_s, "margin": MARGIN, "prune_load": prune_load, "workload": workload.summary,
         "winner": winner.name,
         "speeds": "the planner's curves (fitted, defaults for unprofiled models); simulated, not measured",

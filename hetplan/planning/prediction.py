@@ -30,11 +30,9 @@ import pandas as pd
 
 from hetplan.codesign import WorkloadPlan
 from hetplan.codesign.candidates import STATUS_QUO, Candidate
-from hetplan.codesign.replay import planner_truth
+from hetplan.codesign.replay import candidate_nodes, planner_truth
 from hetplan.codesign.workload import Workload
 from hetplan.hints import HintSet
-from hetplan.planner.problem import PlanningProblem
-from hetplan.planning.mix import NodeMix
 from hetplan.sim.engine import SimConfig, simulate
 
 NOMINAL = 0.90
@@ -189,8 +187,10 @@ def held_back_check(first: WorkloadPlan, workload: Workload, held_back_ids: set[
     def held_back_jct(candidate: Candidate) -> float:
         means = []
         for jobs in workload.draws:
-            result = simulate(jobs, _nodes(problem, candidate), truth, candidate.policy, _hints(candidate), config)
-            done = result.jobs[(result.jobs["status"] == "completed") & result.jobs["job_id"].astype(str).isin(held_back_ids)]
+            result = simulate(jobs, candidate_nodes(problem, candidate), truth, candidate.policy, _hints(candidate),
+                              config)
+            ran = result.jobs
+            done = ran[(ran["status"] == "completed") & ran["job_id"].astype(str).isin(held_back_ids)]
             means.append(float(done["jct_s"].mean()) / HOUR if len(done) else float("nan"))
         return float(np.mean(means))
 
@@ -201,10 +201,6 @@ def held_back_check(first: WorkloadPlan, workload: Workload, held_back_ids: set[
         else float("nan")
     return HeldBack(len(held_back_ids), first.winner, predicted, realised_quo / realised,
                     float(chosen["avg_jct_h"]), realised)
-
-
-def _nodes(problem: PlanningProblem, candidate: Candidate):
-    return NodeMix.by_index(problem.shapes, candidate.counts).nodes(problem.shapes)
 
 
 def _hints(candidate: Candidate) -> HintSet:
