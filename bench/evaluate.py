@@ -125,6 +125,7 @@ def main() -> None:
                                  f"({nodes_text(counts)}; {winner.policy})")
                 print(f"{file} {label} {budget:g}: {time.perf_counter() - t0:.0f} s", flush=True)
                 print("\n".join(rows[-4 * len(args.rhos):]), flush=True)
+                print("\n".join(predictions[-len(args.rhos):]), flush=True)
     cost_lines = cost_objective(curves, truth, args.seed) if args.cost else []
     total = time.perf_counter() - started
     frame = pd.DataFrame(hetplan_rows)
