@@ -93,7 +93,7 @@ def main() -> None:
                     f"{time.perf_counter() - started:.0f} s; hetplan/sim sha256 `{sim_fingerprint()}`; derived data as "
                     "above.\n", *lines, ""])
         return
-    rows, mixes, notes, hetplan_rows = [], [], set(), []
+    rows, mixes, notes, hetplan_rows, predictions = [], [], set(), [], []
     for file in args.traces:
         plan_half, replay_half = halves(file)
         for label, catalog in catalogs(args.catalogs):
@@ -110,7 +110,14 @@ def main() -> None:
                                 f"{speedup} | {r.rejected_too_big} |")
                     if r.setup == "hetplan":
                         hetplan_rows.append({"trace": file, "catalog": label, "budget": budget, "rho": r.rho,
-                                             "speedup": r.jct_speedup})
+                                             "speedup": r.jct_speedup, "predicted": r.predicted_jct_speedup,
+                                             "low": r.predicted_low, "high": r.predicted_high,
+                                             "within": bool(r.within_interval)})
+                        predictions.append(f"| {short} | {label} | {budget:g} | {r.rho:g} | "
+                                           f"{r.predicted_jct_speedup:.2f}x [{r.predicted_low:.2f}, "
+                                           f"{r.predicted_high:.2f}] | {r.jct_speedup:.2f}x | "
+                                           f"{r.realised_over_predicted:.2f} | "
+                                           f"{'yes' if r.within_interval else 'no'} |")
                 for plan_label, plan in result.plans.items():
                     winner = plan.candidate(plan.winner)
                     counts = {str(plan.problem.shapes.loc[s, "name"]): n for s, n in winner.counts.items()}
@@ -118,6 +125,7 @@ def main() -> None:
                                  f"({nodes_text(counts)}; {winner.policy})")
                 print(f"{file} {label} {budget:g}: {time.perf_counter() - t0:.0f} s", flush=True)
                 print("\n".join(rows[-4 * len(args.rhos):]), flush=True)
+                print("\n".join(predictions[-len(args.rhos):]), flush=True)
     cost_lines = cost_objective(curves, truth, args.seed) if args.cost else []
     total = time.perf_counter() - started
     frame = pd.DataFrame(hetplan_rows)
@@ -131,6 +139,11 @@ def main() -> None:
         f"- where rho >= 1.0 ({len(high)} rows): geometric mean {geomean(high['speedup']):.2f}x, min "
         f"{high['speedup'].min():.2f}x (target >= 2x in every such row: {int((high['speedup'] >= 2).sum())} rows "
         "meet it).",
+        f"- the planner's prediction (its avg JCT speedup over the status quo, simulated with its curves on the "
+        f"first half, nominal 90 % interval from its arrival draws and a held-back 20 %): the replayed speedup lies "
+        f"in the interval in **{int(frame['within'].sum())} of {len(frame)} rows ({frame['within'].mean():.0%})**; "
+        f"replayed / predicted: geometric mean {geomean(frame['speedup'] / frame['predicted']):.2f}, range "
+        f"{(frame['speedup'] / frame['predicted']).min():.2f} to {(frame['speedup'] / frame['predicted']).max():.2f}.",
     ]
     print("\n".join(verdict), flush=True)
     if args.no_record:
@@ -151,7 +164,9 @@ def main() -> None:
         "| trace | catalog | budget $/h | rho | setup | GPUs | $/h | avg JCT h | p95 JCT h | GPU util | JCT speedup | "
         "too big |",
         "|---|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|",
-        *rows, "", "Against the targets:", *verdict, "", "What hetplan chose (planner's candidates, by its replays of "
+        *rows, "", "Predicted (planner, first half) vs replayed (second half, truth speeds) for hetplan:", "",
+        "| trace | catalog | budget $/h | rho | predicted [interval] | replayed | replayed / predicted | inside |",
+        "|---|---|---:|---:|---:|---:|---:|---|", *predictions, "", "Against the targets:", *verdict, "", "What hetplan chose (planner's candidates, by its replays of "
         "the first half):", *mixes, "", *(f"- note: {n}" for n in sorted(notes)), "", *cost_lines, "",
     ]
     record(text)

@@ -38,14 +38,13 @@ from hetplan.contracts import (
 )
 from hetplan.fsio import atomic_write_bytes
 from hetplan.gpus import CPU_ONLY, gpu_label
-from hetplan.progress import Reporter, running
+from hetplan.progress import Reporter
 
 log = logging.getLogger(__name__)
 
 CURRENT = "current"
 MEASURED = "measured"
 SKIPPED = "skipped"
-PLAN_OBJECTIVES = ("jct", "p95-jct", "makespan", "throughput")
 STALE = "stale"
 
 
@@ -219,20 +218,30 @@ def plan_step(workspace: str | Path, run_key: str, *, budget: float, objective: 
               time_limit: float = 60.0, tracking_uri: str | None = None, mlflow: bool = True,
               max_job_gpus: int | None = None) -> dict[str, Any]:
     """Plan from this run's curves on the workspace's owned fleet (`fleet.csv`, if any) plus what `budget`
-    rents: for its workload (`trace.csv`) by `objective` (jct, p95-jct, makespan), or with `throughput` (or
-    no workload) for its demand mix. Write the artifacts and `summary.txt` to `<run>/plan/`.
+    rents: for its workload (`trace.csv`) by a workload `objective` (`hetplan.planning.Objective`: jct,
+    p95-jct, makespan), or for its demand mix (a steady objective, or no workload: `throughput`). Write the
+    artifacts and `summary.txt` to `<run>/plan/`.
 
     The plan hosts the workspace trace's largest job (the fleet's history, also when planning for the demand
     mix) and `max_job_gpus` on one GPU type (`hetplan.planner.sizes`)."""
+    from hetplan.codesign import workload_from_trace
     from hetplan.planner import write_plan_artifacts
-    from hetplan.planner.entry import load_problem, plan_with_baselines
+    from hetplan.planner.entry import load_problem
+    from hetplan.planning import Objective, PlanRequest, plan
+    from hetplan.planning.request import solver_name
     from hetplan.workspace import Workspace
 
-    if objective not in PLAN_OBJECTIVES:
-        raise ContractError([Problem("objective", f"must be one of {', '.join(PLAN_OBJECTIVES)}, got {objective!r}")])
+    try:
+        wanted = Objective.parse(objective)
+    except ValueError as exc:
+        raise ContractError([Problem("objective", str(exc))]) from None
+    request = PlanRequest(wanted, solver=solver_name(solver), time_limit=time_limit)
     ws = Workspace(Path(workspace))
     here = run_dir(ws.root, run_key)
-    for_workload = objective != "throughput" and ws.trace.is_file()
+    for_workload = wanted.for_workload and ws.trace.is_file()
+    if not for_workload and wanted.needs_workload:
+        log.info("no workload (%s): planning for the demand mix (throughput)", ws.trace)
+        request = replace(request, objective=Objective.throughput)
     history = TRACE.load(ws.trace) if ws.trace.is_file() else None
     jobs = history if for_workload else None
     demand = demand_from_trace(jobs) if jobs is not None else DEMAND.load(ws.demand)
@@ -243,23 +252,14 @@ def plan_step(workspace: str | Path, run_key: str, *, budget: float, objective: 
     inputs["workload" if for_workload else "demand"] = fingerprint(ws.trace if for_workload else ws.demand)
     for warning in problem.warnings:
         log.warning("%s", warning)
-    if jobs is not None:
-        from hetplan.codesign import plan_workload, workload_from_trace
-
-        with Reporter("plan") as progress:
-            planned = plan_workload(problem, workload_from_trace(jobs, source=str(ws.trace)), objective=objective,  # type: ignore[arg-type]
-                                    solver=solver, time_limit=time_limit, inputs=inputs,  # type: ignore[arg-type]
-                                    progress=progress)
-        result, baselines, metrics, summary = planned.result, planned.baselines(), planned.metrics(), planned.summary()
-    else:
-        with running("plan", "solving the MILP and its baselines"):
-            steady = plan_with_baselines(problem, solver=solver, time_limit=time_limit, inputs=inputs,  # type: ignore[arg-type]
-                                         source=str(ws.catalog))
-        result, baselines, metrics = steady.result, steady.baselines, {}
-        quo = steady.baseline("status quo")
-        summary = (f"mix served {result.plan.objective:.1f} reference GPUs per hour at {result.plan.cost_per_hour:.2f} "
-                   f"$/h" + (f"; status quo {quo.value:.1f} at {quo.cost_per_hour:.2f} $/h: predicted "
-                             f"{result.plan.objective / quo.value:.2f}x" if quo is not None and quo.value > 0 else ""))
+    workload = workload_from_trace(jobs, source=str(ws.trace)) if jobs is not None else None
+    with Reporter("plan") as progress:
+        outcome = plan(problem, replace(request, progress=progress), workload, inputs=inputs, source=str(ws.catalog))
+    for warning in outcome.warnings:
+        log.warning("%s", warning)
+    result, baselines, metrics, summary = outcome.result, outcome.baselines, outcome.metrics, outcome.summary
+    if outcome.prediction is not None:
+        summary += f"\n{outcome.prediction.line()}"
     result = replace(result, plan=result.plan.model_copy(update={"stale_gpu_types": sorted(stale_gpu_types)}))
     files = write_plan_artifacts(result, baselines, here / "plan")
     atomic_write_bytes(here / "plan" / "summary.txt", (summary + "\n").encode())

@@ -191,11 +191,18 @@ def test_cli_plans_for_a_workload_and_says_why(files):
     assert result.exit_code == 0, result.output
     assert "predicted for the workload:" in result.output and "predicted avg JCT" in result.output
     assert "simulated gain" in result.output
+    assert "prediction: predicted speedup over the status quo" in result.output
+    assert "(nominal 90% interval: 2 arrival draws + 8 held-back jobs" in result.output
+    assert "warning: too few jobs to trust the prediction interval: 40 jobs" in result.output
     plan = load_plan(out / "plan.json")
     assert plan.planning["objective"] == "jct" and plan.inputs["workload"].startswith("sha256:")
     host = plan.planning["host_sizes"]  # the workload's jobs are of 1, 2 and 4 GPUs: the margin is 4
     assert host["largest_seen"] == 4 and host["gpus"] == 4 and host["hosted"] == [1, 2, 4]
     assert "job sizes: hosts 1, 2, 4 GPUs" in result.output
+    prediction = plan.planning["prediction"]
+    assert prediction["nominal_coverage"] == 0.9 and prediction["trusted"] is False and prediction["warnings"]
+    speedup = prediction["speedup_over_status_quo"]
+    assert speedup["low"] <= min(prediction["speedup_by_draw"]) <= max(prediction["speedup_by_draw"]) <= speedup["high"]
     candidates = pd.read_csv(out / "candidates.csv")
     assert candidates["chosen"].sum() == 1 and STATUS_QUO in set(candidates["candidate"])
     assert all(isinstance(json.loads(counts), dict) for counts in candidates["node_counts"])

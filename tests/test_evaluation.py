@@ -1,5 +1,7 @@
 """Out-of-sample evaluation: plan on one trace, replay another, four setups; loads by rho; the CLI."""
 
+import math
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -53,13 +55,27 @@ def test_four_setups_replay_the_unseen_trace_at_each_rho(result):
     assert (summary["cost_per_hour"] <= 60.0 + 1e-6).all()
     assert (summary["completed"] + summary["rejected_too_big"] == 30).all()
     assert set(result.jobs["job_id"]) == {f"j{i}" for i in range(30, 60)}  # the replayed trace, not the planner's
-    assert set(result.plans) == {"rho 0.5", "rho 1.3"}
+    assert set(result.plans) == {"rho 0.5", "rho 1.3"} and set(result.predictions) == set(result.plans)
     assert not any(w.startswith("in-sample") for w in result.warnings)
     for label, setups in result.setups.items():
         by_name = {s.name: s for s in setups}
         assert by_name["status quo + sensitivity-aware"].nodes == by_name["status quo"].nodes
         winner = result.plans[label].candidate(result.plans[label].winner)
         assert by_name["hetplan"].policy == winner.policy
+
+
+def test_each_row_puts_the_planners_predicted_speedup_beside_the_realised_one(result):
+    summary = result.summary.set_index(["rho", "setup"])
+    for label, rho in (("rho 0.5", 0.5), ("rho 1.3", 1.3)):
+        hetplan, quo = summary.loc[(rho, "hetplan")], summary.loc[(rho, "status quo")]
+        predicted = result.predictions[label].speedup
+        assert hetplan["predicted_jct_speedup"] == pytest.approx(predicted.point)
+        assert hetplan["predicted_low"] <= hetplan["predicted_jct_speedup"] <= hetplan["predicted_high"]
+        assert hetplan["realised_over_predicted"] == pytest.approx(hetplan["jct_speedup"] / predicted.point)
+        assert bool(hetplan["within_interval"]) == predicted.contains(hetplan["jct_speedup"])
+        assert quo["predicted_jct_speedup"] == 1.0 and quo["realised_over_predicted"] == 1.0
+        assert pd.isna(summary.loc[(rho, "GPU-only mix"), "within_interval"])
+        assert math.isnan(summary.loc[(rho, "GPU-only mix"), "predicted_jct_speedup"])
 
 
 def test_rho_sets_each_traces_rate_from_the_status_quos_gpu_time(inputs):
@@ -116,6 +132,14 @@ def test_cli_evaluate_prints_the_comparison_and_writes_tables_and_plots(cli_inpu
     assert "LAS, rho 1.3" in result.output and "hetplan at rho 1.3:" in result.output
     summary = pd.read_csv(out / "summary.csv")
     assert {"setup", "avg_jct_h", "jct_speedup", "rho"} <= set(summary.columns) and set(summary["rho"]) == {1.3}
+    hetplan = summary[summary["setup"] == "hetplan"].iloc[0]
+    assert hetplan["predicted_low"] <= hetplan["predicted_jct_speedup"] <= hetplan["predicted_high"]
+    predicted = hetplan["predicted_jct_speedup"]
+    assert hetplan["realised_over_predicted"] == pytest.approx(hetplan["jct_speedup"] / predicted)
+    assert "real/pred" in result.output and f"{hetplan['predicted_jct_speedup']:.2f}x [" in result.output
+    assert "planner's predicted speedup over the status quo" in result.output
+    assert run.data.metrics["hetplan.las.rho1.3.predicted_jct_speedup"] == pytest.approx(
+        hetplan["predicted_jct_speedup"])
     assert len(pd.read_csv(out / "jobs.csv")) == 30 * len(summary)
     assert (out / "jct_cdf_las_rho1.3.png").stat().st_size > 0 and (out / "utilisation_las_rho1.3.png").is_file()
 

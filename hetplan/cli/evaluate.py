@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 from collections.abc import Collection
 import math
-from enum import Enum
 from pathlib import Path
 
 import typer
@@ -21,6 +20,8 @@ from hetplan.fsio import atomic_write_bytes, save_figure
 from hetplan.evaluation import EvaluationResult, ProblemInputs, evaluate as run_evaluation
 from hetplan.planner.entry import read_catalog, read_fleet
 from hetplan.planner.sizes import describe
+from hetplan.planning import Objective
+from hetplan.planning.request import HOLDOUT, SOLVER_NAMES
 from hetplan.progress import Reporter
 from hetplan.sim.engine import SCHEDULERS, InvariantError, SimulationError
 from hetplan.sim.plots import plot_jct_cdf, plot_utilisation
@@ -32,13 +33,9 @@ TRACE_CONTRACT = "trace"
 
 
 TraceFormat = choices("TraceFormat", [TRACE_CONTRACT, *FORMATS])
-Solver = choices("Solver", ["auto", "gurobi", "highs"])
-
-class Objective(str, Enum):
-    jct = "jct"
-    p95_jct = "p95-jct"
-    makespan = "makespan"
-    throughput = "throughput"
+Solver = choices("Solver", list(SOLVER_NAMES))
+EvalObjective = choices("Objective", [o.value for o in Objective if o is not Objective.cost])
+"""The objectives of the `hetplan` setup (`cost` needs a JCT target the evaluation does not take)."""
 
 
 def evaluate(
@@ -49,7 +46,8 @@ def evaluate(
                                            "itself, an in-sample evaluation)."),
     plan_format: TraceFormat | None = typer.Option(None, "--plan-format", help="Format of --plan-trace (default: --format)."),
     budget: float = typer.Option(..., "--budget", min=0.0, help="US$ per hour every setup may spend."),
-    objective: Objective = typer.Option(Objective.jct, "--objective", help="The hetplan setup's planner objective."),
+    objective: EvalObjective = typer.Option(Objective.jct.value, "--objective",
+                                            help="The hetplan setup's planner objective."),
     policy: str = typer.Option("las", "--policy", help=f"Scheduling policies, comma-separated: "
                                f"{'|'.join(SCHEDULERS)} (the first is the one the planner plans for)."),
     rho: str = typer.Option("", "--rho", help="Loads as the share of the status quo's GPU time the arrivals ask for, "
@@ -68,6 +66,9 @@ def evaluate(
     relabel_unknown: bool = typer.Option(False, "--relabel-unknown", help="Relabel those jobs as their truth model "
                                          "in both traces (else the planner plans them on its unprofiled default)."),
     round_s: float = typer.Option(300.0, "--round-s", min=1.0, help="Scheduling round (s): preemption points."),
+    holdout: float = typer.Option(HOLDOUT, "--holdout", min=0.0, max=0.9, help="The share of the plan trace's jobs "
+                                  "(the last to arrive) the planner holds back to check its prediction and widen its "
+                                  "interval (0: none); summary.csv puts the prediction beside the replay."),
     seed: int = typer.Option(0, "--seed", help="Seed for arrivals and model draws."),
     move_margin: MoveMargin = Stability.margin,
     return_window_h: ReturnWindowH = Stability.return_window_s / 3600,
@@ -89,8 +90,8 @@ def evaluate(
     for option, value in (("--format", fmt), ("--plan-format", plan_format or fmt)):
         if value not in (TRACE_CONTRACT, *FORMATS):
             raise typer.BadParameter(f"one of {TRACE_CONTRACT}, {', '.join(FORMATS)}", param_hint=option)
-    if solver not in ("auto", "gurobi", "highs"):
-        raise typer.BadParameter("one of auto, gurobi, highs", param_hint="--solver")
+    if solver not in SOLVER_NAMES:
+        raise typer.BadParameter(f"one of {', '.join(SOLVER_NAMES)}", param_hint="--solver")
     with contract_errors():
         if out_dir.exists() and not out_dir.is_dir():
             raise ContractError([Problem(str(out_dir), "--out-dir exists and is not a directory")])
@@ -106,12 +107,13 @@ def evaluate(
         truth_curves = TruthCurves.from_profiles(PROFILES.load(truth), fallback=fitted)
         with Reporter("evaluate", errors) as progress:
             try:
-                result = run_evaluation(jobs, inputs, truth_curves, plan_trace=plan_jobs, objective=objective.value,
-                                        rhos=rhos, loads=loads, schedulers=schedulers, unknown_model=unknown_model,
+                result = run_evaluation(jobs, inputs, truth_curves, plan_trace=plan_jobs,
+                                        objective=Objective.parse(objective), rhos=rhos, loads=loads,
+                                        schedulers=schedulers, unknown_model=unknown_model,
                                         relabel_unknown=relabel_unknown, seed=seed, round_s=round_s,
-                                        solver=solver, time_limit=time_limit, progress=progress,  # type: ignore[arg-type]
+                                        solver=SOLVER_NAMES[solver], time_limit=time_limit, progress=progress,
                                         stability=stability(move_margin, return_window_h, return_margin,
-                                                            move_budget, spread_moves))
+                                                            move_budget, spread_moves), holdout=holdout)
             except InvariantError as exc:  # a bug: name what broke, not an input file
                 raise ContractError([Problem("hetplan simulator", str(exc))]) from None
             except SimulationError as exc:  # e.g. a truth with no throughput at a share a policy granted
@@ -126,7 +128,7 @@ def evaluate(
         from hetplan.evaluation.tracking import EXPERIMENT, log_evaluation_run
 
         params = {"trace": str(trace), "plan_trace": str(plan_trace or trace), "format": fmt, "budget": budget,
-                  "objective": objective.value, "policies": ",".join(schedulers), "rho": rho or "-",
+                  "objective": str(objective), "holdout": holdout, "policies": ",".join(schedulers), "rho": rho or "-",
                   "loads": load or "trace", "clouds": clouds or "all", "unknown_model": unknown_model,
                   "relabel_unknown": relabel_unknown, "round_s": round_s, "seed": seed, "solver": solver,
                   "max_job_gpus": max_job_gpus or "-"}
@@ -169,7 +171,9 @@ def _write(result: EvaluationResult, report: dict, warnings: list[str], out_dir:
     setups = {label: [{"name": s.name, "policy": s.policy, "hints": s.hints.version, "node_counts": s.node_counts,
                        "gpus": s.gpus, "cost_per_hour": s.cost_per_hour} for s in setups]
               for label, setups in result.setups.items()}
-    chosen = {label: {"winner": plan.winner, "objective": plan.objective} for label, plan in result.plans.items()}
+    chosen = {label: {"winner": plan.winner, "objective": plan.objective,
+                      "prediction": result.predictions[label].to_dict() if label in result.predictions else None}
+              for label, plan in result.plans.items()}
     atomic_write_bytes(files[2], json.dumps({"report": report, "warnings": warnings, "setups": setups,
                                              "plans": chosen}, indent=2).encode())
     capacity = {s.name: s.capacity for setups in result.setups.values() for s in setups}
@@ -206,19 +210,34 @@ def _print(result: EvaluationResult) -> None:
     for (rho, load, scheduler), label in _runs(result).items():
         rows = _of_run(result.summary, rho, load, scheduler)
         table = Table("setup", "GPUs", "$/h", "avg JCT h", "median h", "p95 h", "p99 h", "makespan h", "queue h",
-                      "GPU util", "CPU util", "work/$", "JCT speedup", "work/$ ratio", "too big", title=label,
-                      title_justify="left")
+                      "GPU util", "CPU util", "work/$", "JCT speedup", "predicted", "real/pred",
+                      "work/$ ratio", "too big", title=label, title_justify="left")
         for r in rows.itertuples():
             table.add_row(r.setup, str(r.gpus), f"{r.cost_per_hour:.1f}", f"{r.avg_jct_h:.3g}", f"{r.median_jct_h:.3g}",
                           f"{r.p95_jct_h:.3g}", f"{r.p99_jct_h:.3g}", f"{r.makespan_h:.4g}", f"{r.avg_queue_h:.3g}",
                           f"{r.gpu_util:.0%}", f"{r.cpu_util:.0%}", f"{r.work_per_dollar:.3g}", f"{r.jct_speedup:.2f}x",
-                          f"{r.work_per_dollar_ratio:.2f}x", str(r.rejected_too_big))
+                          _predicted_text(r), "-" if math.isnan(r.realised_over_predicted)
+                          else f"{r.realised_over_predicted:.2f}", f"{r.work_per_dollar_ratio:.2f}x",
+                          str(r.rejected_too_big))
         console.print(table)
     for label, plan in result.plans.items():
         console.print(f"hetplan at {label}: {plan.winner} ({plan.objective} objective); "
                       + describe((plan.result.plan.planning or {}).get("host_sizes") or {}), highlight=False,
                       soft_wrap=True)
+        if label in result.predictions:
+            console.print(f"  planner's {result.predictions[label].line()}", highlight=False, soft_wrap=True)
     console.print("JCT speedup = status quo avg JCT / setup avg JCT; work/$ = reference GPU-hours completed per "
-                  "US$ over the makespan; queue = arrival to first start. Speeds come from the truth profiles "
+                  "US$ over the makespan; queue = arrival to first start; predicted = the planner's avg JCT "
+                  "speedup over the status quo (its curves, simulated on the plan trace) and its interval; "
+                  "real/pred = JCT speedup / predicted. Speeds come from the truth profiles "
                   "(where a warning says so, from the planner's curves), the plans from the fitted curves.",
                   highlight=False, soft_wrap=True)
+
+
+def _predicted_text(row) -> str:
+    """`1.30x [1.22, 1.40]`, or `-` where the planner predicted no JCT speedup."""
+    if math.isnan(row.predicted_jct_speedup):
+        return "-"
+    if row.predicted_low == row.predicted_high == row.predicted_jct_speedup:
+        return f"{row.predicted_jct_speedup:.2f}x"
+    return f"{row.predicted_jct_speedup:.2f}x [{row.predicted_low:.2f}, {row.predicted_high:.2f}]"

@@ -4,42 +4,36 @@ Without `--workload` it solves the steady-state MILP (`throughput`: the most of 
 hour; `throughput-sum`; `cost` for a mix target) and values the baselines with the same model. With
 `--workload TRACE` it plans for those jobs (`hetplan.codesign`): the MILP proposes candidate clusters, the
 simulator replays each, and the objective (`jct`, the default; `p95-jct`; `makespan`; `cost` with
-`--max-avg-jct`) picks one.
+`--max-avg-jct`) picks one, and its prediction comes with an interval (`hetplan.planning.prediction`).
+Both go through `hetplan.planning.plan`; this module reads the files, prints and writes.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import replace
 from enum import Enum
 from pathlib import Path
 
-import pandas as pd
 import typer
 from rich.table import Table
 
 from hetplan.cli.common import choices, console, contract_errors, errors, read_trace, warn
+from hetplan.codesign import workload_from_trace
 from hetplan.contracts import DEMAND, ContractError, Problem, demand_from_trace, fingerprint
 from hetplan.fsio import atomic_write_bytes, save_figure
-from hetplan.planner import SolveError, frontier_table, sweep, write_plan_artifacts
-from hetplan.planner.baselines import STATUS_QUO, Evaluation
-from hetplan.planner.entry import Planned, load_problem, plan_with_baselines
+from hetplan.planner import SolveError, write_plan_artifacts
+from hetplan.planner.baselines import STATUS_QUO
+from hetplan.planner.entry import load_problem
 from hetplan.planner.plots import plot_cost_jct, plot_frontier, plot_node_mix
 from hetplan.planner.sizes import describe
-from hetplan.planner.planner import PlanResult
-from hetplan.progress import Reporter, nested
+from hetplan.planning import Objective, PlanOutcome, PlanRequest, RequestError, plan as plan_for
+from hetplan.planning.request import HOLDOUT, solver_name
+from hetplan.progress import Reporter
 from hetplan.traces import FORMATS
 
 
 WorkloadFormat = choices("WorkloadFormat", ["trace", *FORMATS])
-
-class Objective(str, Enum):
-    jct = "jct"
-    p95_jct = "p95-jct"
-    makespan = "makespan"
-    throughput = "throughput"
-    throughput_sum = "throughput-sum"
-    cost = "cost"
 
 
 class Solver(str, Enum):
@@ -52,10 +46,6 @@ class Scheduler(str, Enum):
     las = "las"
     fifo = "fifo"
     srtf = "srtf"
-
-
-MILP_OBJECTIVE = {Objective.throughput: "mix", Objective.throughput_sum: "sum", Objective.cost: "cost"}
-WORKLOAD_ONLY = (Objective.jct, Objective.p95_jct, Objective.makespan)
 
 
 def plan(
@@ -92,14 +82,17 @@ def plan(
     gap: float = typer.Option(1e-3, "--gap", min=0.0, help="Relative MIP gap to stop at."),
     sweep_budgets: str = typer.Option("", "--sweep", help="Comma-separated budgets: the frontier (budget vs mix "
                                       "served; with --workload, cost vs average JCT)."),
+    holdout: float = typer.Option(HOLDOUT, "--holdout", min=0.0, max=0.9, help="With --workload: the share of its "
+                                  "jobs (the last to arrive) held back to check the prediction out of sample and "
+                                  "widen its interval (0: none)."),
     out_dir: Path = typer.Option(Path(".hetplan/plan"), "--out-dir", help="Where plan.json, hints and plots go."),
     no_mlflow: bool = typer.Option(False, "--no-mlflow", help="Do not log the planning run to MLflow."),
     tracking_uri: str | None = typer.Option(None, "--tracking-uri"),
 ) -> None:
     """Choose the node mix and the CPU/RAM split together; print hetplan beside its baselines."""
-    objective = objective or (Objective.jct if workload else Objective.throughput)
-    budgets = _budgets(sweep_budgets)
-    _check(objective, workload, workload_format, budget, owned, target, max_avg_jct)
+    request = PlanRequest(objective, max_avg_jct, target, fairness, scheduler.value, solver=solver_name(solver.value),
+                          time_limit=time_limit, gap=gap, sweep=tuple(_budgets(sweep_budgets)), holdout=holdout)
+    _check(request, workload, workload_format, budget, owned)
     with contract_errors():
         jobs = read_trace(workload, workload_format)[0] if workload else None
         mix = demand_from_trace(jobs) if jobs is not None else DEMAND.load(demand)
@@ -108,14 +101,13 @@ def plan(
         inputs["workload" if workload else "demand"] = fingerprint(workload or demand)
         warn(problem.warnings)
         try:
-            if jobs is not None and objective not in (Objective.throughput, Objective.throughput_sum):
-                outcome = _plan_workload(problem, jobs, objective, max_avg_jct, scheduler, solver, time_limit, inputs,
-                                         budgets)
-            else:
-                outcome = _plan_steady(problem, objective, target, fairness, solver, time_limit, gap, inputs, budgets,
-                                       str(catalog))
+            with Reporter("plan", errors) as step:
+                recent = workload_from_trace(jobs, source="--workload") if jobs is not None else None
+                outcome = plan_for(problem, replace(request, progress=step), recent, inputs=inputs,
+                                   source=str(catalog))
         except SolveError as exc:
             raise ContractError([Problem(str(catalog), str(exc))]) from None
+        warn(outcome.warnings)
         files = _write(outcome, out_dir)
     _summary(outcome, out_dir)
     if not no_mlflow:
@@ -126,39 +118,15 @@ def plan(
         console.print(f"MLflow: planning run {run} in experiment hetplan-planning", highlight=False)
 
 
-@dataclass
-class Outcome:
-    """What a plan command produced: the plan, its baselines, and for a workload its candidates and frontier."""
-
-    result: PlanResult
-    baselines: list[Evaluation]
-    unit: str
-    candidates: pd.DataFrame | None = None
-    frontier: pd.DataFrame | None = None
-    metrics: dict[str, float] = field(default_factory=dict)
-    summary: str = ""
-
-
-def _check(objective: Objective, workload: Path | None, workload_format: str, budget: float | None,
-           owned: Path | None, target: float | None, max_avg_jct: float | None) -> None:
+def _check(request: PlanRequest, workload: Path | None, workload_format: str, budget: float | None,
+           owned: Path | None) -> None:
     """Every bad combination of options, as a one-line error before anything is read or written."""
     if workload_format not in ("trace", *FORMATS):
         raise typer.BadParameter(f"one of trace, {', '.join(FORMATS)}", param_hint="--workload-format")
-    if objective in WORKLOAD_ONLY and workload is None:
-        raise typer.BadParameter(f"the {objective.value} objective needs --workload", param_hint="--objective")
-    if objective == Objective.cost:
-        if workload is not None and max_avg_jct is None:
-            raise typer.BadParameter("the cost objective with a workload needs --max-avg-jct",
-                                     param_hint="--max-avg-jct")
-        if workload is None and target is None:
-            raise typer.BadParameter("the cost objective needs --target (or --workload and --max-avg-jct)",
-                                     param_hint="--target")
-    if budget is None and owned is None and not (objective == Objective.cost and workload is None):
-        raise typer.BadParameter(f"the {objective.value} objective needs --budget (or an --owned fleet)",
-                                 param_hint="--budget")
-    if budget is None and workload is not None and objective not in (Objective.throughput, Objective.throughput_sum):
-        raise typer.BadParameter("planning for a workload needs --budget (0 with an --owned fleet)",
-                                 param_hint="--budget")
+    try:
+        request.check(workload=workload is not None, budget=budget, owned=owned is not None)
+    except RequestError as exc:
+        raise typer.BadParameter(exc.message, param_hint=exc.option) from None
 
 
 def _budgets(text: str) -> list[float]:
@@ -174,46 +142,7 @@ def _budgets(text: str) -> list[float]:
     return budgets
 
 
-def _plan_steady(problem, objective: Objective, target, fairness, solver: Solver, time_limit, gap, inputs, budgets,
-                 source: str) -> Outcome:
-    kind = MILP_OBJECTIVE[objective]
-    planned: Planned = plan_with_baselines(problem, objective=kind, target=target, fairness=fairness,  # type: ignore[arg-type]
-                                           solver=solver.value, time_limit=time_limit, gap=gap, inputs=inputs,  # type: ignore[arg-type]
-                                           source=source)
-    frontier = frontier_table(sweep(problem, budgets, solver.value, time_limit, gap, kind, fairness, target)) \
-        if budgets \
-        else None  # type: ignore[arg-type]
-    unit = "mix served" if kind != "sum" else "normalised throughput"
-    return Outcome(planned.result, planned.baselines, unit, frontier=frontier)
-
-
-def _plan_workload(problem, jobs: pd.DataFrame, objective: Objective, max_avg_jct, scheduler: Scheduler,
-                   solver: Solver, time_limit, inputs, budgets: list[float]) -> Outcome:
-    from hetplan.codesign import plan_workload, workload_from_trace
-    from hetplan.planner.problem import with_budget
-
-    workload = workload_from_trace(jobs, source="--workload")
-    with Reporter("plan", errors) as progress:
-
-        def run(at, inputs=None, progress=progress):
-            return plan_workload(at, workload, objective=objective.value, max_avg_jct=max_avg_jct,  # type: ignore[arg-type]
-                                 scheduler=scheduler.value, solver=solver.value, time_limit=time_limit,  # type: ignore[arg-type]
-                                 inputs=inputs, progress=progress)
-
-        planned = run(problem, inputs)
-        plans = []
-        for b in budgets:
-            try:
-                plans.append(run(with_budget(problem, b), progress=nested(progress, f"--sweep {b:g} $/h")))
-            except ContractError as exc:  # a budget of the sweep that plans nothing is a gap in the frontier
-                warn([f"--sweep {b:g}: {'; '.join(p.message for p in exc.problems)}"])
-    warn(planned.workload.warnings)
-    frontier = pd.concat([p.candidates.assign(budget=p.problem.budget) for p in [*plans, planned]], ignore_index=True)
-    return Outcome(planned.result, planned.baselines(), "mix served", candidates=planned.candidates, frontier=frontier,
-                   metrics=planned.metrics(), summary=planned.summary())
-
-
-def _write(outcome: Outcome, out_dir: Path) -> list[Path]:
+def _write(outcome: PlanOutcome, out_dir: Path) -> list[Path]:
     result = outcome.result
     files = write_plan_artifacts(result, outcome.baselines, out_dir)
     figures = [("node_mix.png", plot_node_mix(result.nodes, result.allocation, f"{result.plan.plan_id}: "
@@ -240,7 +169,7 @@ def _json(counts) -> str:
     return json.dumps(counts, sort_keys=True) if isinstance(counts, dict) else ""
 
 
-def _summary(outcome: Outcome, out_dir: Path) -> None:
+def _summary(outcome: PlanOutcome, out_dir: Path) -> None:
     plan = outcome.result.plan
     budget = "no budget" if plan.budget_per_hour is None else f"{plan.budget_per_hour:.2f} $/h budget"
     console.print(f"[bold]{plan.plan_id}[/]: {plan.cost_per_hour:.2f} $/h of {budget}; {outcome.unit} "
@@ -268,7 +197,7 @@ def _summary(outcome: Outcome, out_dir: Path) -> None:
                   highlight=False)
 
 
-def _candidate_table(outcome: Outcome) -> None:
+def _candidate_table(outcome: PlanOutcome) -> None:
     frame = outcome.candidates
     planning = outcome.result.plan.planning or {}
     table = Table(title=f"candidates replayed on the workload ({planning.get('workload', {}).get('jobs', '?')} jobs, "
@@ -283,9 +212,11 @@ def _candidate_table(outcome: Outcome) -> None:
                       f"{r.fluid_load:.2f}", *figures, mark)
     console.print(table)
     console.print(f"predicted for the workload: {outcome.summary}", highlight=False)
+    if outcome.prediction is not None:
+        console.print(f"prediction: {outcome.prediction.line()}", highlight=False)
 
 
-def _baseline_table(outcome: Outcome) -> None:
+def _baseline_table(outcome: PlanOutcome) -> None:
     reference = next((b for b in outcome.baselines if b.name == STATUS_QUO), None)
     table = Table(title=f"hetplan vs baselines (predicted from the curves; {outcome.unit}, reference GPUs per hour)")
     for column in ("plan", "$/h", outcome.unit, "per $/h", "vs status quo", "per $ vs status quo"):

@@ -12,30 +12,39 @@ change of hardware with a gain larger than the noise between arrival draws.
 
 from __future__ import annotations
 
-from typing import Literal
-
 import pandas as pd
 
 from hetplan.codesign.candidates import STATUS_QUO
 from hetplan.contracts.table import ContractError, Problem
+from hetplan.planning.objective import WORKLOAD_OBJECTIVES, Objective
 
-WorkloadObjective = Literal["jct", "p95-jct", "makespan", "cost"]
-WORKLOAD_OBJECTIVES: tuple[str, ...] = ("jct", "p95-jct", "makespan", "cost")
-METRIC = {"jct": "avg_jct_h", "p95-jct": "p95_jct_h", "makespan": "makespan_h", "cost": "cost_per_hour"}
+WorkloadObjective = Objective | str
+"""A workload objective (`WORKLOAD_OBJECTIVES`) or its name; the vocabulary is `hetplan.planning.Objective`."""
 MARGIN = 0.02
+__all__ = ["MARGIN", "WORKLOAD_OBJECTIVES", "WorkloadObjective", "choose", "workload_objective"]
+
+
+def workload_objective(objective: WorkloadObjective) -> Objective:
+    """The objective named `objective`; `ValueError` for one that is not judged on replays."""
+    parsed = Objective.parse(objective)
+    if not parsed.for_workload:
+        raise ValueError(f"{parsed.value} is not a workload objective (one of "
+                         f"{', '.join(o.value for o in WORKLOAD_OBJECTIVES)})")
+    return parsed
 
 
 def choose(table: pd.DataFrame, objective: WorkloadObjective, max_avg_jct: float | None = None,
            margin: float = MARGIN) -> int:
     """The row of `table` (`hetplan.codesign.replay.table`) that wins; raise `ContractError` when the cost
     objective's JCT target is out of reach."""
+    objective = workload_objective(objective)
     simulated = table[~table["pruned"]] if "pruned" in table else table
     runs_all = simulated[simulated["rejected"] == 0]
     pool = runs_all if len(runs_all) else simulated
     if pool.empty:
         raise ContractError([Problem("<workload>", "every candidate was pruned as overloaded: the budget cannot "
                                      "keep up with the workload's arrivals")])
-    if objective == "cost":
+    if objective is Objective.cost:
         if max_avg_jct is None:
             raise ValueError("the cost objective needs a JCT target (max_avg_jct)")
         meets = pool[pool["avg_jct_h"] <= max_avg_jct]
@@ -45,7 +54,7 @@ def choose(table: pd.DataFrame, objective: WorkloadObjective, max_avg_jct: float
                                          f"the fastest ({fastest['candidate']}, {fastest['cost_per_hour']:.2f} $/h) "
                                          f"reaches {fastest['avg_jct_h']:.3g} h")])
         return int(meets.sort_values(["cost_per_hour", "avg_jct_h"], kind="stable").index[0])
-    metric = METRIC[objective]
+    metric = objective.metric
     best = int(pool[metric].idxmin())
     status_quo = pool[pool["candidate"] == STATUS_QUO]
     if len(status_quo) and best != status_quo.index[0]:

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field, replace
 import pandas as pd
 
 from hetplan.codesign.candidates import BUDGET_FRACTIONS, PROPORTIONAL, STATUS_QUO, Candidate, propose
-from hetplan.codesign.objectives import MARGIN, METRIC, WorkloadObjective, choose
+from hetplan.codesign.objectives import MARGIN, WorkloadObjective, choose, workload_objective
 from hetplan.codesign.replay import Replayed, replay, table, usable_cpus
 from hetplan.codesign.workload import Workload, without_classes
 from hetplan.contracts.table import ContractError, Problem
@@ -111,7 +111,8 @@ def plan_workload(problem: PlanningProblem, workload: Workload, *, objective: Wo
     config = SimConfig(scheduler, round_s)  # type: ignore[arg-type]
     workers = usable_cpus() if workers is None else workers
     replayed = _replay_unless_overloaded(problem, candidates, workload, config, prune_load, progress, workers)
-    best = table(replayed, problem).sort_values(METRIC[objective] if objective != "cost" else "avg_jct_h")
+    best = table(replayed, problem).sort_values(workload_objective(objective).metric if objective != "cost"
+                                               else "avg_jct_h")
     replayed += _refined(problem, [r for r in (replayed[i] for i in best.index[:REFINE])
                                    if r.candidate.policy != PROPORTIONAL and not r.pruned and r.rejected == 0],
                          workload, config, progress, workers)
@@ -120,7 +121,8 @@ def plan_workload(problem: PlanningProblem, workload: Workload, *, objective: Wo
     weighed["chosen"] = weighed.index == chosen
     winner = replayed[chosen].candidate
     planning = {
-        "objective": objective, "metric": METRIC[objective], "max_avg_jct_h": max_avg_jct, "scheduler": scheduler,
+        "objective": str(objective), "metric": workload_objective(objective).metric, "max_avg_jct_h": max_avg_jct,
+        "scheduler": scheduler,
         "round_s": round_s, "margin": MARGIN, "prune_load": prune_load, "workload": workload.summary,
         "winner": winner.name,
         "speeds": "the planner's curves (fitted, defaults for unprofiled models); simulated, not measured",

@@ -18,12 +18,13 @@ import numpy as np
 import pandas as pd
 
 from hetplan.codesign.candidates import Candidate
+from hetplan.allocator.spec import Node
 from hetplan.hints import HintSet
 from hetplan.planner.problem import PlanningProblem
+from hetplan.planning.mix import NodeMix
 from hetplan.progress import Progress
 from hetplan.sim.engine import SimConfig, simulate
 from hetplan.sim.metrics import summarize
-from hetplan.sim.setups import nodes_from_counts
 from hetplan.sim.truth import TruthCurves
 
 
@@ -57,14 +58,9 @@ def planner_truth(problem: PlanningProblem) -> TruthCurves:
     return TruthCurves.from_curves(problem.defaults.curves, references)
 
 
-def candidate_nodes(problem: PlanningProblem, candidate: Candidate):
-    """The nodes of a candidate: the owned fleet plus its added nodes."""
-    shapes = problem.shapes
-    counts = {str(shapes.loc[s, "name"]): int(n) for s, n in enumerate(shapes["owned"]) if n > 0}
-    for s, n in candidate.counts.items():
-        name = str(shapes.loc[s, "name"])
-        counts[name] = counts.get(name, 0) + n
-    return nodes_from_counts(shapes, counts)
+def candidate_nodes(problem: PlanningProblem, candidate: Candidate) -> tuple[Node, ...]:
+    """The nodes of a candidate: the owned fleet plus its added nodes (`hetplan.planning.NodeMix`)."""
+    return NodeMix.by_index(problem.shapes, candidate.counts).nodes(problem.shapes)
 
 
 def replay(problem: PlanningProblem, candidates: Sequence[Candidate], draws: Sequence[pd.DataFrame],

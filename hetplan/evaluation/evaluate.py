@@ -26,20 +26,23 @@ import pandas as pd
 
 from hetplan.allocator.stability import Stability
 from hetplan.allocator.spec import Node, to_mib, to_milli
-from hetplan.codesign import plan_workload, workload_from_trace
+from hetplan.codesign import workload_from_trace
 from hetplan.codesign.candidates import HINT, STATUS_QUO
 from hetplan.codesign.plan import WorkloadPlan
-from hetplan.codesign.replay import candidate_nodes
+from hetplan.codesign.workload import Workload
 from hetplan.contracts import demand_from_trace
 from hetplan.hints import HintSet
 from hetplan.planner.baselines import GPU_ONLY, HETPLAN, SENSITIVITY_AWARE
-from hetplan.planner.entry import plan_with_baselines
+from hetplan.planner.entry import Planned
 from hetplan.planner.problem import PlanningProblem, build_problem
 from hetplan.planner.solvers import SolverName
+from hetplan.planning import NodeMix, Objective, PlanRequest, plan
+from hetplan.planning.prediction import Prediction
+from hetplan.planning.request import HOLDOUT
 from hetplan.progress import Progress, nested
 from hetplan.sim.engine import GANG_SCALING, SimConfig, simulate
 from hetplan.sim.metrics import summarize
-from hetplan.sim.setups import Setup, knee_hints, nodes_from_counts
+from hetplan.sim.setups import Setup, knee_hints
 from hetplan.sim.truth import FITTED_FALLBACK, TruthCurves
 from hetplan.sim.workload import MIX, prepare_workload, with_load
 
@@ -70,23 +73,32 @@ class EvaluationResult:
     timelines: pd.DataFrame  # resource use over time per run
     setups: dict[str, list[Setup]]  # by load label
     plans: dict[str, WorkloadPlan]  # the workload plan behind `hetplan` at each load (not for `throughput`)
+    predictions: dict[str, Prediction] = field(default_factory=dict)  # its prediction's interval, by load label
     report: dict[str, object] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
 
 
 def evaluate(trace: pd.DataFrame, problem_inputs: ProblemInputs, truth: TruthCurves, *,
-             plan_trace: pd.DataFrame | None = None, objective: str = "jct", rhos: Sequence[float] = (),
+             plan_trace: pd.DataFrame | None = None, objective: Objective | str = Objective.jct,
+             rhos: Sequence[float] = (),
              loads: Sequence[float] = (), schedulers: Sequence[str] = ("las",), unknown_model: str = MIX,
              relabel_unknown: bool = False, seed: int = 0, round_s: float = 300.0, solver: SolverName = "auto",
              time_limit: float = 60.0, progress: Progress | None = None,
-             stability: Stability | None = None) -> EvaluationResult:
+             stability: Stability | None = None, holdout: float = HOLDOUT) -> EvaluationResult:
     """Plan on `plan_trace` (default: `trace`, in-sample), replay `trace`, at every load and scheduler.
 
     Jobs of models the truth lacks run as `unknown_model` (a truth model, or `mix`: one drawn per job). The
     planner then plans them on its stated defaults for unprofiled models; with `relabel_unknown` both traces
     are relabelled as the truth models they run as before anything sees them (the planner then knows them
     as what they are, by their fitted curves).
+
+    Each row carries the planner's prediction next to what the replay realised (`with_predictions`): for
+    `hetplan` under a workload objective its predicted avg JCT speedup over the status quo and that
+    prediction's interval (`hetplan.planning.prediction`, `holdout` held back), for the status quo 1.
     """
+    objective = Objective.parse(objective)
+    request = PlanRequest(objective, scheduler=schedulers[0], round_s=round_s, solver=solver, time_limit=time_limit,
+                          holdout=holdout)
     warnings: list[str] = []
     if plan_trace is None:
         plan_trace = trace
@@ -101,16 +113,16 @@ def evaluate(trace: pd.DataFrame, problem_inputs: ProblemInputs, truth: TruthCur
     problem = problem_inputs.problem(demand_from_trace(plan_trace))
     truth = truth.extended(problem.defaults.curves)
     warnings += problem.warnings + replay.warnings
-    steady = plan_with_baselines(problem, solver=solver, time_limit=time_limit)
-    status_quo = steady.baseline(STATUS_QUO)
-    if status_quo is None:
+    steady_outcome = plan(problem, replace(request, objective=Objective.throughput))
+    steady = steady_outcome.steady
+    status_quo = steady.baseline(STATUS_QUO) if steady is not None else None
+    if steady is None or status_quo is None:
         raise ValueError("no shape can run every job class at the proportional share: there is no status quo")
-    counts = _with_owned(problem, status_quo.node_counts)
-    quo_nodes = nodes_from_counts(problem.shapes, counts)
+    quo_nodes = NodeMix.on_fleet(problem.shapes, status_quo.node_counts).nodes(problem.shapes)
     truth.require(replay.jobs["sim_model"], {n.gpu_type for n in quo_nodes})
     points = load_points(plan_trace, replay.jobs, truth, quo_nodes, rhos, loads)
     baselines = _baselines(problem, steady, quo_nodes)
-    rows, job_frames, timelines, setups_by_load, plans = [], [], [], {}, {}
+    rows, job_frames, timelines, setups_by_load, plans, predictions = [], [], [], {}, {}, {}
     steps = len(points) * (1 + len(schedulers) * (len(baselines) + 1))
     done = 0
     for point in points:
@@ -118,15 +130,15 @@ def evaluate(trace: pd.DataFrame, problem_inputs: ProblemInputs, truth: TruthCur
         if progress:
             progress(done, steps, f"planning for {label}")
         done += 1
-        if objective == "throughput":
-            hetplan = Setup(HETPLAN, nodes_from_counts(problem.shapes, steady.result.counts), HINT,
-                            HintSet.from_frame(steady.result.hints), steady.result.plan.cost_per_hour,
-                            steady.result.plan.objective)
-        else:
-            planned = _plan_at(problem, plan_trace, point, objective, schedulers[0], round_s, seed, solver, time_limit,
-                               nested(progress, f"planning for {label}"))
-            plans[label] = planned
-            hetplan = _setup_of(HETPLAN, planned)
+        outcome = steady_outcome
+        if objective.for_workload:
+            at = replace(request, progress=nested(progress, f"planning for {label}"))
+            outcome = plan(problem, at, _workload_at(plan_trace, point, seed))
+            if outcome.workload_plan is not None:
+                plans[label] = outcome.workload_plan
+            if outcome.prediction is not None:
+                predictions[label] = outcome.prediction
+        hetplan = outcome.setup(HETPLAN, problem.shapes)
         setups = [*baselines, hetplan]
         setups_by_load[label] = setups
         jobs = replay.jobs if point.replay_rate is None else with_load(replay.jobs, point.replay_rate,
@@ -136,20 +148,21 @@ def evaluate(trace: pd.DataFrame, problem_inputs: ProblemInputs, truth: TruthCur
                 if progress:
                     progress(done, steps, f"{setup.name} | {scheduler} | {label}")
                 done += 1
-                result = simulate(jobs, setup.nodes, truth, setup.policy, setup.hints, SimConfig(scheduler, round_s,
-                                                                                   stability=stability or Stability()))  # type: ignore[arg-type]
+                config = SimConfig(scheduler, round_s, stability=stability or Stability())
+                result = simulate(jobs, setup.nodes, truth, setup.policy, setup.hints, config)
                 key = {**point.key, "scheduler": scheduler, "setup": setup.name}
                 rows.append({**key, "policy": setup.policy, "gpus": setup.gpus, "cost_per_hour": setup.cost_per_hour,
-                             "predicted_mix": setup.predicted_mix, **summarize(result, setup.cost_per_hour)})
+                             "predicted_mix": setup.predicted_mix, **summarize(result, setup.cost_per_hour),
+                             **_predicted(setup.name, predictions.get(label))})
                 job_frames.append(result.jobs.assign(**key))
                 timelines.append(result.timeline.assign(**key))
     all_jobs = pd.concat(job_frames, ignore_index=True)
-    summary = with_ratios(pd.DataFrame(rows), all_jobs)
+    summary = with_predictions(with_ratios(pd.DataFrame(rows), all_jobs))
     warnings += truth_warnings(truth, set(replay.jobs["sim_model"]),
                                [s for setups in setups_by_load.values() for s in setups])
-    return EvaluationResult(summary, all_jobs, pd.concat(timelines, ignore_index=True),
-                            setups_by_load, plans, {**replay.report,
-                                                    "stability": (stability or Stability()).to_dict()}, warnings)
+    return EvaluationResult(summary, all_jobs, pd.concat(timelines, ignore_index=True), setups_by_load, plans,
+                            predictions, {**replay.report, "stability": (stability or Stability()).to_dict()},
+                            warnings)
 
 
 @dataclass(frozen=True)
@@ -216,24 +229,37 @@ def _truth_model(model: str, truth: TruthCurves) -> str:
     return by_fold.get(str(model).strip().casefold(), str(model))
 
 
-def _plan_at(problem: PlanningProblem, plan_trace: pd.DataFrame, point: LoadPoint, objective: str, scheduler: str,
-             round_s: float, seed: int, solver: SolverName, time_limit: float,
-             progress: Progress | None = None) -> WorkloadPlan:
+def _workload_at(plan_trace: pd.DataFrame, point: LoadPoint, seed: int) -> Workload:
+    """The workload the planner sees at `point`: the plan trace at its rate (as traced when None)."""
     jobs = plan_trace if point.plan_rate is None else with_load(plan_trace, point.plan_rate, seed + PLAN_SEED_OFFSET)
-    workload = workload_from_trace(jobs, seed=seed)
-    return plan_workload(problem, workload, objective=objective, scheduler=scheduler, round_s=round_s,  # type: ignore[arg-type]
-                         solver=solver, time_limit=time_limit, progress=progress)
+    return workload_from_trace(jobs, seed=seed)
 
 
-def _setup_of(name: str, planned: WorkloadPlan) -> Setup:
-    """The setup of a workload plan's winner: its nodes, policy and hints."""
-    winner = planned.candidate(planned.winner)
-    hints = HintSet.from_frame(planned.result.hints) if len(planned.result.hints) else HintSet.empty()
-    return Setup(name, tuple(candidate_nodes(planned.problem, winner)), winner.policy, hints,
-                 winner.cost_per_hour, winner.result.plan.objective)
+PREDICTED = ("predicted_jct_speedup", "predicted_low", "predicted_high")
 
 
-def _baselines(problem: PlanningProblem, steady, quo_nodes) -> list[Setup]:
+def _predicted(setup: str, prediction: Prediction | None) -> dict[str, float]:
+    """The planner's predicted avg JCT speedup over the status quo and its interval, for a setup's row: 1 for
+    the status quo, the prediction for hetplan, NaN where the planner predicted no JCT (the other baselines,
+    a steady plan)."""
+    if setup == STATUS_QUO:
+        return dict.fromkeys(PREDICTED, 1.0)
+    if setup == HETPLAN and prediction is not None:
+        s = prediction.speedup
+        return dict(zip(PREDICTED, (s.point, s.low, s.high)))
+    return dict.fromkeys(PREDICTED, float("nan"))
+
+
+def with_predictions(summary: pd.DataFrame) -> pd.DataFrame:
+    """Add `realised_over_predicted` (the replayed `jct_speedup` over the predicted one) and `within_interval`
+    (whether the replayed speedup lies in the prediction's interval; empty where nothing was predicted)."""
+    predicted, realised = summary["predicted_jct_speedup"], summary["jct_speedup"]
+    within = (realised >= summary["predicted_low"]) & (realised <= summary["predicted_high"])
+    return summary.assign(realised_over_predicted=realised / predicted,
+                          within_interval=within.astype("boolean").where(predicted.notna(), pd.NA))
+
+
+def _baselines(problem: PlanningProblem, steady: Planned, quo_nodes: Sequence[Node]) -> list[Setup]:
     """The three baselines (a baseline the budget cannot buy is left out)."""
     status_quo = steady.baseline(STATUS_QUO)
     setups = [Setup(STATUS_QUO, tuple(quo_nodes), "proportional", HintSet.empty(), status_quo.cost_per_hour,
@@ -243,16 +269,9 @@ def _baselines(problem: PlanningProblem, steady, quo_nodes) -> list[Setup]:
                     status_quo.cost_per_hour, steady.baseline(SENSITIVITY_AWARE).value)]
     gpu_only = steady.baseline(GPU_ONLY)
     if gpu_only is not None and gpu_only.node_counts:
-        setups.append(Setup(GPU_ONLY, nodes_from_counts(problem.shapes, _with_owned(problem, gpu_only.node_counts)),
+        setups.append(Setup(GPU_ONLY, NodeMix.on_fleet(problem.shapes, gpu_only.node_counts).nodes(problem.shapes),
                             "proportional", HintSet.empty(), gpu_only.cost_per_hour, gpu_only.value))
     return setups
-
-
-def _with_owned(problem: PlanningProblem, added: dict[str, int]) -> dict[str, int]:
-    counts = {str(n): int(c) for n, c in zip(problem.shapes["name"], problem.shapes["owned"]) if c > 0}
-    for name, n in added.items():
-        counts[name] = counts.get(name, 0) + n
-    return counts
 
 
 def _label(point: LoadPoint) -> str:

@@ -14,7 +14,7 @@ from hetplan.tracking import experiment_id, tracking_uri
 
 EXPERIMENT = "hetplan-evaluation"
 METRICS = ("avg_jct_h", "p95_jct_h", "p99_jct_h", "makespan_h", "gpu_util", "cpu_util", "work_per_dollar",
-           "jct_speedup",
+           "jct_speedup", "predicted_jct_speedup", "predicted_low", "predicted_high", "realised_over_predicted",
            "work_per_dollar_ratio")
 
 

@@ -37,14 +37,6 @@ class PlanResult:
         """The objective (reference GPUs of work per hour) per US$ per hour spent on added nodes."""
         return self.plan.objective / self.plan.cost_per_hour if self.plan.cost_per_hour > 0 else 0.0
 
-    @property
-    def counts(self) -> dict[str, int]:
-        """Every node of the plan by shape: added plus owned."""
-        out = dict(self.plan.owned_nodes)
-        for shape, n in self.plan.node_counts.items():
-            out[shape] = out.get(shape, 0) + n
-        return out
-
 
 def plan_id(inputs: dict[str, str], budget: float | None, created: datetime) -> str:
     digest = hashlib.sha256(json.dumps({"inputs": inputs, "budget": budget}, sort_keys=True).encode()).hexdigest()

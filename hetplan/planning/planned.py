@@ -1,0 +1,151 @@
+"""`plan`: the one way to plan, for the CLI, the nightly pipeline and the evaluation.
+
+    plan(problem, request)            -> the steady-state MILP plan (`hetplan.planner`) and its baselines
+    plan(problem, request, workload)  -> for a workload objective, candidates replayed (`hetplan.codesign`),
+                                         the winner, and the interval of its prediction (`prediction`)
+
+A sweep (`request.sweep`) plans again at each budget: the frontier. A budget of the sweep that plans nothing
+is a gap in the frontier, named in `PlanOutcome.warnings`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+import pandas as pd
+
+from hetplan.codesign import WorkloadPlan, plan_workload, workload_from_trace
+from hetplan.codesign.candidates import HINT
+from hetplan.codesign.workload import Workload
+from hetplan.contracts import ContractError
+from hetplan.hints import HintSet
+from hetplan.planner import frontier_table, sweep
+from hetplan.planner.baselines import STATUS_QUO, Evaluation
+from hetplan.planner.entry import Planned, plan_with_baselines
+from hetplan.planner.planner import PlanResult
+from hetplan.planner.problem import PlanningProblem, with_budget
+from hetplan.planning.mix import NodeMix
+from hetplan.planning.objective import Objective
+from hetplan.planning.prediction import Prediction, held_back_check, predict, split
+from hetplan.planning.request import PlanRequest
+from hetplan.sim.engine import SimConfig
+from hetplan.sim.setups import Setup
+
+PREDICTION_SEED = 7  # the held-back plan's Poisson draws: other arrivals than the plan's own
+
+
+@dataclass
+class PlanOutcome:
+    """What planning produced: the plan, its baselines, for a workload its candidates, frontier and prediction."""
+
+    objective: Objective
+    result: PlanResult
+    baselines: list[Evaluation]
+    unit: str  # what `result.plan.objective` counts: "mix served" or "normalised throughput"
+    mix: NodeMix  # the plan's nodes, added and owned
+    policy: str  # how the plan's cluster allocates (the winner's policy; `hint` for a steady plan)
+    candidates: pd.DataFrame | None = None
+    frontier: pd.DataFrame | None = None
+    metrics: dict[str, float] = field(default_factory=dict)
+    summary: str = ""
+    warnings: list[str] = field(default_factory=list)
+    prediction: Prediction | None = None
+    workload_plan: WorkloadPlan | None = None
+    steady: Planned | None = None
+
+    def setup(self, name: str, shapes: pd.DataFrame) -> Setup:
+        """The plan as a simulator setup named `name` (`shapes`: the problem's, for the nodes)."""
+        hints = HintSet.from_frame(self.result.hints) if len(self.result.hints) else HintSet.empty()
+        return Setup(name, self.mix.nodes(shapes), self.policy, hints, self.result.plan.cost_per_hour,
+                     self.result.plan.objective)
+
+
+def plan(problem: PlanningProblem, request: PlanRequest, workload: Workload | None = None, *,
+         inputs: dict[str, str] | None = None, source: str = "<catalog>") -> PlanOutcome:
+    """Plan `problem` as `request` asks, for `workload` when its objective is a workload one (see the module).
+
+    Raises `RequestError` for options that do not go together, `ContractError` when nothing can be planned."""
+    owned = bool((problem.shapes["owned"] > 0).any())
+    request.check(workload=workload is not None, budget=problem.budget, owned=owned)
+    if workload is not None and request.replays(True):
+        return _for_workload(problem, request, workload, inputs or {})
+    return _steady(problem, request, request.resolved(workload is not None), inputs or {}, source)
+
+
+def _steady(problem: PlanningProblem, request: PlanRequest, objective: Objective, inputs: dict[str, str],
+            source: str) -> PlanOutcome:
+    kind = objective.milp
+    planned = plan_with_baselines(problem, objective=kind, target=request.target, fairness=request.fairness,
+                                  solver=request.solver, time_limit=request.time_limit, gap=request.gap,
+                                  inputs=inputs, source=source)
+    frontier = frontier_table(sweep(problem, list(request.sweep), request.solver, request.time_limit, request.gap,
+                                    kind, request.fairness, request.target)) if request.sweep else None
+    result = planned.result
+    quo = planned.baseline(STATUS_QUO)
+    unit = "normalised throughput" if kind == "sum" else "mix served"
+    summary = f"{unit} {result.plan.objective:.1f} reference GPUs per hour at {result.plan.cost_per_hour:.2f} $/h"
+    if quo is not None and quo.value > 0:
+        summary += (f"; status quo {quo.value:.1f} at {quo.cost_per_hour:.2f} $/h: predicted "
+                    f"{result.plan.objective / quo.value:.2f}x")
+    return PlanOutcome(objective, result, planned.baselines, unit, NodeMix.of_plan(result.plan), HINT,
+                       frontier=frontier, summary=summary + " (the planner's curves; not measured)", steady=planned)
+
+
+def _for_workload(problem: PlanningProblem, request: PlanRequest, workload: Workload,
+                  inputs: dict[str, str]) -> PlanOutcome:
+    objective = request.resolved(True)
+    planned = _plan_workload(problem, request, objective, workload, inputs)
+    warnings = list(planned.workload.warnings)
+    plans = []
+    for budget in request.sweep:
+        try:
+            plans.append(_plan_workload(with_budget(problem, budget), request, objective, workload, None))
+        except ContractError as exc:  # a budget of the sweep that plans nothing is a gap in the frontier
+            warnings.append(f"--sweep {budget:g}: {'; '.join(p.message for p in exc.problems)}")
+    frontier = pd.concat([p.candidates.assign(budget=p.problem.budget) for p in [*plans, planned]],
+                         ignore_index=True)
+    prediction = _prediction(problem, request, objective, workload, planned)
+    warnings += prediction.warnings
+    plan_record = {**(planned.result.plan.planning or {}), "prediction": prediction.to_dict()}
+    result = replace(planned.result, plan=planned.result.plan.model_copy(update={"planning": plan_record}))
+    winner = planned.candidate(planned.winner)
+    mix = NodeMix.by_index(problem.shapes, winner.counts) if winner is not None else NodeMix.of_plan(result.plan)
+    metrics = {**planned.metrics(), "predicted.speedup": prediction.speedup.point,
+               "predicted.speedup_low": prediction.speedup.low, "predicted.speedup_high": prediction.speedup.high}
+    return PlanOutcome(objective, result, planned.baselines(), "mix served", mix,
+                       winner.policy if winner is not None else HINT, planned.candidates, frontier, metrics,
+                       planned.summary(), warnings, prediction, planned)
+
+
+def _plan_workload(problem: PlanningProblem, request: PlanRequest, objective: Objective, workload: Workload,
+                   inputs: dict[str, str] | None, label: str = "") -> WorkloadPlan:
+    outer = request.progress
+
+    def labelled(done: int, total: int, what: str) -> None:
+        if outer is not None:
+            outer(done, total, f"{label}{what}")
+
+    return plan_workload(problem, workload, objective=objective.value, max_avg_jct=request.max_avg_jct,
+                         scheduler=request.scheduler, round_s=request.round_s, solver=request.solver,
+                         time_limit=request.time_limit, inputs=inputs, progress=labelled if outer else None,
+                         workers=request.workers)
+
+
+def _prediction(problem: PlanningProblem, request: PlanRequest, objective: Objective, workload: Workload,
+                planned: WorkloadPlan) -> Prediction:
+    """The interval of `planned`'s prediction, with the held-back check where the workload allows one."""
+    parts = split(planned.workload.jobs, request.holdout)
+    if parts is None:
+        return predict(planned, None, request.holdout)
+    first, rest = parts
+    draws = len(workload.draws)
+    first_workload = workload_from_trace(first, draws=draws, seed=PREDICTION_SEED, source="<held-back check>")
+    try:
+        first_plan = _plan_workload(problem, request, objective, first_workload, None, "held-back check: ")
+    except ContractError as exc:  # e.g. no candidate meets the JCT target on the first part alone
+        out = predict(planned, None, request.holdout)
+        return replace(out, warnings=[*out.warnings, "the held-back check could not plan on the first part: "
+                                      + "; ".join(p.message for p in exc.problems)])
+    held = held_back_check(first_plan, planned.workload, set(rest["job_id"].astype(str)),
+                           SimConfig(request.scheduler, request.round_s))
+    return predict(planned, held, request.holdout)

@@ -1,0 +1,220 @@
+"""How far to trust a workload plan's prediction: an interval around its predicted gain, and the method behind it.
+
+The planner predicts the winner's average JCT and its speedup over the status quo (status quo avg JCT / the
+winner's) by replaying the workload with its own curves. Two errors hide in that number:
+
+- the arrivals: each candidate runs on several arrival draws (the trace's own and Poisson ones); the spread
+  of the per-draw figures is how much the prediction moves with the order jobs happen to arrive in;
+- the future: the plan is chosen on past jobs and judged on the next ones. The held-back check plans again
+  on the first (1 - holdout) of the jobs by arrival, replays that plan's winner and status quo on the whole
+  workload (so the held-back jobs meet a warm cluster), and compares the speedup and avg JCT on the held-back
+  jobs with what the smaller plan predicted: the log of realised / predicted is an out-of-sample error, the
+  winner's curse of choosing among candidates included.
+
+The interval is `point x exp(+-z sigma)` with sigma = sqrt(sd of the per-draw log figures^2 + held-back log
+error^2) and z for a nominal two-sided `NOMINAL` coverage if the log errors were normal with that spread, and
+always at least the range of the per-draw figures. With 2 or 3 draws and one held-back part sigma is a rough
+estimate, so the nominal coverage is a label, not a guarantee: bench/RESULTS.md has the measured one. Every
+figure is simulated with the planner's curves, so the error of the curves themselves (the truth) is not in it:
+`hetplan evaluate` measures that.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+
+from hetplan.codesign import WorkloadPlan
+from hetplan.codesign.candidates import STATUS_QUO, Candidate
+from hetplan.codesign.replay import candidate_nodes, planner_truth
+from hetplan.codesign.workload import Workload
+from hetplan.hints import HintSet
+from hetplan.sim.engine import SimConfig, simulate
+
+NOMINAL = 0.90
+Z = 1.6449  # the standard normal's 95th percentile: a two-sided 90 % interval
+MIN_JOBS = 50  # fewer jobs: the interval is printed but not to be trusted
+MIN_HELD_BACK = 20  # fewer held-back jobs: one held-back error says too little
+HOUR = 3600.0
+
+
+@dataclass(frozen=True)
+class Interval:
+    """A predicted figure and its interval."""
+
+    point: float
+    low: float
+    high: float
+
+    def contains(self, value: float) -> bool:
+        return self.low <= value <= self.high
+
+    def to_dict(self) -> dict[str, float | None]:
+        return {k: (round(v, 6) if math.isfinite(v) else None)
+                for k, v in (("point", self.point), ("low", self.low), ("high", self.high))}
+
+
+@dataclass(frozen=True)
+class HeldBack:
+    """The held-back check: the smaller plan's prediction and what its replays gave on the held-back jobs."""
+
+    jobs: int  # held-back jobs
+    winner: str  # the winner of the plan on the first part
+    predicted_speedup: float
+    realised_speedup: float
+    predicted_avg_jct_h: float
+    realised_avg_jct_h: float
+
+    @property
+    def speedup_error(self) -> float:
+        """log(realised / predicted) speedup on the held-back jobs."""
+        return _log_ratio(self.realised_speedup, self.predicted_speedup)
+
+    @property
+    def jct_error(self) -> float:
+        return _log_ratio(self.realised_avg_jct_h, self.predicted_avg_jct_h)
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """The winner's predicted speedup over the status quo and its avg JCT, each with its interval."""
+
+    speedup: Interval
+    avg_jct_h: Interval
+    speedup_by_draw: tuple[float, ...]
+    held_back: HeldBack | None
+    jobs: int
+    trusted: bool
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def method(self) -> str:
+        held = ("and the held-back check's log error (plan on the first part by arrival, replay its winner and "
+                "status quo, compare on the last part)") if self.held_back else "alone (no held-back check)"
+        return (f"point x exp(+-{Z:.3g} sigma), sigma from the spread of {len(self.speedup_by_draw)} arrival draws "
+                f"{held}; at least the draws' range; simulated with the planner's curves (the first part's plan "
+                "keeps the whole workload's demand mix: only its jobs and arrivals are held back)")
+
+    def line(self) -> str:
+        """One line for the CLI."""
+        s, j = self.speedup, self.avg_jct_h
+        text = (f"predicted speedup over the status quo {s.point:.2f}x [{s.low:.2f}x, {s.high:.2f}x], avg JCT "
+                f"{j.point:.3g} h [{j.low:.3g}, {j.high:.3g}] h (nominal {NOMINAL:.0%} interval: "
+                f"{len(self.speedup_by_draw)} arrival draws")
+        if self.held_back:
+            h = self.held_back
+            text += (f" + {h.jobs} held-back jobs, where the plan on the rest predicted {h.predicted_speedup:.2f}x "
+                     f"and replayed {h.realised_speedup:.2f}x")
+        return text + ")" + ("" if self.trusted else "; too little data to trust it")
+
+    def to_dict(self) -> dict:
+        """For plan.json's `planning.prediction`."""
+        held = None
+        if self.held_back:
+            h = self.held_back
+            held = {"jobs": h.jobs, "winner": h.winner, "predicted_speedup": _finite(h.predicted_speedup),
+                    "realised_speedup": _finite(h.realised_speedup), "speedup_log_error": _finite(h.speedup_error),
+                    "predicted_avg_jct_h": _finite(h.predicted_avg_jct_h),
+                    "realised_avg_jct_h": _finite(h.realised_avg_jct_h), "jct_log_error": _finite(h.jct_error)}
+        return {"speedup_over_status_quo": self.speedup.to_dict(), "avg_jct_h": self.avg_jct_h.to_dict(),
+                "speedup_by_draw": [_finite(v) for v in self.speedup_by_draw], "held_back": held,
+                "nominal_coverage": NOMINAL, "method": self.method, "jobs": self.jobs, "trusted": self.trusted,
+                "min_jobs": MIN_JOBS, "min_held_back_jobs": MIN_HELD_BACK, "warnings": list(self.warnings),
+                "note": "simulated with the planner's curves; the curves' own error is not in the interval"}
+
+
+def predict(planned: WorkloadPlan, held_back: HeldBack | None, holdout: float) -> Prediction:
+    """The interval of `planned`'s prediction (see the module), widened by `held_back`'s error when given."""
+    winner, quo = _by_draw(planned, planned.winner), _by_draw(planned, STATUS_QUO)
+    chosen, status_quo = planned.row(planned.winner), planned.row(STATUS_QUO)
+    jct = float(chosen["avg_jct_h"])
+    speedup = float(status_quo["avg_jct_h"]) / jct if status_quo is not None and jct > 0 else float("nan")
+    by_draw = tuple(q / w for q, w in zip(quo, winner) if w > 0) if quo else ()
+    e_speedup = held_back.speedup_error if held_back else 0.0
+    e_jct = held_back.jct_error if held_back else 0.0
+    jobs = int(planned.workload.summary["jobs"])
+    warnings = []
+    if holdout <= 0:
+        warnings.append("no held-back check (holdout 0): the interval is the arrival draws' spread alone and misses "
+                        "the error of planning on past jobs for future ones")
+    elif held_back is None:
+        warnings.append(f"the workload ({jobs} jobs) is too small to hold back {holdout:.0%} of it: the interval is "
+                        "the arrival draws' spread alone")
+    small = jobs < MIN_JOBS or held_back is None or held_back.jobs < MIN_HELD_BACK
+    if small and holdout > 0:
+        held = 0 if held_back is None else held_back.jobs
+        warnings.append(f"too few jobs to trust the prediction interval: {jobs} jobs (trusted from {MIN_JOBS}), "
+                        f"{held} held back (trusted from {MIN_HELD_BACK})")
+    return Prediction(interval(speedup, by_draw, e_speedup), interval(jct, winner, e_jct), by_draw, held_back, jobs,
+                      not small and holdout > 0, warnings)
+
+
+def interval(point: float, by_draw: Sequence[float], error: float) -> Interval:
+    """`point` x exp(+-Z sigma), sigma = sqrt(sd(log by_draw)^2 + error^2), widened to the draws' range."""
+    logs = np.log([v for v in by_draw if v > 0 and math.isfinite(v)])
+    spread = float(np.std(logs, ddof=1)) if len(logs) > 1 else 0.0
+    sigma = math.hypot(spread, error) if math.isfinite(error) else float("inf")
+    if not (point > 0 and math.isfinite(point)):
+        return Interval(point, float("nan"), float("nan"))
+    low, high = point * math.exp(-Z * sigma), point * math.exp(Z * sigma)
+    if len(logs):
+        low, high = min(low, float(np.exp(logs.min()))), max(high, float(np.exp(logs.max())))
+    return Interval(point, low, high)
+
+
+def split(jobs: pd.DataFrame, holdout: float) -> tuple[pd.DataFrame, pd.DataFrame] | None:
+    """The first (1 - holdout) of `jobs` by arrival and the rest; None when either part would be empty or the
+    first part has fewer than 2 jobs."""
+    ordered = jobs.sort_values("arrival_s", kind="stable").reset_index(drop=True)
+    cut = int(round(len(ordered) * (1 - holdout)))
+    if holdout <= 0 or cut < 2 or cut >= len(ordered):
+        return None
+    return ordered.iloc[:cut].reset_index(drop=True), ordered.iloc[cut:].reset_index(drop=True)
+
+
+def held_back_check(first: WorkloadPlan, workload: Workload, held_back_ids: set[str],
+                    config: SimConfig) -> HeldBack:
+    """Replay the winner and the status quo of `first` (planned on the first part) on every draw of the whole
+    `workload`; compare their figures on the held-back jobs with `first`'s prediction."""
+    problem = first.problem
+    winner, quo = first.candidate(first.winner), first.candidate(STATUS_QUO)
+    truth = planner_truth(problem)
+
+    def held_back_jct(candidate: Candidate) -> float:
+        means = []
+        for jobs in workload.draws:
+            result = simulate(jobs, candidate_nodes(problem, candidate), truth, candidate.policy, _hints(candidate),
+                              config)
+            ran = result.jobs
+            done = ran[(ran["status"] == "completed") & ran["job_id"].astype(str).isin(held_back_ids)]
+            means.append(float(done["jct_s"].mean()) / HOUR if len(done) else float("nan"))
+        return float(np.mean(means))
+
+    chosen, status_quo = first.row(first.winner), first.row(STATUS_QUO)
+    realised = held_back_jct(winner) if winner is not None else float("nan")
+    realised_quo = held_back_jct(quo) if quo is not None else float("nan")
+    predicted = float(status_quo["avg_jct_h"]) / float(chosen["avg_jct_h"]) if status_quo is not None \
+        else float("nan")
+    return HeldBack(len(held_back_ids), first.winner, predicted, realised_quo / realised,
+                    float(chosen["avg_jct_h"]), realised)
+
+
+def _hints(candidate: Candidate) -> HintSet:
+    hints = candidate.result.hints
+    return HintSet.from_frame(hints) if len(hints) else HintSet.empty()
+
+
+def _by_draw(planned: WorkloadPlan, name: str) -> tuple[float, ...]:
+    return next((r.avg_jct_by_draw for r in planned.replayed if r.candidate.name == name), ())
+
+
+def _log_ratio(a: float, b: float) -> float:
+    return math.log(a / b) if a > 0 and b > 0 and math.isfinite(a / b) else float("nan")
+
+
+def _finite(value: float) -> float | None:
+    return round(float(value), 6) if math.isfinite(value) else None

@@ -1,0 +1,85 @@
+"""What is asked of the planner, in one typed value the CLI, the nightly DAG and the evaluation build alike."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from hetplan.contracts.table import ContractError, Problem
+from hetplan.planner.solvers import SolverName
+from hetplan.planning.objective import Objective
+from hetplan.progress import Progress
+
+"""Called with (steps done, steps in all, what runs next)."""
+HOLDOUT = 0.2
+SOLVER_NAMES: dict[str, SolverName] = {"auto": "auto", "gurobi": "gurobi", "highs": "highs"}
+
+
+class RequestError(ContractError):
+    """A request whose options do not go together; `option` names the one to change (e.g. `--budget`)."""
+
+    def __init__(self, option: str, message: str) -> None:
+        super().__init__([Problem(option, message)])
+        self.option = option
+        self.message = message
+
+
+def solver_name(value: str) -> SolverName:
+    """The solver named `value`; `RequestError` naming --solver otherwise."""
+    if value not in SOLVER_NAMES:
+        raise RequestError("--solver", f"one of {', '.join(SOLVER_NAMES)}, got {value!r}")
+    return SOLVER_NAMES[value]
+
+
+@dataclass(frozen=True)
+class PlanRequest:
+    """How to plan: the objective and its target, the scheduler replays use, the solver, the budgets to sweep.
+
+    `objective` None is `jct` with a workload and `throughput` without (`resolved`). `holdout` is the share
+    of a workload (its last arrivals) held back to check the prediction out of sample (0: none; see
+    `hetplan.planning.prediction`)."""
+
+    objective: Objective | None = None
+    max_avg_jct: float | None = None  # cost with a workload: the average JCT (h) the cheapest plan must reach
+    target: float | None = None  # cost without a workload: reference GPUs of the mix to serve per hour
+    fairness: float = 0.0  # throughput-sum: each class's floor as a fraction of its share
+    scheduler: str = "las"
+    round_s: float = 300.0
+    solver: SolverName = "auto"
+    time_limit: float = 60.0
+    gap: float = 1e-3
+    sweep: tuple[float, ...] = ()  # budgets (US$/h) of the frontier
+    workers: int | None = None  # replay processes (None: the usable CPUs)
+    holdout: float = HOLDOUT
+    progress: Progress | None = None
+
+    def resolved(self, workload: bool) -> Objective:
+        """The objective, its default filled in for a request with (or without) a workload."""
+        if self.objective is not None:
+            return self.objective
+        return Objective.jct if workload else Objective.throughput
+
+    def replays(self, workload: bool) -> bool:
+        """Whether this request plans by replaying a workload (else the steady-state MILP alone)."""
+        return workload and self.resolved(workload).for_workload
+
+    def check(self, *, workload: bool, budget: float | None, owned: bool) -> None:
+        """Raise `RequestError` (naming the option) for every combination that cannot be planned."""
+        objective = self.resolved(workload)
+        if objective.needs_workload and not workload:
+            raise RequestError("--objective", f"the {objective.value} objective needs --workload")
+        if objective is Objective.cost:
+            if workload and self.max_avg_jct is None:
+                raise RequestError("--max-avg-jct", "the cost objective with a workload needs --max-avg-jct")
+            if not workload and self.target is None:
+                raise RequestError("--target", "the cost objective needs --target (or --workload and --max-avg-jct)")
+        if budget is None and not owned and not (objective is Objective.cost and not workload):
+            raise RequestError("--budget", f"the {objective.value} objective needs --budget (or an --owned fleet)")
+        if budget is None and self.replays(workload):
+            raise RequestError("--budget", "planning for a workload needs --budget (0 with an --owned fleet)")
+        for budget_point in self.sweep:
+            if not budget_point >= 0:
+                raise RequestError("--sweep", f"{budget_point!r} is not a budget in US$ per hour")
+        if not 0 <= self.holdout < 1:
+            raise RequestError("--holdout", f"must be in [0, 1), got {self.holdout:g}")
+        if not 0 <= self.fairness <= 1:
+            raise RequestError("--fairness", f"must be in [0, 1], got {self.fairness:g}")
