@@ -115,6 +115,8 @@ def main() -> None:
     parser.add_argument("--gpus", type=int, default=8)
     parser.add_argument("--jobs", type=int, default=2000)
     parser.add_argument("--budget", type=float, default=400.0)
+    parser.add_argument("--commands", nargs="+", default=["fit", "plan", "evaluate"],
+                        choices=["fit", "plan", "evaluate"])
     parser.add_argument("--no-record", action="store_true")
     args = parser.parse_args()
     when = dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
@@ -136,6 +138,8 @@ def main() -> None:
         }
         rows = []
         for name, argv in commands.items():
+            if name.split()[0] not in args.commands:
+                continue
             for terminal in (False, True):
                 # a fresh MLflow store each time: the second fit registers every pair again, as the first did
                 mlflow = f"sqlite:///{tmp}/mlflow-{len(rows)}.db"
@@ -148,7 +152,7 @@ def main() -> None:
     section = [
         "", f"## Longest silence of fit, plan and evaluate (`bench/silence.py`, issue 23), {when}", "",
         f"Run: `.venv/bin/python bench/silence.py --models {args.models} --gpus {args.gpus} --jobs {args.jobs} "
-        f"--budget {args.budget:g}`; {host} (before the runs). Inputs **synthetic** (see the script): fit = "
+        f"--budget {args.budget:g} --commands {' '.join(args.commands)}`; {host} (before the runs). Inputs **synthetic** (see the script): fit = "
         f"{args.models} models x {args.gpus} GPU types of the derived reference profiles with MLflow on SQLite; "
         f"plan and evaluate = {args.jobs:,} jobs resampled from Gavel's Philly-derived trace at rho 0.8, "
         f"{args.budget:g} $/h, the shipped catalog. Silence = the longest time without a byte of output "

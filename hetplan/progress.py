@@ -156,7 +156,7 @@ class Reporter:
             if running:
                 self._log(running[-1], still=True)
             else:
-                logger.info("%s: still running; %s elapsed", self.title, clock_text(self.clock() - self._started))
+                logger.info("%s: still running, %s elapsed", self.title, clock_text(self.clock() - self._started))
                 self._last_line = self.clock()
 
     def _tick_until_stopped(self) -> None:

@@ -86,7 +86,7 @@ def test_heartbeat_names_what_still_runs_and_for_how_long(lines, clock):
         assert lines() == []
         clock.now += 2
         progress.tick()
-        assert lines() == ["evaluate: still running; 0:11 elapsed"]  # before any step is known
+        assert lines() == ["evaluate: still running, 0:11 elapsed"]  # before any step is known
         progress(2, 8, "replaying status quo")
         lines()
         clock.now += 5
