@@ -130,6 +130,8 @@ class CoAdaptive:
     strict: bool = False  # only the GPU types a class's hints list (classes without hints: any)
     stability: Stability = Stability()
     _views: dict[tuple[str, int, str | None, tuple[str, ...]], ClassView] = field(default_factory=dict, repr=False)
+    _step_views: tuple[object, dict[tuple[str, int], ClassView], dict[str, tuple[Job, ClassView]]] | None = \
+        field(default=None, repr=False)
 
     def target(self, order: Sequence[Job], cluster: Cluster, hints: HintSet,
                current: Mapping[str, tuple[Allocation, ...]], touched: Iterable[str] = (),
@@ -161,6 +163,16 @@ class CoAdaptive:
                 self._views.clear()
             view = self._views[key] = _class_view(hints.lookup(job.model, job.num_gpus), job.num_gpus, key[3])
         return view
+
+    def step_views(self, hints: HintSet, gpu_types: tuple[str, ...]
+                   ) -> tuple[dict[tuple[str, int], ClassView], dict[str, tuple[Job, ClassView]]]:
+        """Where a step looks up class views: by (model, GPUs), and by job id (with the job, so that only the same
+        job object hits). Kept from step to step under one hint version and set of GPU types (what `view` keys
+        on), so a job's class is found once, not once per step."""
+        context = (hints.version, gpu_types)
+        if self._step_views is None or self._step_views[0] != context or len(self._step_views[2]) > 100_000:
+            self._step_views = (context, {}, {})
+        return self._step_views[1], self._step_views[2]
 
     def values(self, view: ClassView, running_on: str | None) -> dict[str, float]:
         """A class's normalised speed per type, less the migration cost over the horizon on every type but the
@@ -238,9 +250,8 @@ class _Step:
         # try (no release), and each leaves every node's free-plus-shrinkable share no larger, so they would
         # find none again
         self.full: set[tuple[str, int, int | None, int | None, str]] = set()
-        self.views: dict[tuple[str, int], ClassView] = {}
+        self.views, self._job_views = policy.step_views(hints, self.types)
         self._moving: dict[str, tuple[dict[str, float], str | None, float, MoveHistory | None, ClassView]] = {}
-        self._job_views: dict[str, tuple[Job, ClassView]] = {}  # `_view` by job id (the same job object)
         self._changes: dict[tuple[str, str, str], tuple[float, float, float] | None] = {}  # `_change`, remembered
         self.movable_nodes = {a.node for job_id, parts in current.items() if job_id in self.rank for a in parts}
         """Nodes where a job of this step runs (or ran when it began): the only ones where peers can shrink."""
