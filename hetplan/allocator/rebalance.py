@@ -291,7 +291,8 @@ class _Step:
                 break  # nobody else can start or get their old place back
             if job.job_id in self.placed:
                 continue
-            if self._guarded(f"restoring job {job.job_id}", self._restore, job):
+            # only a job that ran has a place to get back (`_restore` of any other is False, changing nothing)
+            if job.job_id in self.current and self._guarded(f"restoring job {job.job_id}", self._restore, job):
                 free = self.cluster.free_gpus_total()
                 continue
             key = (job.model, job.num_gpus, job.cpu_m, job.mem_mib)
