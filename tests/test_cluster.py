@@ -166,6 +166,7 @@ def _run(alloc, ops, policy: str, check: bool) -> list:
             log.append(alloc.release(op[1]))
         if check:
             assert alloc.cluster.check() == []
+            assert set(alloc.cluster.closed_nodes()) == {n.name for n in alloc.cluster.nodes() if not n.open}
             assert all(a.cpu_m >= (a.request_cpu_m or 0) and a.mem_mib >= (a.request_mem_mib or 0)
                        for a in alloc.cluster.allocations()), "an allocation below its own request"
     return log

@@ -141,6 +141,24 @@ class _NodeState:
         return (self.free_cpu, self.free_mem, self.ordinal, self.node.name)
 
 
+class _SetView(Collection[str]):
+    """A read-only, live view of a set of names."""
+
+    __slots__ = ("_names",)
+
+    def __init__(self, names: set[str]) -> None:
+        self._names = names
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._names
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._names)
+
+    def __len__(self) -> int:
+        return len(self._names)
+
+
 class Cluster:
     """Nodes and allocations; never overcommits a node's GPUs, cores or RAM."""
 
@@ -155,6 +173,7 @@ class Cluster:
         self._free_by_type: Counter[str] = Counter()
         self._sharing: dict[str, set[str]] = {}  # GPU type -> nodes with shared devices
         self._closed: set[str] = set()  # nodes closed to new placement (out of the index)
+        self._closed_view = _SetView(self._closed)
         self._names: list[str] = []  # sorted
         self._next_ordinal = 0
         # while in a trial: (applied?, allocation, its place in the order before a release)
@@ -221,6 +240,10 @@ class Cluster:
         trial released and applied again as it was keeps its place)."""
         place = self._place
         return sorted(self._allocations.values(), key=lambda a: place[a.job_id])
+
+    def closed_nodes(self) -> Collection[str]:
+        """The names of the nodes closed to new placement (`Node.open` False), read-only and live."""
+        return self._closed_view
 
     def allocation_table(self) -> Mapping[str, Allocation]:
         """Job (or gang part) id -> its allocation, read-only and live: for lookups of many ids at once."""

@@ -320,17 +320,18 @@ class Allocator:
             gangs[action.job_id] = tuple(a.job_id for a in action.after) if gang else None
         touched = frozenset(a.node for action in actions for a in action.before + action.after
                             if a.node not in remove) if not clear_touched else frozenset()
-        change = Change(taken=tuple(a.job_id for action in actions for a in action.before),
-                        given=tuple((action.job_id if gangs[action.job_id] else None, a)
-                                    for action in actions for a in action.after),
-                        upsert=tuple(upsert), remove=tuple(remove), touched_clear=clear_touched,
-                        touched_add=touched, logged=logged,
-                        history={job: None if h is None else h.to_dict() for job, h in histories.items()})
-        try:
-            self.journal.commit(change, self.log.retain)
-        except BaseException:
-            self._unapply(actions)
-            raise
+        if type(self.journal) is not MemoryJournal:  # it keeps nothing and never refuses: no change to write
+            change = Change(taken=tuple(a.job_id for action in actions for a in action.before),
+                            given=tuple((action.job_id if gangs[action.job_id] else None, a)
+                                        for action in actions for a in action.after),
+                            upsert=tuple(upsert), remove=tuple(remove), touched_clear=clear_touched,
+                            touched_add=touched, logged=logged,
+                            history={job: None if h is None else h.to_dict() for job, h in histories.items()})
+            try:
+                self.journal.commit(change, self.log.retain)
+            except BaseException:
+                self._unapply(actions)
+                raise
         for name in remove:
             self.cluster.remove_node(name, force=True)
             self._touched.discard(name)

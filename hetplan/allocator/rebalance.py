@@ -41,7 +41,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from itertools import chain
+from itertools import accumulate, chain
 from types import MappingProxyType
 from typing import Literal
 
@@ -106,11 +106,16 @@ class ClassView:
     entries: dict[str, HintEntry]  # the best-ranked hint entry per hinted GPU type
     wants: dict[str, Need]  # per GPU type: the hinted cores and RAM, else the GPU-proportional share
     floors: dict[str, Need]  # per GPU type: the floor rule (`cluster.floor_need`) for a job stating no request
+    best: float  # the highest of `speeds`
     values: dict[str | None, dict[str, float]] = field(default_factory=dict)  # by the type it runs on now
     gains: dict[tuple[str | None, str], tuple[tuple[float, str], ...]] = field(default_factory=dict)
 
 
 _NO_HISTORY: Mapping[str, MoveHistory] = MappingProxyType({})
+_Candidate = tuple[Job, dict[str, float], MoveHistory | None, int]
+"""A job as a swap reads it: the job, its class's speeds, its history, its rank."""
+_Ranked = tuple[int, float, int, float, Job]
+"""A swap candidate in the rule's order: its `Stability.swap_key` (two parts), its rank, its speed gain, the job."""
 
 
 @dataclass
@@ -125,6 +130,8 @@ class CoAdaptive:
     strict: bool = False  # only the GPU types a class's hints list (classes without hints: any)
     stability: Stability = Stability()
     _views: dict[tuple[str, int, str | None, tuple[str, ...]], ClassView] = field(default_factory=dict, repr=False)
+    _step_views: tuple[object, dict[tuple[str, int], ClassView], dict[str, tuple[Job, ClassView]]] | None = \
+        field(default=None, repr=False)
 
     def target(self, order: Sequence[Job], cluster: Cluster, hints: HintSet,
                current: Mapping[str, tuple[Allocation, ...]], touched: Iterable[str] = (),
@@ -156,6 +163,16 @@ class CoAdaptive:
                 self._views.clear()
             view = self._views[key] = _class_view(hints.lookup(job.model, job.num_gpus), job.num_gpus, key[3])
         return view
+
+    def step_views(self, hints: HintSet, gpu_types: tuple[str, ...]
+                   ) -> tuple[dict[tuple[str, int], ClassView], dict[str, tuple[Job, ClassView]]]:
+        """Where a step looks up class views: by (model, GPUs), and by job id (with the job, so that only the same
+        job object hits). Kept from step to step under one hint version and set of GPU types (what `view` keys
+        on), so a job's class is found once, not once per step."""
+        context = (hints.version, gpu_types)
+        if self._step_views is None or self._step_views[0] != context or len(self._step_views[2]) > 100_000:
+            self._step_views = (context, {}, {})
+        return self._step_views[1], self._step_views[2]
 
     def values(self, view: ClassView, running_on: str | None) -> dict[str, float]:
         """A class's normalised speed per type, less the migration cost over the horizon on every type but the
@@ -202,11 +219,15 @@ def _class_view(entries: tuple[HintEntry, ...], gpus: int, gpu_types: tuple[str,
     unasked = Job("class", "class", gpus)  # a job of the class that states no request of its own
     floors = {t: floor_need(unasked, wants[t]) for t in gpu_types}
     return ClassView(speeds, tuple(sorted(speeds, key=lambda t: (-speeds[t], t))), ranked[1] - ranked[0], first,
-                     wants, floors)
+                     wants, floors, max(speeds.values(), default=0.0))
 
 
 class _Step:
     """One planning step on a trial cluster (undone by the caller)."""
+
+    exhaustive = False
+    """Judge every move and swap candidate up front, the plain reading of the rule (tests compare it with the
+    default, which judges only the candidates that can change a decision: the same decisions)."""
 
     def __init__(self, policy: CoAdaptive, order: Sequence[Job], cluster: Cluster, hints: HintSet,
                  current: Mapping[str, tuple[Allocation, ...]], touched: set[str], preempt: bool, move: bool,
@@ -229,17 +250,21 @@ class _Step:
         # try (no release), and each leaves every node's free-plus-shrinkable share no larger, so they would
         # find none again
         self.full: set[tuple[str, int, int | None, int | None, str]] = set()
-        self.views: dict[tuple[str, int], ClassView] = {}
-        self._moving: dict[str, tuple[dict[str, float], str | None, float, MoveHistory | None]] = {}
+        self.views, self._job_views = policy.step_views(hints, self.types)
+        self._moving: dict[str, tuple[dict[str, float], str | None, float, MoveHistory | None, ClassView]] = {}
         self._changes: dict[tuple[str, str, str], tuple[float, float, float] | None] = {}  # `_change`, remembered
         self.movable_nodes = {a.node for job_id, parts in current.items() if job_id in self.rank for a in parts}
         """Nodes where a job of this step runs (or ran when it began): the only ones where peers can shrink."""
         self._placed_log: list[tuple[str, tuple[Allocation, ...] | None]] = []  # (job, what it had): undo
 
     def _view(self, job: Job) -> ClassView:
+        got = self._job_views.get(job.job_id)
+        if got is not None and got[0] is job:
+            return got[1]
         view = self.views.get((job.model, job.num_gpus))
         if view is None:
             view = self.views[(job.model, job.num_gpus)] = self.policy.view(job, self.hints, self.types)
+        self._job_views[job.job_id] = (job, view)
         return view
 
     # ------------------------------------------------------------------ the step
@@ -266,7 +291,8 @@ class _Step:
                 break  # nobody else can start or get their old place back
             if job.job_id in self.placed:
                 continue
-            if self._guarded(f"restoring job {job.job_id}", self._restore, job):
+            # only a job that ran has a place to get back (`_restore` of any other is False, changing nothing)
+            if job.job_id in self.current and self._guarded(f"restoring job {job.job_id}", self._restore, job):
                 free = self.cluster.free_gpus_total()
                 continue
             key = (job.model, job.num_gpus, job.cpu_m, job.mem_mib)
@@ -377,14 +403,18 @@ class _Step:
         else:
             self.placed[job_id] = parts
             if job_id in self.rank:
-                self.movable_nodes.update(a.node for a in parts)
+                for a in parts:
+                    self.movable_nodes.add(a.node)
 
     def _admit(self) -> tuple[list[Job], list[Job]]:
         """Who runs: in priority order while GPUs last (with `preempt` every GPU but those of jobs not asked
         about; without it, running jobs stay and waiting ones share the free GPUs)."""
         if self.preempt:  # a cordoned node's GPUs count only while held: they stay with who holds them
-            held = {a.job_id: a for parts in chain(self.current.values(), self.placed.values()) for a in parts}
-            closed = sum(a.gpus for a in held.values() if not self.cluster.node(a.node).open)
+            closed_nodes = self.cluster.closed_nodes()
+            closed = 0
+            if closed_nodes:
+                held = {a.job_id: a for parts in chain(self.current.values(), self.placed.values()) for a in parts}
+                closed = sum(a.gpus for a in held.values() if a.node in closed_nodes)
             room = sum(self.type_gpus.values()) + closed - sum(a.gpus for parts in self.placed.values() for a in parts)
         else:
             room = sum(self.cluster.free_gpus_by_type().values())
@@ -433,18 +463,18 @@ class _Step:
         self._move(jobs, assigned, room)
         self._swap(jobs, assigned)
 
-    def _mover(self, job: Job) -> tuple[dict[str, float], str | None, float, MoveHistory | None]:
+    def _mover(self, job: Job) -> tuple[dict[str, float], str | None, float, MoveHistory | None, ClassView]:
         """What the rule reads of a job: its class's speeds, the type it runs on (None: not running), its
-        expected remaining time and its history."""
+        expected remaining time, its history and its class."""
         got = self._moving.get(job.job_id)
         if got is None:
             parts = self.current.get(job.job_id)
-            speeds = self._view(job).speeds
+            view = self._view(job)
             if parts:
                 h = self.history.get(job.job_id)
-                got = (speeds, parts[0].gpu_type, remaining_s(h, self.now, self.policy.horizon_s), h)
+                got = (view.speeds, parts[0].gpu_type, remaining_s(h, self.now, self.policy.horizon_s), h, view)
             else:
-                got = (speeds, None, self.policy.horizon_s, None)
+                got = (view.speeds, None, self.policy.horizon_s, None, view)
             self._moving[job.job_id] = got
         return got
 
@@ -460,13 +490,16 @@ class _Step:
         return change
 
     def _judge(self, job: Job, frm: str, to: str) -> tuple[float, float, float] | None:
-        speeds, r, remaining, h = self._mover(job)
+        speeds, r, remaining, h, view = self._mover(job)
         cost = 0.0
         if r is not None:
             if to != r:
-                if not self.policy.stability.admits(h, to, saved_s(remaining, speeds[r], speeds[to]), self.now,
-                                                    self.policy.migration_s, self._view(job).preference[0] == to
-                                                    or speeds[to] >= max(speeds.values()) - EPS):
+                stability = self.policy.stability
+                to_best = view.preference[0] == to or speeds[to] >= view.best - EPS  # its fastest type
+                # `admits` alone decides; its cheap parts first spare the saving where they do
+                if not stability.within_budget(h, to_best) or stability.returning(h, to, self.now) and not \
+                        stability.admits(h, to, saved_s(remaining, speeds[r], speeds[to]), self.now,
+                                         self.policy.migration_s, to_best):
                     return None
                 cost = speeds[to] if frm == r else 0.0
             elif frm != r:
@@ -480,11 +513,18 @@ class _Step:
         """Jobs move into free GPUs of a faster type where the rule allows, the largest gain first."""
         smallest = min((job.num_gpus for job in jobs), default=0)
         open_types = {t for t, free in room.items() if free >= smallest and self.type_gpus.get(t, 0) > 0}
+        gains = self.policy.gains
+        # the first move needs room where some job gains, and every later one follows a first: without one (a full
+        # cluster, the usual case near capacity), nothing moves and nobody needs judging
+        if not self.exhaustive and (not open_types or not any(
+                t in open_types and self._pays(self._change(job, assigned[job.job_id], t))
+                for job in jobs for _, t in gains(self._view(job), None, assigned[job.job_id]))):
+            return
         moves: list[tuple[float, int, Job, str]] = []
-        first = False  # the first move needs room where some job gains, and every later one follows a first
+        first = False
         for job in jobs:
             frm = assigned[job.job_id]
-            for loss, t in self.policy.gains(self._view(job), None, frm):
+            for loss, t in gains(self._view(job), None, frm):
                 if self._pays(self._change(job, frm, t)):
                     moves.append((loss, self.rank[job.job_id], job, t))
                     first = first or t in open_types
@@ -502,13 +542,17 @@ class _Step:
         """Pairs of equal-sized jobs on two types trade places when each is allowed to (its budget, no quick
         return) and the pair's speed gained over the shorter expected remaining time pays for both moves, in the
         rule's order (`_swappers`: who goes down, the fewest moves so far first; a pair that does not pay drops its
-        member with less time left)."""
-        by_type: dict[tuple[str, int], list[Job]] = {}
+        member with less time left). The order reads no judgement, so a candidate is judged (`_change`) only when
+        the walk reaches it."""
+        by_type: dict[tuple[str, int], list[_Candidate]] = {}
         kinds: dict[tuple[str, int], dict[int, dict[str, float]]] = {}  # the distinct classes' speeds on each side
+        rank, current, history = self.rank, self.current, self.history
         for job in jobs:
-            key = (assigned[job.job_id], job.num_gpus)
-            by_type.setdefault(key, []).append(job)
+            job_id = job.job_id
             speeds = self._view(job).speeds
+            h = history.get(job_id) if current.get(job_id) else None  # as `_mover` reads it
+            key = (assigned[job_id], job.num_gpus)
+            by_type.setdefault(key, []).append((job, speeds, h, rank[job_id]))
             kinds.setdefault(key, {})[id(speeds)] = speeds
         types = [t for t in self.types if self.type_gpus.get(t, 0) > 0]  # a closed type takes nobody
         stability, migration = self.policy.stability, self.policy.migration_s
@@ -523,43 +567,50 @@ class _Step:
                         continue
                     on_x = self._swappers(by_type[(x, g)], x, y, assigned)
                     on_y = self._swappers(by_type[(y, g)], y, x, assigned) if on_x else []
+                    # the best gain from each place on: over the candidates not judged yet too, so an upper bound
+                    # (the walk may go on further than it needs to, but no pair it adds gains)
                     best_x, best_y = self._best_after(on_x), self._best_after(on_y)
-                    a = b = 0
+                    a, b = self._allowed(on_x, 0, x, y), self._allowed(on_y, 0, y, x)
                     while a < len(on_x) and b < len(on_y):
-                        (gi, ri, ci, i), (gj, rj, cj, j) = on_x[a][1], on_y[b][1]
                         if best_x[a] + best_y[b] <= EPS:
                             break  # no later pair gains
+                        i, j = on_x[a][4], on_y[b][4]
+                        up, down = self._change(i, x, y), self._change(j, y, x)
+                        assert up is not None and down is not None  # `_allowed` passed over the others
+                        (gi, ri, ci), (gj, rj, cj) = up, down
                         if stability.pays(gi + gj, min(ri, rj), ci + cj, migration):
                             assigned[i.job_id], assigned[j.job_id] = y, x
-                            a, b = a + 1, b + 1
+                            a, b = self._allowed(on_x, a + 1, x, y), self._allowed(on_y, b + 1, y, x)
                         elif ri <= rj:
-                            a += 1
+                            a = self._allowed(on_x, a + 1, x, y)
                         else:
-                            b += 1
+                            b = self._allowed(on_y, b + 1, y, x)
+
+    def _allowed(self, side: list[_Ranked], k: int, frm: str, to: str) -> int:
+        """The first place from `k` on of a job of `side` its own part of the rule lets go from `frm` to `to`
+        (judged now, remembered for the step); len(side) if none."""
+        while k < len(side) and self._change(side[k][4], frm, to) is None:
+            k += 1
+        return k
 
     @staticmethod
-    def _best_after(side: list[tuple[tuple, tuple[float, float, float, Job]]]) -> list[float]:
+    def _best_after(side: list[_Ranked]) -> list[float]:
         """The largest speed gain from each candidate of one side of a swap on (the order is the rule's, not by
         gain): the pair walk stops where no later pair can gain."""
-        best, out = float("-inf"), [0.0] * len(side)
-        for k in range(len(side) - 1, -1, -1):
-            best = out[k] = max(best, side[k][1][0])
-        return out
+        return list(accumulate(reversed([c[3] for c in side]), max, initial=float("-inf")))[:0:-1]
 
-    def _swappers(self, jobs: list[Job], frm: str, to: str, assigned: dict[str, str]
-                  ) -> list[tuple[tuple[float, int], tuple[float, float, float, Job]]]:
-        """The jobs assigned `frm` allowed to go to `to` in the stability rule's order (`Stability.swap_key`: those
-        sent down with the fewest moves so far first, then the largest speed gain; then priority), each with
-        (speed gained, expected remaining s, speed of the move it adds, job)."""
-        out = []
+    def _swappers(self, side: list[_Candidate], frm: str, to: str, assigned: dict[str, str]) -> list[_Ranked]:
+        """The jobs of `side` still assigned `frm` in the stability rule's order for going to `to`
+        (`Stability.swap_key`: those sent down with the fewest moves so far first, then the largest speed gain;
+        then priority), each as (its key's two parts, its rank, its speed gain, the job): sorted as they stand, since
+        no two ranks are equal. Not judged yet (`_allowed` does, as the walk reaches them), unless `exhaustive`:
+        then only those the rule allows."""
         key = self.policy.stability.swap_key
-        for job in jobs:
-            if assigned[job.job_id] != frm:
-                continue  # swapped already this step
-            change = self._change(job, frm, to)
-            if change is not None:
-                out.append(((*key(self._mover(job)[3], change[0]), self.rank[job.job_id]), (*change, job)))
-        out.sort(key=lambda n: n[0])
+        out = [(*key(h, gain := speeds[to] - speeds[frm]), r, gain, job) for job, speeds, h, r in side
+               if assigned[job.job_id] == frm]
+        if self.exhaustive:
+            out = [c for c in out if self._change(c[4], frm, to) is not None]
+        out.sort()
         return out
 
     # ------------------------------------------------------------------ placing one job

@@ -98,14 +98,21 @@ class Stability:
         budget left (the last move only to its fastest type, `to_best`, so that no job ends its budget on a
         slower type than it could have), and a return within the window only when its own saving clears the
         higher margin."""
-        moves = history.moves if history is not None else 0
-        if moves >= self.budget or (moves == self.budget - 1 and not to_best):
+        if not self.within_budget(history, to_best):
             return False
-        if history is None:
-            return True
-        if history.left_since(to_type, now - self.return_window_s):
+        if self.returning(history, to_type, now):
             return own_saved_s >= self.return_margin * migration_s
         return True
+
+    def returning(self, history: MoveHistory | None, to_type: str, now: float) -> bool:
+        """Whether going to `to_type` is a return within the window (`admits` then asks the higher margin)."""
+        return history is not None and history.left_since(to_type, now - self.return_window_s)
+
+    def within_budget(self, history: MoveHistory | None, to_best: bool = True) -> bool:
+        """The budget part of `admits`: moves left, the last one only to the job's fastest type (`to_best`). With
+        `returning` false it is all of `admits`, and needs no saving computed."""
+        moves = history.moves if history is not None else 0
+        return moves < self.budget and (moves != self.budget - 1 or to_best)
 
     def swap_key(self, history: MoveHistory | None, speed_gain: float) -> tuple[int, float]:
         """A job's place among the candidates for one side of a swap, first first: with `spread`, a job the swap
