@@ -19,7 +19,9 @@ import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from hetplan.cli.common import choices, console, contract_errors, read_trace, warn
+from hetplan.cli.common import (
+    DaskAddress, ReplayEngine, choices, console, contract_errors, read_trace, replay_engine, warn,
+)
 from hetplan.contracts import DEMAND, ContractError, Problem, demand_from_trace, fingerprint
 from hetplan.fsio import atomic_write_bytes, save_figure
 from hetplan.planner import SolveError, frontier_table, sweep, write_plan_artifacts
@@ -90,6 +92,8 @@ def plan(
     out_dir: Path = typer.Option(Path(".hetplan/plan"), "--out-dir", help="Where plan.json, hints and plots go."),
     no_mlflow: bool = typer.Option(False, "--no-mlflow", help="Do not log the planning run to MLflow."),
     tracking_uri: str | None = typer.Option(None, "--tracking-uri"),
+    engine: ReplayEngine = "local",
+    dask_address: DaskAddress = None,
 ) -> None:
     """Choose the node mix and the CPU/RAM split together; print hetplan beside its baselines."""
     objective = objective or (Objective.jct if workload else Objective.throughput)
@@ -105,7 +109,7 @@ def plan(
         try:
             if jobs is not None and objective not in (Objective.throughput, Objective.throughput_sum):
                 outcome = _plan_workload(problem, jobs, objective, max_avg_jct, scheduler, solver, time_limit, inputs,
-                                         budgets)
+                                         budgets, replay_engine(engine, dask_address))
             else:
                 outcome = _plan_steady(problem, objective, target, fairness, solver, time_limit, gap, inputs, budgets,
                                        str(catalog))
@@ -183,7 +187,7 @@ def _plan_steady(problem, objective: Objective, target, fairness, solver: Solver
 
 
 def _plan_workload(problem, jobs: pd.DataFrame, objective: Objective, max_avg_jct, scheduler: Scheduler,
-                   solver: Solver, time_limit, inputs, budgets: list[float]) -> Outcome:
+                   solver: Solver, time_limit, inputs, budgets: list[float], engine=None) -> Outcome:
     from hetplan.codesign import plan_workload, workload_from_trace
     from hetplan.planner.problem import with_budget
 
@@ -198,7 +202,7 @@ def _plan_workload(problem, jobs: pd.DataFrame, objective: Objective, max_avg_jc
         def run(at, inputs=None):
             return plan_workload(at, workload, objective=objective.value, max_avg_jct=max_avg_jct,  # type: ignore[arg-type]
                                  scheduler=scheduler.value, solver=solver.value, time_limit=time_limit,  # type: ignore[arg-type]
-                                 inputs=inputs, progress=step)
+                                 inputs=inputs, progress=step, engine=engine)
 
         planned = run(problem, inputs)
         plans = []

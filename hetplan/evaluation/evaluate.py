@@ -28,6 +28,7 @@ from hetplan.allocator.stability import Stability
 from hetplan.allocator.spec import Node, to_mib, to_milli
 from hetplan.codesign import plan_workload, workload_from_trace
 from hetplan.codesign.candidates import HINT, STATUS_QUO
+from hetplan.codesign.engines import Engine
 from hetplan.codesign.plan import WorkloadPlan
 from hetplan.codesign.replay import candidate_nodes
 from hetplan.contracts import demand_from_trace
@@ -80,13 +81,13 @@ def evaluate(trace: pd.DataFrame, problem_inputs: ProblemInputs, truth: TruthCur
              loads: Sequence[float] = (), schedulers: Sequence[str] = ("las",), unknown_model: str = MIX,
              relabel_unknown: bool = False, seed: int = 0, round_s: float = 300.0, solver: SolverName = "auto",
              time_limit: float = 60.0, progress: Progress | None = None,
-             stability: Stability | None = None) -> EvaluationResult:
+             stability: Stability | None = None, engine: Engine | None = None) -> EvaluationResult:
     """Plan on `plan_trace` (default: `trace`, in-sample), replay `trace`, at every load and scheduler.
 
     Jobs of models the truth lacks run as `unknown_model` (a truth model, or `mix`: one drawn per job). The
     planner then plans them on its stated defaults for unprofiled models; with `relabel_unknown` both traces
     are relabelled as the truth models they run as before anything sees them (the planner then knows them
-    as what they are, by their fitted curves).
+    as what they are, by their fitted curves). The planner's replays run on `engine` (default: a local pool).
     """
     warnings: list[str] = []
     if plan_trace is None:
@@ -124,7 +125,8 @@ def evaluate(trace: pd.DataFrame, problem_inputs: ProblemInputs, truth: TruthCur
                             HintSet.from_frame(steady.result.hints), steady.result.plan.cost_per_hour,
                             steady.result.plan.objective)
         else:
-            planned = _plan_at(problem, plan_trace, point, objective, schedulers[0], round_s, seed, solver, time_limit)
+            planned = _plan_at(problem, plan_trace, point, objective, schedulers[0], round_s, seed, solver, time_limit,
+                               engine)
             plans[label] = planned
             hetplan = _setup_of(HETPLAN, planned)
         setups = [*baselines, hetplan]
@@ -216,11 +218,12 @@ def _truth_model(model: str, truth: TruthCurves) -> str:
 
 
 def _plan_at(problem: PlanningProblem, plan_trace: pd.DataFrame, point: LoadPoint, objective: str, scheduler: str,
-             round_s: float, seed: int, solver: SolverName, time_limit: float) -> WorkloadPlan:
+             round_s: float, seed: int, solver: SolverName, time_limit: float,
+             engine: Engine | None = None) -> WorkloadPlan:
     jobs = plan_trace if point.plan_rate is None else with_load(plan_trace, point.plan_rate, seed + PLAN_SEED_OFFSET)
     workload = workload_from_trace(jobs, seed=seed)
     return plan_workload(problem, workload, objective=objective, scheduler=scheduler, round_s=round_s,  # type: ignore[arg-type]
-                         solver=solver, time_limit=time_limit)
+                         solver=solver, time_limit=time_limit, engine=engine)
 
 
 def _setup_of(name: str, planned: WorkloadPlan) -> Setup:
