@@ -215,9 +215,106 @@ def plan_step(workspace: str | Path, run_key: str, *, budget: float, objective: 
               time_limit: float = 60.0, tracking_uri: str | None = None, mlflow: bool = True) -> dict[str, Any]:
     """Plan from this run's curves on the workspace's owned fleet (`fleet.csv`, if any) plus what `budget`
     rents: for its workload (`trace.csv`) by `objective` (jct, p95-jct, makespan), or with `throughput` (or
-    no workload) for its demand mix. Write the artifacts and `summary.txt` to `<run>/plan/`."""
-    from hetplan.planner import write_plan_artifacts
-    from hetplan.planner.entry import load_problem, plan_with_baselines
+    no workload) for its demand mix. Write the artifacts and `summary.txt` to `<run>/plan/`. In one task: the
+    nightly DAG runs the workload plan's stages as tasks (`shortlist_step`, `replay_step`, `choose_step`)."""
+    problem, inputs, jobs = _plan_inputs(workspace, run_key, budget, objective, clouds)
+    planned = None
+    if jobs is not None:
+        from hetplan.codesign import plan_workload, workload_from_trace
+
+        planned = plan_workload(problem, workload_from_trace(jobs, source=str(_trace_path(workspace))),
+                                objective=objective, solver=solver, time_limit=time_limit,  # type: ignore[arg-type]
+                                inputs=inputs, progress=_replay_progress)
+    return _plan_outputs(workspace, run_key, problem, inputs, planned, stale_gpu_types, solver, time_limit,
+                         tracking_uri, mlflow)
+
+
+SHORTLIST = "shortlist.pkl"
+REPLAYS = "replays"
+
+
+def shortlist_step(workspace: str | Path, run_key: str, *, budget: float, objective: str = "jct",
+                   clouds: Sequence[str] = (), solver: str = "auto", time_limit: float = 60.0) -> list[list[int]]:
+    """Stage 1 of a workload plan: propose and screen the candidates (`hetplan.codesign.shortlist_for`), keep
+    the shortlist in `<run>/plan/stages/` and return the replay runs to do, [candidate, draw] each (none
+    without a workload: the plan is then the steady-state one, made by `choose_step`)."""
+    import pickle
+
+    problem, inputs, jobs = _plan_inputs(workspace, run_key, budget, objective, clouds)
+    stages = run_dir(workspace, run_key) / "plan" / "stages"
+    if jobs is None:
+        (stages / SHORTLIST).unlink(missing_ok=True)
+        return []
+    from hetplan.codesign import shortlist_for, workload_from_trace
+
+    listed = shortlist_for(problem, workload_from_trace(jobs, source=str(_trace_path(workspace))),
+                           objective=objective, solver=solver, time_limit=time_limit,  # type: ignore[arg-type]
+                           progress=_replay_progress)
+    for stale in (stages / REPLAYS).glob("*.json"):  # an earlier try's runs belong to an earlier shortlist
+        stale.unlink()
+    (stages / REPLAYS).mkdir(parents=True, exist_ok=True)
+    atomic_write_bytes(stages / SHORTLIST, pickle.dumps({"shortlist": listed, "inputs": inputs}))
+    return [list(run) for run in listed.pending]
+
+
+def replay_step(workspace: str | Path, run_key: str, run: Sequence[int]) -> str:
+    """Stage 2: one replay run of the shortlist, its summary written to `<run>/plan/stages/replays/`."""
+    listed = _shortlist(workspace, run_key)["shortlist"]
+    key = (int(run[0]), int(run[1]))
+    if key not in listed.pending:
+        raise ContractError([Problem(str(run_dir(workspace, run_key) / "plan" / "stages" / SHORTLIST),
+                                     f"run {list(run)} is not one of the shortlist's replay runs")])
+    out = run_dir(workspace, run_key) / "plan" / "stages" / REPLAYS / f"{key[0]}-{key[1]}.json"
+    atomic_write_bytes(out, json.dumps(listed.runs.summary(key)).encode())
+    return str(out)
+
+
+def choose_step(workspace: str | Path, run_key: str, *, budget: float, objective: str = "jct",
+                stale_gpu_types: Sequence[str] = (), clouds: Sequence[str] = (), solver: str = "auto",
+                time_limit: float = 60.0, tracking_uri: str | None = None, mlflow: bool = True) -> dict[str, Any]:
+    """Stage 3: the plan from the shortlist and every replay run's summary, written as `plan_step` writes it;
+    the steady-state plan when `shortlist_step` found no workload."""
+    if not (run_dir(workspace, run_key) / "plan" / "stages" / SHORTLIST).is_file():
+        problem, inputs, _ = _plan_inputs(workspace, run_key, budget, "throughput", clouds)
+        return _plan_outputs(workspace, run_key, problem, inputs, None, stale_gpu_types, solver, time_limit,
+                             tracking_uri, mlflow)
+    from hetplan.codesign.plan import chosen
+
+    kept = _shortlist(workspace, run_key)
+    listed, replays = kept["shortlist"], run_dir(workspace, run_key) / "plan" / "stages" / REPLAYS
+    missing = [list(run) for run in listed.pending if not (replays / f"{run[0]}-{run[1]}.json").is_file()]
+    if missing:
+        raise ContractError([Problem(str(replays), f"replay runs {missing} have no summary")])
+    summaries = {run: json.loads((replays / f"{run[0]}-{run[1]}.json").read_text()) for run in listed.pending}
+    planned = chosen(listed.runs.problem, listed, summaries, objective=objective,  # type: ignore[arg-type]
+                     inputs=kept["inputs"])
+    return _plan_outputs(workspace, run_key, listed.runs.problem, kept["inputs"], planned, stale_gpu_types, solver,
+                         time_limit, tracking_uri, mlflow)
+
+
+def _shortlist(workspace: str | Path, run_key: str) -> dict:
+    import pickle
+
+    path = run_dir(workspace, run_key) / "plan" / "stages" / SHORTLIST
+    if not path.is_file():
+        raise ContractError([Problem(str(path), "no shortlist: the shortlist task has not run for this run")])
+    return pickle.loads(path.read_bytes())
+
+
+def _trace_path(workspace: str | Path) -> Path:
+    from hetplan.workspace import Workspace
+
+    return Workspace(Path(workspace)).trace
+
+
+def _replay_progress(done: int, total: int, label: str) -> None:
+    log.debug("replay %d/%d: %s", done, total, label)
+
+
+def _plan_inputs(workspace: str | Path, run_key: str, budget: float, objective: str, clouds: Sequence[str]):
+    """The planning problem of this run, its inputs' fingerprints, and the workload's jobs (None: plan for
+    the demand mix)."""
+    from hetplan.planner.entry import load_problem
     from hetplan.workspace import Workspace
 
     if objective not in PLAN_OBJECTIVES:
@@ -232,16 +329,23 @@ def plan_step(workspace: str | Path, run_key: str, *, budget: float, objective: 
     inputs["workload" if for_workload else "demand"] = fingerprint(ws.trace if for_workload else ws.demand)
     for warning in problem.warnings:
         log.warning("%s", warning)
-    if jobs is not None:
-        from hetplan.codesign import plan_workload, workload_from_trace
+    return problem, inputs, jobs
 
-        planned = plan_workload(problem, workload_from_trace(jobs, source=str(ws.trace)), objective=objective,  # type: ignore[arg-type]
-                                solver=solver, time_limit=time_limit, inputs=inputs,  # type: ignore[arg-type]
-                                progress=lambda done, total, label: log.debug("replay %d/%d: %s", done, total, label))
+
+def _plan_outputs(workspace: str | Path, run_key: str, problem, inputs: dict[str, str], planned,
+                  stale_gpu_types: Sequence[str], solver: str, time_limit: float, tracking_uri: str | None,
+                  mlflow: bool) -> dict[str, Any]:
+    """Write the plan (the workload plan `planned`, or without one the steady-state plan) to `<run>/plan/`."""
+    from hetplan.planner import write_plan_artifacts
+    from hetplan.planner.entry import plan_with_baselines
+    from hetplan.workspace import Workspace
+
+    here = run_dir(workspace, run_key)
+    if planned is not None:
         result, baselines, metrics, summary = planned.result, planned.baselines(), planned.metrics(), planned.summary()
     else:
         steady = plan_with_baselines(problem, solver=solver, time_limit=time_limit, inputs=inputs,  # type: ignore[arg-type]
-                                     source=str(ws.catalog))
+                                     source=str(Workspace(Path(workspace)).catalog))
         result, baselines, metrics = steady.result, steady.baselines, {}
         quo = steady.baseline("status quo")
         summary = (f"mix served {result.plan.objective:.1f} reference GPUs per hour at {result.plan.cost_per_hour:.2f} "

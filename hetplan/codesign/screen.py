@@ -34,7 +34,7 @@ from hetplan.sim.engine import SimConfig
 Progress = Callable[[int, int, str], None]
 SCREEN = 4  # candidates replayed in full besides the status quo
 SCREEN_JOBS = 2_000  # jobs of the screen's sample of draw 0
-REPLAY_JOBS = 20_000  # jobs a full replay samples from each draw of a longer workload
+REPLAY_JOBS = 10_000  # jobs a full replay samples from each draw of a longer workload
 COST_SLACK = 0.25  # the cost objective shortlists candidates whose screened JCT is within this of the target
 
 PRUNED, SCREENED_OUT, REPLAYED, TWIN = "pruned", "screened out", "replayed", "twin: the original's figures"
@@ -136,7 +136,8 @@ def shortlist(problem: PlanningProblem, candidates: Sequence[Candidate], workloa
         record["screen_sample"] = _sample_record(workload.draws[0], screen_draw, screen_every)
     done = {run: s for run, s in done.items() if run[0] in chosen}
     stage = [REPLAYED if i in chosen else PRUNED if i not in kept else SCREENED_OUT for i in range(len(candidates))]
-    all_candidates, twin_of = list(candidates), [None] * len(candidates)
+    all_candidates: list[Candidate] = list(candidates)
+    twin_of: list[int | None] = [None] * len(candidates)
     for i in sorted(chosen):
         if candidates[i].policy == PROPORTIONAL or rejected[i] > 0:
             continue
