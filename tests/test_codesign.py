@@ -290,6 +290,8 @@ def test_the_screen_replays_the_status_quo_and_the_best_few_and_says_so(curves, 
     assert out["screen_score"].min() >= replayed.loc[replayed["candidate"] != STATUS_QUO, "screen_score"].max()
     screen = planned.result.plan.planning["screen"]
     assert screen["screen_sample"]["every"] == 1 and screen["confidence"]["winner"] == planned.winner
+    runner_up = screen["confidence"].get("runner_up", "")  # another cluster, never the winner's own twin
+    assert runner_up.removesuffix(", fastest first") != planned.winner.removesuffix(", fastest first")
     every = plan_workload(planned.problem, workload_from_trace(jobs()), screen=None)
     assert every.winner == planned.winner and (every.candidates["screen"] != "screened out").all()
     row, again = planned.row(planned.winner), every.row(planned.winner)

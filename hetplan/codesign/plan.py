@@ -26,7 +26,7 @@ from hetplan.codesign.engines import Engine, ProcessPool, Run
 from hetplan.codesign.objectives import MARGIN, METRIC, WorkloadObjective, choose
 from hetplan.codesign.replay import Replayed, table
 from hetplan.codesign.screen import (
-    REPLAY_JOBS, SCREEN, SCREEN_JOBS, SCREENED_OUT, Shortlist, screened_metric, fastest_first, fluid_load,
+    REPLAY_JOBS, SCREEN, SCREEN_JOBS, SCREENED_OUT, TWIN_SUFFIX, Shortlist, screened_metric, fastest_first, fluid_load,
     ranks_steer, shortlist,
 )
 from hetplan.codesign.workload import Workload, without_classes
@@ -166,12 +166,16 @@ def chosen(problem: PlanningProblem, listed: Shortlist, summaries: dict[Run, dic
 
 
 def confidence(weighed: pd.DataFrame, objective: str) -> dict:
-    """How sure the choice is: the winner's lead over the best other replayed candidate (twins that repeat
-    their original's figures aside) on the objective's figure, against the noise of the replays: the spread
+    """How sure the choice is: the winner's lead over the best replayed candidate on another cluster (not the
+    winner's own fastest-first twin or original) on the objective's figure, against the noise of the replays: the spread
     of the winner's average JCT between arrival draws and the batch-means standard errors of both."""
     metric = screened_metric(objective)
     win = weighed[weighed["chosen"]].iloc[0]
-    others = weighed[(weighed["screen"] == "replayed") & ~weighed["chosen"] & (weighed["rejected"] == 0)]
+    def base(name: str) -> str:
+        return name.removesuffix(TWIN_SUFFIX)
+
+    other_clusters = weighed["candidate"].map(base) != base(str(win["candidate"]))  # not the winner's own twin
+    others = weighed[(weighed["screen"] == "replayed") & other_clusters & (weighed["rejected"] == 0)]
     out: dict = {"winner": win["candidate"], "draws_spread_h": _finite(win["avg_jct_spread"]),
                  "avg_jct_se_h": _finite(win["avg_jct_se_h"])}
     if len(others):

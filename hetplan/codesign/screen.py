@@ -37,6 +37,7 @@ SCREEN_JOBS = 2_000  # jobs of the screen's sample of draw 0
 REPLAY_JOBS = 10_000  # jobs a full replay samples from each draw of a longer workload
 COST_SLACK = 0.25  # the cost objective shortlists candidates whose screened JCT is within this of the target
 
+TWIN_SUFFIX = ", fastest first"  # a twin's name: its original's and this
 PRUNED, SCREENED_OUT, REPLAYED, TWIN = "pruned", "screened out", "replayed", "twin: the original's figures"
 """A candidate's stage in the table's `screen` column."""
 
@@ -204,7 +205,7 @@ def fastest_first(candidate: Candidate) -> Candidate:
         hints = hints.sort_values(["model", "num_gpus", "normalized_throughput"], ascending=[True, True, False],
                                   kind="stable")
         hints = hints.assign(rank=hints.groupby(["model", "num_gpus"]).cumcount() + 1).reset_index(drop=True)
-    return Candidate(f"{candidate.name}, fastest first", candidate.counts, candidate.policy,
+    return Candidate(f"{candidate.name}{TWIN_SUFFIX}", candidate.counts, candidate.policy,
                      replace(candidate.result, hints=hints))
 
 
