@@ -366,3 +366,32 @@ def _task_states(run_id: str, dag_id: str = "hetplan_nightly") -> dict[tuple[str
         query = select(TaskInstance).where(TaskInstance.dag_id == dag_id, TaskInstance.run_id == run_id)
         tis = session.scalars(query).all()
         return {(ti.task_id, ti.map_index): str(ti.state) for ti in tis}
+
+
+def test_the_plan_stages_make_the_plan_the_one_task_plan_makes(tmp_path):
+    """shortlist -> one replay per run -> choose (what the DAG maps) writes the plan `plan_step` writes in one
+    task; a replay run the shortlist does not list is refused in one line."""
+    from hetplan.contracts import CURVES, TRACE, ContractError, load_plan
+    from hetplan.pipeline import choose_step, plan_step, replay_step, run_dir, shortlist_step
+    from hetplan.reference import build_reference
+    from hetplan.sensitivity import fit_profiles
+    from hetplan.workspace import init_workspace
+
+    init_workspace(tmp_path)
+    TRACE.write(TRACE.load(tmp_path / "trace.csv").iloc[:60], tmp_path / "trace.csv")
+    derived = build_reference().derived
+    curves = fit_profiles(derived[derived["model"].isin(TINY["models"])]).curves
+    kwargs = {"budget": 60.0, "clouds": ["aws", "gcp"], "time_limit": 20.0}
+    for key in ("a", "b"):
+        run_dir(tmp_path, key).mkdir(parents=True)
+        CURVES.write(curves, run_dir(tmp_path, key) / "curves.parquet")
+    runs = shortlist_step(tmp_path, "a", **kwargs)
+    assert runs and all(len(run) == 2 for run in runs)
+    for run in runs:
+        replay_step(tmp_path, "a", run)
+    with pytest.raises(ContractError, match=r"run \[999, 0\] is not one of the shortlist's replay runs"):
+        replay_step(tmp_path, "a", [999, 0])
+    staged = choose_step(tmp_path, "a", mlflow=False, **kwargs)
+    whole = plan_step(tmp_path, "b", mlflow=False, **kwargs)
+    a, b = (load_plan(Path(out["plan"])) for out in (staged, whole))
+    assert a.planning == b.planning and a.node_counts == b.node_counts and staged["summary"] == whole["summary"]
