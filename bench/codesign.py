@@ -5,7 +5,8 @@ Workloads are **synthetic**: jobs resampled with replacement (seed 0) from Gavel
 Poisson arrivals at the rate at which they ask for `--rho` of the status quo's GPU time at the budget. The
 planner: curves fitted from the derived profiles, the shipped catalog (all clouds), average-JCT objective,
 LAS, two arrival draws, replays in `--workers` processes (default: every usable CPU). Time = `plan_workload`
-(propose candidates with the MILP + replay each on each draw), split into its two parts. Candidates whose
+(propose candidates with the MILP + screen them on a 2,000-job sample + replay the shortlist on each draw,
+`hetplan.codesign.screen`), split into propose and the rest. Candidates whose
 fluid load (offered work over the mix they serve) exceeds 1.25 are pruned before simulation; for the smaller
 workloads the bench also simulates every candidate, to check that pruning never removed the one the simulator
 would pick. Appends a dated section to bench/RESULTS.md unless `--no-record`.

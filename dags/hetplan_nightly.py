@@ -1,5 +1,8 @@
 """hetplan's nightly pipeline: profile each GPU type (mapped) -> fit (MLflow) -> plan -> publish the hints -> report.
 
+Planning for the workspace's workload runs as three tasks: `shortlist` (propose and screen the candidates),
+`replay` (mapped: one task instance per replay run, a candidate on an arrival draw) and `choose` (the plan).
+
 Each task calls one function of `hetplan.pipeline` on files under `<workspace>/runs/<logical date>/`, so
 retries and re-runs rewrite the same files. A GPU type is profiled by the `profile` task on a worker, or, for
 the types the `kubernetes` param sends to pods, by `profile_pod` in a pod on a node of that type (the same
@@ -84,12 +87,28 @@ def hetplan_nightly():
                         tracking_uri=tracking_uri(params))
 
     @task
-    def plan(fitted: dict, params=None, **context) -> dict:
-        from hetplan.pipeline import plan_step
+    def shortlist(fitted: dict, params=None, **context) -> list[list[int]]:
+        """The replay runs ([candidate, draw]) of the shortlisted candidates; none without a workload."""
+        from hetplan.pipeline import shortlist_step
 
-        return plan_step(params["workspace"], run_key(context), budget=params["budget"], objective=params["objective"],
-                         stale_gpu_types=fitted["stale_gpu_types"], clouds=params["clouds"],
-                         solver=params["solver"], time_limit=params["time_limit"], tracking_uri=tracking_uri(params))
+        return shortlist_step(params["workspace"], run_key(context), budget=params["budget"],
+                              objective=params["objective"], clouds=params["clouds"], solver=params["solver"],
+                              time_limit=params["time_limit"])
+
+    @task(map_index_template="{{ task.op_kwargs['run'] }}")
+    def replay(run: list[int], params=None, **context) -> str:
+        from hetplan.pipeline import replay_step
+
+        return replay_step(params["workspace"], run_key(context), run)
+
+    @task(trigger_rule="none_failed")  # zero replay runs (no workload) skip `replay`, not the plan
+    def choose(fitted: dict, params=None, **context) -> dict:
+        from hetplan.pipeline import choose_step
+
+        return choose_step(params["workspace"], run_key(context), budget=params["budget"],
+                           objective=params["objective"], stale_gpu_types=fitted["stale_gpu_types"],
+                           clouds=params["clouds"], solver=params["solver"], time_limit=params["time_limit"],
+                           tracking_uri=tracking_uri(params))
 
     @task(outlets=[ASSETS["hints"]])
     def publish(planned: dict, params=None, outlet_events=None, **context) -> dict:
@@ -116,7 +135,9 @@ def hetplan_nightly():
     fitted = fit(local, pods)
     local >> profiled_on_queues  # after the workspace is seeded
     [profiled, profiled_in_pods, *profiled_on_queues] >> fitted
-    planned = plan(fitted)
+    replayed = replay.expand(run=shortlist(fitted))
+    planned = choose(fitted)
+    replayed >> planned
     report(planned, publish(planned))
 
 

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import json
 import logging
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -223,11 +223,103 @@ def plan_step(workspace: str | Path, run_key: str, *, budget: float, objective: 
     artifacts and `summary.txt` to `<run>/plan/`.
 
     The plan hosts the workspace trace's largest job (the fleet's history, also when planning for the demand
-    mix) and `max_job_gpus` on one GPU type (`hetplan.planner.sizes`)."""
+    mix) and `max_job_gpus` on one GPU type (`hetplan.planner.sizes`). This is one task; the nightly DAG runs a
+    workload plan's stages as tasks instead (`shortlist_step`, `replay_step`, `choose_step`), to the same plan."""
+    from hetplan.planning import plan
+
+    setup = _plan_setup(workspace, run_key, budget, objective, clouds, solver, time_limit, max_job_gpus)
+    with Reporter("plan") as progress:
+        outcome = plan(setup.problem, replace(setup.request, progress=progress), setup.workload,
+                       inputs=setup.inputs, source=setup.source)
+    return _plan_outputs(workspace, run_key, outcome, stale_gpu_types, tracking_uri, mlflow)
+
+
+SHORTLIST = "shortlist.pkl"
+REPLAYS = "replays"
+
+
+def shortlist_step(workspace: str | Path, run_key: str, *, budget: float, objective: str = "jct",
+                   clouds: Sequence[str] = (), solver: str = "auto", time_limit: float = 60.0,
+                   max_job_gpus: int | None = None) -> list[list[int]]:
+    """Stage 1 of a workload plan: propose and screen the candidates (`hetplan.codesign.shortlist_for`), keep
+    the shortlist in `<run>/plan/stages/` and return the replay runs to do, [candidate, draw] each (none
+    without a workload: the plan is then the steady-state one, made by `choose_step`)."""
+    import pickle
+
+    from hetplan.codesign import shortlist_for
+
+    setup = _plan_setup(workspace, run_key, budget, objective, clouds, solver, time_limit, max_job_gpus)
+    stages = run_dir(workspace, run_key) / "plan" / "stages"
+    if setup.workload is None:
+        (stages / SHORTLIST).unlink(missing_ok=True)
+        return []
+    request = setup.request
+    with Reporter("shortlist") as progress:
+        listed = shortlist_for(setup.problem, setup.workload, objective=request.resolved(True), solver=request.solver,
+                               time_limit=request.time_limit, progress=progress)
+    for stale in (stages / REPLAYS).glob("*.json"):  # an earlier try's runs belong to an earlier shortlist
+        stale.unlink()
+    (stages / REPLAYS).mkdir(parents=True, exist_ok=True)
+    atomic_write_bytes(stages / SHORTLIST, pickle.dumps({"shortlist": listed, "setup": setup}))
+    return [list(run) for run in listed.pending]
+
+
+def replay_step(workspace: str | Path, run_key: str, run: Sequence[int]) -> str:
+    """Stage 2: one replay run of the shortlist, its summary written to `<run>/plan/stages/replays/`."""
+    listed = _shortlist(workspace, run_key)["shortlist"]
+    key = (int(run[0]), int(run[1]))
+    if key not in listed.pending:
+        raise ContractError([Problem(str(run_dir(workspace, run_key) / "plan" / "stages" / SHORTLIST),
+                                     f"run {list(run)} is not one of the shortlist's replay runs")])
+    out = run_dir(workspace, run_key) / "plan" / "stages" / REPLAYS / f"{key[0]}-{key[1]}.json"
+    log.info("replaying %s", listed.runs.label(key))
+    atomic_write_bytes(out, json.dumps(listed.runs.summary(key)).encode())
+    return str(out)
+
+
+def choose_step(workspace: str | Path, run_key: str, *, budget: float, objective: str = "jct",
+                stale_gpu_types: Sequence[str] = (), clouds: Sequence[str] = (), solver: str = "auto",
+                time_limit: float = 60.0, tracking_uri: str | None = None, mlflow: bool = True,
+                max_job_gpus: int | None = None) -> dict[str, Any]:
+    """Stage 3: the plan from the shortlist and every replay run's summary, with its prediction's interval,
+    written as `plan_step` writes it; the steady-state plan when `shortlist_step` found no workload."""
+    if not (run_dir(workspace, run_key) / "plan" / "stages" / SHORTLIST).is_file():
+        return plan_step(workspace, run_key, budget=budget, objective=objective, stale_gpu_types=stale_gpu_types,
+                         clouds=clouds, solver=solver, time_limit=time_limit, tracking_uri=tracking_uri,
+                         mlflow=mlflow, max_job_gpus=max_job_gpus)
+    from hetplan.codesign.plan import chosen
+    from hetplan.planning.planned import outcome_of
+
+    kept = _shortlist(workspace, run_key)
+    listed, setup = kept["shortlist"], kept["setup"]
+    replays = run_dir(workspace, run_key) / "plan" / "stages" / REPLAYS
+    missing = [list(run) for run in listed.pending if not (replays / f"{run[0]}-{run[1]}.json").is_file()]
+    if missing:
+        raise ContractError([Problem(str(replays), f"replay runs {missing} have no summary")])
+    summaries = {run: json.loads((replays / f"{run[0]}-{run[1]}.json").read_text()) for run in listed.pending}
+    planned = chosen(setup.problem, listed, summaries, objective=setup.request.resolved(True), inputs=setup.inputs)
+    with Reporter("choose") as progress:
+        outcome = outcome_of(setup.problem, replace(setup.request, progress=progress), setup.workload, planned)
+    return _plan_outputs(workspace, run_key, outcome, stale_gpu_types, tracking_uri, mlflow)
+
+
+@dataclass(frozen=True)
+class _PlanSetup:
+    """What a run plans: the problem, its inputs' fingerprints, the request and the workload (None: the
+    demand mix)."""
+
+    problem: Any  # hetplan.planner.problem.PlanningProblem (imported when a plan step runs)
+    inputs: dict[str, str]
+    request: Any  # hetplan.planning.PlanRequest
+    workload: Any  # hetplan.codesign.Workload | None
+    source: str
+
+
+def _plan_setup(workspace: str | Path, run_key: str, budget: float, objective: str, clouds: Sequence[str],
+                solver: str, time_limit: float, max_job_gpus: int | None) -> _PlanSetup:
     from hetplan.codesign import workload_from_trace
-    from hetplan.planner import write_plan_artifacts
     from hetplan.planner.entry import load_problem
-    from hetplan.planning import Objective, PlanRequest, plan
+    from hetplan.planning import Objective, PlanRequest
     from hetplan.planning.request import solver_name
     from hetplan.workspace import Workspace
 
@@ -253,8 +345,24 @@ def plan_step(workspace: str | Path, run_key: str, *, budget: float, objective: 
     for warning in problem.warnings:
         log.warning("%s", warning)
     workload = workload_from_trace(jobs, source=str(ws.trace)) if jobs is not None else None
-    with Reporter("plan") as progress:
-        outcome = plan(problem, replace(request, progress=progress), workload, inputs=inputs, source=str(ws.catalog))
+    return _PlanSetup(problem, inputs, request, workload, str(ws.catalog))
+
+
+def _shortlist(workspace: str | Path, run_key: str) -> dict:
+    import pickle
+
+    path = run_dir(workspace, run_key) / "plan" / "stages" / SHORTLIST
+    if not path.is_file():
+        raise ContractError([Problem(str(path), "no shortlist: the shortlist task has not run for this run")])
+    return pickle.loads(path.read_bytes())
+
+
+def _plan_outputs(workspace: str | Path, run_key: str, outcome, stale_gpu_types: Sequence[str],
+                  tracking_uri: str | None, mlflow: bool) -> dict[str, Any]:
+    """Write `outcome` (`hetplan.planning.PlanOutcome`) to `<run>/plan/` and log it to MLflow."""
+    from hetplan.planner import write_plan_artifacts
+
+    here = run_dir(workspace, run_key)
     for warning in outcome.warnings:
         log.warning("%s", warning)
     result, baselines, metrics, summary = outcome.result, outcome.baselines, outcome.metrics, outcome.summary

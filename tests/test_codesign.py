@@ -218,6 +218,7 @@ def test_cli_plans_for_a_workload_and_says_why(files):
     (("--workload", "{trace}"), "needs --budget"),
     (("--workload", "{trace}", "--objective", "cost", "--max-avg-jct", "5"), "needs --budget"),
     (("--workload", "{trace}", "--budget", "0"), "buys no useful node and there is no owned fleet"),
+    (("--workload", "{trace}", "--budget", "60", "--engine", "ray"), "unknown replay engine 'ray'"),
     (("--workload", "{empty}", "--budget", "60"), "no data rows"),
     (("--workload", "{trace}", "--objective", "cost", "--max-avg-jct", "0.001", "--budget", "60"),
      "no candidate reaches an average JCT of 0.001 h"),
@@ -252,9 +253,14 @@ def test_candidates_that_cannot_keep_up_are_pruned_before_simulation(curves, cat
     assert (table.loc[~table["pruned"], "fluid_load"] <= max(1.25, quo["fluid_load"]) + 1e-9).all()
 
 
-def test_the_best_candidates_are_tried_again_with_the_fastest_gpu_type_first(planned):
-    refined = [n for n in planned.candidates["candidate"] if n.endswith(", fastest first")]
-    assert 1 <= len(refined) <= 3
+def test_the_shortlisted_candidates_are_tried_again_with_the_fastest_gpu_type_first(planned):
+    from hetplan.codesign.screen import SCREEN
+
+    table = planned.candidates
+    refined = [n for n in table["candidate"] if n.endswith(", fastest first")]
+    assert 1 <= len(refined) <= SCREEN
+    originals = table.set_index("candidate").loc[[n.removesuffix(", fastest first") for n in refined]]
+    assert (originals["screen"] == "replayed").all() and (originals["policy"] != PROPORTIONAL).all()
     candidate = planned.candidate(refined[0])
     for _, rows in candidate.result.hints.groupby(["model", "num_gpus"]):
         rows = rows.sort_values("rank")
@@ -304,3 +310,66 @@ def test_replays_in_several_processes_are_those_of_one(planned):
     assert [(r.metrics, r.avg_jct_by_draw, r.rejected) for r in one] == \
         [(r.metrics, r.avg_jct_by_draw, r.rejected) for r in two] and len(one) == 3
     assert START_METHOD == "spawn"
+
+
+def test_the_screen_replays_the_status_quo_and_the_best_few_and_says_so(curves, catalog, planned):
+    """The screen ranks every unpruned candidate on draw 0 (here the whole draw: its runs are reused); the
+    status quo and the SCREEN best are replayed on every draw, and the full replays choose the same winner."""
+    from hetplan.codesign.screen import SCREEN
+
+    table = planned.candidates
+    assert set(table["screen"]) <= {"pruned", "screened out", "replayed", "twin: the original's figures"}
+    originals = table[~table["candidate"].str.endswith(", fastest first")]
+    replayed = originals[originals["screen"] == "replayed"]
+    assert STATUS_QUO in set(replayed["candidate"]) and len(replayed) == SCREEN + 1
+    out = originals[originals["screen"] == "screened out"]
+    assert len(out) and out["avg_jct_h"].isna().all() and not out["chosen"].any()
+    assert out["screen_score"].min() >= replayed.loc[replayed["candidate"] != STATUS_QUO, "screen_score"].max()
+    screen = planned.result.plan.planning["screen"]
+    assert screen["screen_sample"]["every"] == 1 and screen["confidence"]["winner"] == planned.winner
+    runner_up = screen["confidence"].get("runner_up", "")  # another cluster, never the winner's own twin
+    assert runner_up.removesuffix(", fastest first") != planned.winner.removesuffix(", fastest first")
+    every = plan_workload(planned.problem, workload_from_trace(jobs()), screen=None)
+    assert every.winner == planned.winner and (every.candidates["screen"] != "screened out").all()
+    row, again = planned.row(planned.winner), every.row(planned.winner)
+    assert [row[m] for m in ("avg_jct_h", "p95_jct_h")] == [again[m] for m in ("avg_jct_h", "p95_jct_h")]
+
+
+def test_a_sample_keeps_the_mix_and_the_arrival_rate():
+    from hetplan.codesign.screen import sampled
+    from hetplan.codesign.workload import jobs_per_hour
+
+    draw = workload_from_trace(jobs(n=1000)).draws[0]
+    (sample,), every = sampled([draw], 250)
+    assert every == 4 and len(sample) == 250 and list(sample["job_id"]) == list(draw["job_id"][::4])
+    assert jobs_per_hour(sample) == pytest.approx(jobs_per_hour(draw), rel=0.01)
+    assert sampled([draw], 1000) == ((draw,), 1)
+
+
+@pytest.mark.parametrize("engine", ["pool", "dask-threads", "dask-processes"])
+def test_every_engine_replays_bit_for_bit_what_one_process_does(planned, engine):
+    """Replay runs are pure: one process, the spawn pool and a Dask LocalCluster on 127.0.0.1 return equal
+    summaries (the same floats, not approximately)."""
+    from hetplan.codesign.engines import Dask, ProcessPool, Serial
+    from hetplan.codesign.replay import Runs
+    from hetplan.sim.engine import SimConfig
+
+    candidates = tuple(r.candidate for r in planned.replayed if not r.pruned and r.metrics["avg_jct_h"] > 0)[:2]
+    draws = tuple(d.iloc[:15] for d in planned.workload.draws)
+    runs = Runs(planned.problem, candidates, draws, SimConfig("las", 300.0))
+    engines = {"pool": ProcessPool(2), "dask-threads": Dask(workers=2, processes=False),
+               "dask-processes": Dask(workers=2)}
+    seen = []
+    there = engines[engine].summaries(runs, runs.every(), lambda done, total, label: seen.append(label))
+    here = Serial().summaries(runs, runs.every())
+    assert list(here) == runs.every() and len(here) == 4 and len(seen) == 4
+    assert [(run, json.dumps(there[run])) for run in here] == [(run, json.dumps(here[run])) for run in here]
+
+
+def test_an_unknown_engine_is_refused():
+    from hetplan.codesign.engines import engine_from
+
+    with pytest.raises(ValueError, match="unknown replay engine 'ray'"):
+        engine_from("ray")
+    with pytest.raises(ValueError, match="--dask-address needs --engine dask"):
+        engine_from("local", address="tcp://127.0.0.1:8786")

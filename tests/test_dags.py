@@ -78,14 +78,17 @@ def test_nightly_task_graph(dagbag):
 
     dag = dagbag.get_dag("hetplan_nightly")
     tasks = {t.task_id: t for t in dag.tasks}
-    assert set(tasks) == {"resolve", "pod_specs", "profile", "profile_pod", "fit", "plan", "publish", "report"}
+    assert set(tasks) == {"resolve", "pod_specs", "profile", "profile_pod", "fit", "shortlist", "replay", "choose",
+                          "publish", "report"}
     assert tasks["resolve"].downstream_task_ids == {"profile", "fit"}
     assert tasks["pod_specs"].downstream_task_ids == {"profile_pod", "fit"}
     assert tasks["profile"].downstream_task_ids == {"fit"}
     assert tasks["profile_pod"].downstream_task_ids == {"fit"}
     assert issubclass(tasks["profile_pod"].operator_class, KubernetesPodOperator)
-    assert tasks["fit"].downstream_task_ids == {"plan"}
-    assert tasks["plan"].downstream_task_ids == {"publish", "report"}
+    assert tasks["fit"].downstream_task_ids == {"shortlist", "choose"}
+    assert tasks["shortlist"].downstream_task_ids == {"replay"} and tasks["replay"].downstream_task_ids == {"choose"}
+    assert tasks["choose"].trigger_rule == "none_failed"  # no workload: zero replay runs skip `replay` only
+    assert tasks["choose"].downstream_task_ids == {"publish", "report"}
     assert tasks["publish"].downstream_task_ids == {"report"}
     assert tasks["fit"].trigger_rule == "all_done"
     assert [a.name for a in tasks["publish"].outlets] == ["hetplan_hints"]
@@ -299,6 +302,7 @@ def _nightly_then_publish(dagbag, workspace: Path, allocator, monkeypatch) -> No
     assert states[("profile", 0)] == states[("profile", 1)] == "success"  # L4 skipped or failed: no task fails
     assert states[("profile_pod", -1)] == "skipped"  # no Kubernetes target: zero pods, the mapped task skips
     assert states[("fit", -1)] == states[("publish", -1)] == states[("report", -1)] == "success"
+    _mapped_replays_are_the_in_process_plan(workspace, run.run_id, states)
     page = workspace / "report" / "report.html"  # the one-page report, linked to the published run's
     assert page.is_file() and page.resolve().parent == (workspace / "current" / "report").resolve()
 
@@ -334,6 +338,25 @@ def _nightly_then_publish(dagbag, workspace: Path, allocator, monkeypatch) -> No
     assert hints["version"] == published.version and hints["classes"] > 0
 
 
+def _mapped_replays_are_the_in_process_plan(workspace: Path, run_id: str, states: dict) -> None:
+    """One `replay` task instance per replay run of the shortlist, and the plan they choose is the one
+    `plan_workload` makes in one process from the same problem and workload."""
+    import pickle
+
+    from hetplan.codesign import plan_workload, workload_from_trace
+    from hetplan.contracts import TRACE, load_plan
+
+    (run_path,) = (workspace / "runs").iterdir()
+    listed = pickle.loads((run_path / "plan" / "stages" / "shortlist.pkl").read_bytes())["shortlist"]
+    mapped = sorted(i for (task_id, i), state in states.items() if task_id == "replay" and state == "success")
+    assert mapped == list(range(len(listed.pending))) and len(mapped) >= 5  # the status quo and 4, two draws
+    assert len(list((run_path / "plan" / "stages" / "replays").glob("*.json"))) == len(mapped)
+    planning = load_plan(run_path / "plan" / "plan.json").planning
+    here = plan_workload(listed.runs.problem, workload_from_trace(TRACE.load(workspace / "trace.csv")))
+    assert planning["winner"] == here.winner
+    assert planning["candidates"] == json.loads(here.result.plan.model_dump_json())["planning"]["candidates"]
+
+
 def _task_states(run_id: str, dag_id: str = "hetplan_nightly") -> dict[tuple[str, int], str]:
     from airflow.models.taskinstance import TaskInstance
     from airflow.utils.session import create_session
@@ -343,3 +366,32 @@ def _task_states(run_id: str, dag_id: str = "hetplan_nightly") -> dict[tuple[str
         query = select(TaskInstance).where(TaskInstance.dag_id == dag_id, TaskInstance.run_id == run_id)
         tis = session.scalars(query).all()
         return {(ti.task_id, ti.map_index): str(ti.state) for ti in tis}
+
+
+def test_the_plan_stages_make_the_plan_the_one_task_plan_makes(tmp_path):
+    """shortlist -> one replay per run -> choose (what the DAG maps) writes the plan `plan_step` writes in one
+    task; a replay run the shortlist does not list is refused in one line."""
+    from hetplan.contracts import CURVES, TRACE, ContractError, load_plan
+    from hetplan.pipeline import choose_step, plan_step, replay_step, run_dir, shortlist_step
+    from hetplan.reference import build_reference
+    from hetplan.sensitivity import fit_profiles
+    from hetplan.workspace import init_workspace
+
+    init_workspace(tmp_path)
+    TRACE.write(TRACE.load(tmp_path / "trace.csv").iloc[:60], tmp_path / "trace.csv")
+    derived = build_reference().derived
+    curves = fit_profiles(derived[derived["model"].isin(TINY["models"])]).curves
+    kwargs = {"budget": 60.0, "clouds": ["aws", "gcp"], "time_limit": 20.0}
+    for key in ("a", "b"):
+        run_dir(tmp_path, key).mkdir(parents=True)
+        CURVES.write(curves, run_dir(tmp_path, key) / "curves.parquet")
+    runs = shortlist_step(tmp_path, "a", **kwargs)
+    assert runs and all(len(run) == 2 for run in runs)
+    for run in runs:
+        replay_step(tmp_path, "a", run)
+    with pytest.raises(ContractError, match=r"run \[999, 0\] is not one of the shortlist's replay runs"):
+        replay_step(tmp_path, "a", [999, 0])
+    staged = choose_step(tmp_path, "a", mlflow=False, **kwargs)
+    whole = plan_step(tmp_path, "b", mlflow=False, **kwargs)
+    a, b = (load_plan(Path(out["plan"])) for out in (staged, whole))
+    assert a.planning == b.planning and a.node_counts == b.node_counts and staged["summary"] == whole["summary"]

@@ -32,6 +32,21 @@ ReturnMargin = Annotated[float, typer.Option("--return-margin", min=0.0,
 MoveBudget = Annotated[int, typer.Option("--move-budget", min=0, help="hint: GPU-type changes per job at most.")]
 SpreadMoves = Annotated[bool, typer.Option("--spread-moves/--no-spread-moves", help="hint: a swap sends down the job "
                                            "with the fewest moves so far (else the least speed lost).")]
+ReplayEngine = Annotated[str, typer.Option("--engine", help="Where the planner's replays run: local (a process pool "
+                                           "on this machine) or dask (a Dask distributed cluster).")]
+DaskAddress = Annotated[str | None, typer.Option("--dask-address", help="The Dask scheduler (tcp://host:8786) for "
+                                                 "--engine dask (default: a LocalCluster on 127.0.0.1).")]
+
+
+def replay_engine(name: str, address: str | None):
+    """The replay engine the options name (`hetplan.codesign.engines`); a ContractError for a bad choice."""
+    from hetplan.codesign.engines import engine_from
+    from hetplan.contracts import Problem
+
+    try:
+        return engine_from(name, address=address)
+    except ValueError as exc:
+        raise ContractError([Problem("--engine", str(exc))]) from None
 
 
 def stability(move_margin: float, return_window_h: float, return_margin: float, move_budget: int,

@@ -12,8 +12,8 @@ from rich.table import Table
 
 from hetplan.allocator.stability import Stability
 from hetplan.cli.common import (
-    EXIT_INVALID, MoveBudget, MoveMargin, ReturnMargin, ReturnWindowH, SpreadMoves, choices, console, contract_errors,
-    errors, read_trace, stability, warn,
+    EXIT_INVALID, DaskAddress, MoveBudget, MoveMargin, ReplayEngine, ReturnMargin, ReturnWindowH, SpreadMoves, choices,
+    console, contract_errors, errors, read_trace, replay_engine, stability, warn,
 )
 from hetplan.contracts import CURVES, PROFILES, ContractError, Problem, gpu_declarations
 from hetplan.fsio import atomic_write_bytes, save_figure
@@ -84,6 +84,8 @@ def evaluate(
     out_dir: Path = typer.Option(Path(".hetplan/evaluation"), "--out-dir", help="Where tables and plots go."),
     no_mlflow: bool = typer.Option(False, "--no-mlflow", help="Do not log the evaluation to MLflow."),
     tracking_uri: str | None = typer.Option(None, "--tracking-uri"),
+    engine: ReplayEngine = "local",
+    dask_address: DaskAddress = None,
 ) -> None:
     """Plan hetplan and the three baselines on PLAN_TRACE under BUDGET, replay TRACE on each, compare."""
     schedulers = _names(policy, SCHEDULERS, "--policy")
@@ -112,6 +114,7 @@ def evaluate(
                                         schedulers=schedulers, unknown_model=unknown_model,
                                         relabel_unknown=relabel_unknown, seed=seed, round_s=round_s,
                                         solver=SOLVER_NAMES[solver], time_limit=time_limit, progress=progress,
+                                        engine=replay_engine(engine, dask_address),
                                         stability=stability(move_margin, return_window_h, return_margin,
                                                             move_budget, spread_moves), holdout=holdout)
             except InvariantError as exc:  # a bug: name what broke, not an input file

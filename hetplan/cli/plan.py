@@ -18,7 +18,9 @@ from pathlib import Path
 import typer
 from rich.table import Table
 
-from hetplan.cli.common import choices, console, contract_errors, errors, read_trace, warn
+from hetplan.cli.common import (
+    DaskAddress, ReplayEngine, choices, console, contract_errors, errors, read_trace, replay_engine, warn,
+)
 from hetplan.codesign import workload_from_trace
 from hetplan.contracts import DEMAND, ContractError, Problem, demand_from_trace, fingerprint
 from hetplan.fsio import atomic_write_bytes, save_figure
@@ -88,6 +90,8 @@ def plan(
     out_dir: Path = typer.Option(Path(".hetplan/plan"), "--out-dir", help="Where plan.json, hints and plots go."),
     no_mlflow: bool = typer.Option(False, "--no-mlflow", help="Do not log the planning run to MLflow."),
     tracking_uri: str | None = typer.Option(None, "--tracking-uri"),
+    engine: ReplayEngine = "local",
+    dask_address: DaskAddress = None,
 ) -> None:
     """Choose the node mix and the CPU/RAM split together; print hetplan beside its baselines."""
     request = PlanRequest(objective, max_avg_jct, target, fairness, scheduler.value, solver=solver_name(solver.value),
@@ -103,8 +107,8 @@ def plan(
         try:
             with Reporter("plan", errors) as step:
                 recent = workload_from_trace(jobs, source="--workload") if jobs is not None else None
-                outcome = plan_for(problem, replace(request, progress=step), recent, inputs=inputs,
-                                   source=str(catalog))
+                at = replace(request, progress=step, engine=replay_engine(engine, dask_address) if recent else None)
+                outcome = plan_for(problem, at, recent, inputs=inputs, source=str(catalog))
         except SolveError as exc:
             raise ContractError([Problem(str(catalog), str(exc))]) from None
         warn(outcome.warnings)

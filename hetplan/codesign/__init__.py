@@ -9,10 +9,10 @@ from __future__ import annotations
 
 from hetplan.codesign.candidates import Candidate, propose
 from hetplan.codesign.objectives import WORKLOAD_OBJECTIVES, WorkloadObjective, choose
-from hetplan.codesign.plan import WorkloadPlan, plan_workload
+from hetplan.codesign.plan import WorkloadPlan, chosen, plan_workload, shortlist_for
 from hetplan.codesign.workload import Workload, workload_from_trace
 
 __all__ = [
-    "WORKLOAD_OBJECTIVES", "Candidate", "Workload", "WorkloadObjective", "WorkloadPlan", "choose", "plan_workload",
-    "propose", "workload_from_trace",
+    "WORKLOAD_OBJECTIVES", "Candidate", "Workload", "WorkloadObjective", "WorkloadPlan", "choose", "chosen",
+    "plan_workload", "propose", "shortlist_for", "workload_from_trace",
 ]

@@ -1,27 +1,33 @@
-"""Plan for a workload: the MILP proposes candidate clusters, the simulator replays each, the objective picks.
+"""Plan for a workload in three stages: shortlist, replay runs, choice.
 
     workload (recent jobs) + curves + catalog + budget
-        -> candidates (hetplan.codesign.candidates)      node mixes with their hints
-        -> replays (hetplan.codesign.replay)             each on every arrival draw, the planner's speeds
-                                                         (overloaded ones pruned; the best three again
-                                                         with hints ranked fastest first, replayed where
-                                                         the policy reads ranks)
+        -> shortlist (hetplan.codesign.screen)           the MILP's candidates (hetplan.codesign.candidates),
+                                                         overloaded ones pruned, the rest screened on a sample;
+                                                         the status quo + the best few, with fastest-first twins
+        -> replay runs (hetplan.codesign.replay)         (candidate, draw) -> summary, pure and independent, on
+                                                         an engine (hetplan.codesign.engines: a local pool, Dask)
         -> choice (hetplan.codesign.objectives)          by avg JCT, p95 JCT, makespan, or cost for a JCT target
 
-The winner's plan records the objective, every candidate's simulated figures and why it won
-(`Plan.planning`), so `plan.json` says what was weighed.
+`plan_workload` runs the three in this process; the nightly DAG runs them as tasks (`shortlist_for`, one
+mapped task per run, `chosen`). The winner's plan records the objective, every candidate's figures, what the
+screen did and how sure the choice is (`Plan.planning`), so `plan.json` says what was weighed.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 import pandas as pd
 
 from hetplan.codesign.candidates import BUDGET_FRACTIONS, PROPORTIONAL, STATUS_QUO, Candidate, propose
+from hetplan.codesign.engines import Engine, ProcessPool, Run
 from hetplan.codesign.objectives import MARGIN, WorkloadObjective, choose, workload_objective
-from hetplan.codesign.replay import Replayed, replay, table, usable_cpus
+from hetplan.codesign.replay import Replayed, table
+from hetplan.codesign.screen import (
+    REPLAY_JOBS, SCREEN, SCREEN_JOBS, SCREENED_OUT, TWIN_SUFFIX, Shortlist, screened_metric, fastest_first, fluid_load,
+    ranks_steer, shortlist,
+)
 from hetplan.codesign.workload import Workload, without_classes
 from hetplan.contracts.table import ContractError, Problem
 from hetplan.planner.baselines import GPU_ONLY, HETPLAN, Evaluation
@@ -33,7 +39,7 @@ from hetplan.sim.engine import SimConfig
 
 COST_FRACTIONS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
 PRUNE_LOAD = 1.25
-REFINE = 3  # the best candidates tried again with their hints ranked fastest first (`_refined`)
+__all__ = ["WorkloadPlan", "chosen", "fastest_first", "fluid_load", "plan_workload", "ranks_steer", "shortlist_for"]
 
 
 @dataclass
@@ -91,15 +97,34 @@ def plan_workload(problem: PlanningProblem, workload: Workload, *, objective: Wo
                   max_avg_jct: float | None = None, scheduler: str = "las", round_s: float = 300.0,
                   solver: SolverName = "auto", time_limit: float = 60.0, inputs: dict[str, str] | None = None,
                   prune_load: float | None = PRUNE_LOAD, progress: Progress | None = None,
-                  workers: int | None = None) -> WorkloadPlan:
+                  workers: int | None = None, screen: int | None = SCREEN, screen_jobs: int = SCREEN_JOBS,
+                  replay_jobs: int | None = REPLAY_JOBS, engine: Engine | None = None) -> WorkloadPlan:
     """Choose the cluster and hints for `workload` under `problem`'s budget by `objective` (see the module).
 
     A candidate whose fluid load (the workload's offered work per hour over the mix the MILP says it serves)
     exceeds both `prune_load` and the status quo's is not simulated: its queue would grow without bound,
     faster than the status quo's (the status quo is always simulated; None simulates every candidate).
-    Replays run in `workers` processes (default: the CPUs this process may use); the plan is the same
-    whatever their number.
+    The rest are screened on `screen_jobs` jobs of the trace's arrivals and the `screen` best (None: all) are
+    replayed on every draw, on a sample of `replay_jobs` jobs each (None: every job) (`hetplan.codesign.screen`).
+    Replays run on `engine` (default: a pool of `workers` processes, the CPUs this process may use); the plan
+    is the same whatever runs them.
     """
+    engine = engine or ProcessPool(workers)
+    listed = shortlist_for(problem, workload, objective=objective, max_avg_jct=max_avg_jct, scheduler=scheduler,
+                           round_s=round_s, solver=solver, time_limit=time_limit, prune_load=prune_load,
+                           progress=progress, screen=screen, screen_jobs=screen_jobs, replay_jobs=replay_jobs,
+                           engine=engine)
+    summaries = engine.summaries(listed.runs, listed.pending, progress)
+    return chosen(problem, listed, summaries, objective=objective, max_avg_jct=max_avg_jct, inputs=inputs,
+                  prune_load=prune_load)
+
+
+def shortlist_for(problem: PlanningProblem, workload: Workload, *, objective: WorkloadObjective = "jct",
+                  max_avg_jct: float | None = None, scheduler: str = "las", round_s: float = 300.0,
+                  solver: SolverName = "auto", time_limit: float = 60.0, prune_load: float | None = PRUNE_LOAD,
+                  progress: Progress | None = None, screen: int | None = SCREEN, screen_jobs: int = SCREEN_JOBS,
+                  replay_jobs: int | None = REPLAY_JOBS, engine: Engine | None = None) -> Shortlist:
+    """Stage 1: propose the candidates for `workload` and shortlist them (`hetplan.codesign.screen.shortlist`)."""
     workload = without_classes(workload, problem.unplannable, "no node shape runs them whole (the plan hosts the "
                                "largest as gangs: planning.host_sizes), and the replays leave them out")
     fractions = COST_FRACTIONS if objective == "cost" else BUDGET_FRACTIONS
@@ -108,90 +133,61 @@ def plan_workload(problem: PlanningProblem, workload: Workload, *, objective: Wo
     if not candidates:
         raise ContractError([Problem("<catalog>", f"nothing could be planned: budget {problem.budget:g} $/h buys no "
                                      "useful node and there is no owned fleet")])
-    config = SimConfig(scheduler, round_s)  # type: ignore[arg-type]
-    workers = usable_cpus() if workers is None else workers
-    replayed = _replay_unless_overloaded(problem, candidates, workload, config, prune_load, progress, workers)
-    best = table(replayed, problem).sort_values(workload_objective(objective).metric if objective != "cost"
-                                               else "avg_jct_h")
-    replayed += _refined(problem, [r for r in (replayed[i] for i in best.index[:REFINE])
-                                   if r.candidate.policy != PROPORTIONAL and not r.pruned and r.rejected == 0],
-                         workload, config, progress, workers)
-    weighed = table(replayed, problem)
-    chosen = choose(weighed, objective, max_avg_jct)
-    weighed["chosen"] = weighed.index == chosen
-    winner = replayed[chosen].candidate
+    config = SimConfig(scheduler, round_s)
+    return shortlist(problem, candidates, workload, config, objective=objective, max_avg_jct=max_avg_jct,
+                     prune_load=prune_load, screen=screen, screen_jobs=screen_jobs, replay_jobs=replay_jobs,
+                     engine=engine, progress=progress)
+
+
+def chosen(problem: PlanningProblem, listed: Shortlist, summaries: dict[Run, dict], *,
+           objective: WorkloadObjective = "jct", max_avg_jct: float | None = None,
+           inputs: dict[str, str] | None = None, prune_load: float | None = PRUNE_LOAD) -> WorkloadPlan:
+    """Stage 3: the plan the objective chooses from the shortlist and its replay runs' summaries (`pending`)."""
+    replayed = listed.replayed(summaries)
+    weighed = table(replayed, problem).assign(screen=list(listed.stage), screen_score=list(listed.screen_scores),
+                                              avg_jct_se_h=listed.standard_errors(summaries))
+    pick = choose(weighed[weighed["screen"] != SCREENED_OUT], objective, max_avg_jct)
+    weighed["chosen"] = weighed.index == pick
+    winner = replayed[pick].candidate
+    config = listed.runs.config
     planning = {
         "objective": str(objective), "metric": workload_objective(objective).metric, "max_avg_jct_h": max_avg_jct,
-        "scheduler": scheduler,
-        "round_s": round_s, "margin": MARGIN, "prune_load": prune_load, "workload": workload.summary,
-        "winner": winner.name,
+        "scheduler": config.scheduler, "round_s": config.round_s, "margin": MARGIN, "prune_load": prune_load,
+        "workload": listed.workload.summary, "winner": winner.name,
         "speeds": "the planner's curves (fitted, defaults for unprofiled models); simulated, not measured",
+        "screen": {**listed.record, "confidence": confidence(weighed, objective)},
         "candidates": _records(weighed),
     }
     result = _stamped(winner.result, inputs or {}, planning)
-    warnings = [*problem.warnings, *workload.warnings]
-    return WorkloadPlan(problem, result, winner.name, weighed, replayed, workload, objective, warnings)
+    warnings = [*problem.warnings, *listed.workload.warnings]
+    return WorkloadPlan(problem, result, winner.name, weighed, replayed, listed.workload, objective, warnings)
 
 
-def _replay_unless_overloaded(problem: PlanningProblem, candidates: list[Candidate], workload: Workload,
-                              config: SimConfig, prune_load: float | None, progress: Progress | None,
-                              workers: int) -> list[Replayed]:
-    """Replay every candidate but those whose fluid load exceeds `prune_load` and the status quo's."""
-    loads = [fluid_load(workload, c) for c in candidates]
-    quo_load = next((load for c, load in zip(candidates, loads) if c.name == STATUS_QUO), float("nan"))
-    limit = float("inf") if prune_load is None else max(prune_load, quo_load if quo_load == quo_load else 0.0)
-    kept = [i for i, (c, load) in enumerate(zip(candidates, loads)) if c.name == STATUS_QUO or not load > limit]
-    simulated = dict(zip(kept, replay(problem, [candidates[i] for i in kept], workload.draws, config, progress,
-                                      [loads[i] for i in kept], workers)))
-    return [simulated[i] if i in simulated else Replayed.skipped(c, loads[i]) for i, c in enumerate(candidates)]
+def confidence(weighed: pd.DataFrame, objective: str) -> dict:
+    """How sure the choice is: the winner's lead over the best replayed candidate on another cluster (not the
+    winner's own fastest-first twin or original) on the objective's figure, against the noise of the replays: the spread
+    of the winner's average JCT between arrival draws and the batch-means standard errors of both."""
+    metric = screened_metric(objective)
+    win = weighed[weighed["chosen"]].iloc[0]
+    def base(name: str) -> str:
+        return name.removesuffix(TWIN_SUFFIX)
+
+    other_clusters = weighed["candidate"].map(base) != base(str(win["candidate"]))  # not the winner's own twin
+    others = weighed[(weighed["screen"] == "replayed") & other_clusters & (weighed["rejected"] == 0)]
+    out: dict = {"winner": win["candidate"], "draws_spread_h": _finite(win["avg_jct_spread"]),
+                 "avg_jct_se_h": _finite(win["avg_jct_se_h"])}
+    if len(others):
+        runner = others.loc[others[metric].idxmin()]
+        lead = float(runner[metric] - win[metric])
+        noise = math.hypot(float(win["avg_jct_se_h"]), float(runner["avg_jct_se_h"]))
+        out.update({"runner_up": runner["candidate"], f"lead_{metric}": _finite(lead),
+                    "lead_over_2se": _finite(lead / (2 * noise)) if noise > 0 else None})
+    return out
 
 
-def _refined(problem: PlanningProblem, best: list[Replayed], workload: Workload, config: SimConfig,
-             progress: Progress | None, workers: int) -> list[Replayed]:
-    """The `best` candidates again with their hints ranked fastest first (`fastest_first`).
-
-    A co-adaptive policy picks GPU types by hinted throughput, never by rank, so where every hinted class has
-    a throughput the re-ranked twin replays exactly as the original did: it takes the original's figures
-    instead of a second replay (`ranks_steer`)."""
-    twins = [fastest_first(r.candidate) for r in best]
-    again = [twin for twin in twins if ranks_steer(twin, config)]
-    fresh = iter(replay(problem, again, workload.draws, config, progress, [fluid_load(workload, c) for c in again],
-                        workers))
-    return [next(fresh) if ranks_steer(twin, config) else replace(r, candidate=twin) for r, twin in zip(best, twins)]
-
-
-def ranks_steer(candidate: Candidate, config: SimConfig) -> bool:
-    """Whether the order of the candidate's hints can change its replay: always for a placement-only policy
-    (it tries GPU types in rank order), for a co-adaptive one only where a hinted class has no positive
-    throughput (its speeds then come from the ranks)."""
-    if config.policy(candidate.policy).rounds is None:
-        return True
-    hints = candidate.result.hints
-    best = hints.groupby(["model", "num_gpus"])["expected_throughput"].max() if len(hints) else pd.Series(dtype=float)
-    return bool((~(best > 0)).any())
-
-
-def fastest_first(candidate: Candidate) -> Candidate:
-    """The candidate with each class's GPU types re-ranked by per-GPU throughput, fastest first (the MILP
-    ranks them by the GPUs its steady-state allocation gives, which balances load but can queue a job for
-    a slower type while a faster one is free); same nodes, same cores and RAM per type."""
-    hints = candidate.result.hints
-    if len(hints):
-        hints = hints.sort_values(["model", "num_gpus", "normalized_throughput"], ascending=[True, True, False],
-                                  kind="stable")
-        hints = hints.assign(rank=hints.groupby(["model", "num_gpus"]).cumcount() + 1).reset_index(drop=True)
-    return Candidate(f"{candidate.name}, fastest first", candidate.counts, candidate.policy,
-                     replace(candidate.result, hints=hints))
-
-
-def fluid_load(workload: Workload, candidate: Candidate) -> float:
-    """The workload's offered work (reference GPU-hours per hour over its arrival span) over the mix the
-    candidate serves per hour by the MILP: a lower bound on its utilisation, ignoring packing."""
-    span = float(workload.summary.get("span_h", 0.0))
-    served = candidate.result.plan.objective
-    if not span > 0 or not served > 0:
-        return float("nan")
-    return float(workload.summary["reference_gpu_hours"]) / span / served
+def _finite(value: float) -> float | None:
+    value = float(value)
+    return value if math.isfinite(value) else None
 
 
 def _stamped(result: PlanResult, inputs: dict[str, str], planning: dict) -> PlanResult:

@@ -7,18 +7,15 @@ on every arrival draw (`Workload.draws`) and is scored by the mean over draws.
 
 from __future__ import annotations
 
-import multiprocessing as mp
-import os
 from collections.abc import Sequence
-from concurrent.futures import ProcessPoolExecutor, as_completed
-from dataclasses import dataclass
-from functools import cached_property
+from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
 
 from hetplan.codesign.candidates import Candidate
 from hetplan.allocator.spec import Node
+from hetplan.codesign.engines import START_METHOD, Engine, ProcessPool, usable_cpus
 from hetplan.hints import HintSet
 from hetplan.planner.problem import PlanningProblem
 from hetplan.planning.mix import NodeMix
@@ -27,10 +24,7 @@ from hetplan.sim.engine import SimConfig, simulate
 from hetplan.sim.metrics import summarize
 from hetplan.sim.truth import TruthCurves
 
-
-def usable_cpus() -> int:
-    """The CPUs this process may run on: the default number of replay workers."""
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+__all__ = ["START_METHOD", "Replayed", "Runs", "candidate_nodes", "planner_truth", "replay", "table", "usable_cpus"]
 
 METRICS = ("avg_jct_h", "p95_jct_h", "makespan_h", "avg_queue_h", "gpu_util")
 
@@ -51,6 +45,13 @@ class Replayed:
     def skipped(cls, candidate: Candidate, fluid_load: float) -> Replayed:
         return cls(candidate, {m: float("nan") for m in METRICS}, (), 0, fluid_load, True)
 
+    @classmethod
+    def of(cls, candidate: Candidate, summaries: Sequence[dict], fluid_load: float = float("nan")) -> Replayed:
+        """The figures of a candidate from its runs' summaries, one per draw in draw order."""
+        frame = pd.DataFrame(list(summaries))
+        return cls(candidate, {m: float(frame[m].mean()) for m in METRICS},
+                   tuple(float(v) for v in frame["avg_jct_h"]), int(frame["rejected_too_big"].max()), fluid_load)
+
 
 def planner_truth(problem: PlanningProblem) -> TruthCurves:
     """The planner's view of job speeds: its curves, defaults included, with its reference throughputs."""
@@ -65,28 +66,30 @@ def candidate_nodes(problem: PlanningProblem, candidate: Candidate) -> tuple[Nod
 
 def replay(problem: PlanningProblem, candidates: Sequence[Candidate], draws: Sequence[pd.DataFrame],
            config: SimConfig, progress: Progress | None = None,
-           fluid_loads: Sequence[float] | None = None, workers: int = 1) -> list[Replayed]:
-    """Simulate every candidate on every draw of the workload (jobs with `sim_model` = their model), in up to
-    `workers` processes (`simulations`)."""
-    runs = [(i, d) for i in range(len(candidates)) for d in range(len(draws))]
-    summaries = simulations(_Runs(problem, tuple(candidates), tuple(draws), config), runs, workers, progress)
-    out = []
-    for i, candidate in enumerate(candidates):
-        frame = pd.DataFrame([summaries[(i, d)] for d in range(len(draws))])
-        load = float(fluid_loads[i]) if fluid_loads is not None else float("nan")
-        out.append(Replayed(candidate, {m: float(frame[m].mean()) for m in METRICS},
-                            tuple(float(v) for v in frame["avg_jct_h"]), int(frame["rejected_too_big"].max()), load))
-    return out
+           fluid_loads: Sequence[float] | None = None, workers: int = 1,
+           engine: Engine | None = None) -> list[Replayed]:
+    """Simulate every candidate on every draw of the workload (jobs with `sim_model` = their model) on `engine`
+    (default: a pool of `workers` processes, `hetplan.codesign.engines`)."""
+    runs = Runs(problem, tuple(candidates), tuple(draws), config)
+    summaries = (engine or ProcessPool(workers)).summaries(runs, runs.every(), progress)
+    loads = list(fluid_loads) if fluid_loads is not None else [float("nan")] * len(candidates)
+    return [Replayed.of(c, [summaries[(i, d)] for d in range(len(draws))], loads[i])
+            for i, c in enumerate(candidates)]
 
 
 @dataclass(frozen=True)
-class _Runs:
-    """What every simulation of one `replay` call reads: candidate i on draw d is run (i, d)."""
+class Runs:
+    """What every simulation of one batch reads: candidate i on draw d is run (i, d). Picklable; an engine
+    (`hetplan.codesign.engines`) ships it to its workers once."""
 
     problem: PlanningProblem
     candidates: tuple[Candidate, ...]
     draws: tuple[pd.DataFrame, ...]
     config: SimConfig
+    truth: TruthCurves = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:  # once, here: workers receive it with the runs
+        object.__setattr__(self, "truth", planner_truth(self.problem))
 
     def summary(self, run: tuple[int, int]) -> dict:
         """Simulate one run with the planner's truth and summarise it (`hetplan.sim.metrics.summarize`)."""
@@ -94,58 +97,28 @@ class _Runs:
         hints = HintSet.from_frame(candidate.result.hints) if len(candidate.result.hints) else HintSet.empty()
         result = simulate(jobs, candidate_nodes(self.problem, candidate), self.truth, candidate.policy, hints,
                           self.config)
-        return summarize(result, candidate.cost_per_hour)
+        return {**summarize(result, candidate.cost_per_hour), "avg_jct_se_h": batch_means_se(result.jobs)}
 
-    @cached_property
-    def truth(self) -> TruthCurves:
-        return planner_truth(self.problem)
+    def label(self, run: tuple[int, int]) -> str:
+        """What the progress line says of a run: `replaying <candidate>, draw <d>` (draws from 1)."""
+        return f"replaying {self.candidates[run[0]].name}" + (f", draw {run[1] + 1}" if len(self.draws) > 1 else "")
 
-
-START_METHOD = "spawn"
-"""How replay workers start. Not "fork": replays run inside Airflow tasks, whose runner holds threads (its
-supervisor's comms, logging, heartbeats) that a forked child inherits mid-state and can deadlock on. A spawned
-worker is a fresh interpreter that imports hetplan and receives the runs pickled once (`_adopt`)."""
+    def every(self) -> list[tuple[int, int]]:
+        return [(i, d) for i in range(len(self.candidates)) for d in range(len(self.draws))]
 
 
-def simulations(runs: _Runs, which: Sequence[tuple[int, int]], workers: int,
-                progress: Progress | None) -> dict[tuple[int, int], dict]:
-    """Each run's summary. With `workers` > 1 (and more than one run) they run in that many spawned processes
-    (`START_METHOD`), each given `runs` once when it starts; only the summaries come back. Each simulation is a
-    function of its inputs alone, so the summaries are the same as one after the other, only sooner on several
-    cores."""
-    names = [f"replaying {runs.candidates[i].name}" + (f", draw {d + 1}" if len(runs.draws) > 1 else "")
-             for i, d in which]
-    workers = min(workers, len(which))
-    runs.truth  # noqa: B018 (once, here: the workers receive it with the runs)
-    if workers <= 1:
-        out = {}
-        for k, run in enumerate(which):
-            if progress:
-                progress(k, len(which), names[k])
-            out[run] = runs.summary(run)
-        return out
-    with ProcessPoolExecutor(workers, mp_context=mp.get_context(START_METHOD), initializer=_adopt,
-                             initargs=(runs,)) as pool:
-        futures = {pool.submit(_summary, run): k for k, run in enumerate(which)}
-        for done, future in enumerate(as_completed(futures)):
-            if progress:
-                progress(done + 1, len(which), names[futures[future]])
-        return {which[k]: future.result() for future, k in futures.items()}
+BATCHES = 10
 
 
-_INHERITED: _Runs | None = None
-"""A worker process's runs, set once when it starts (`_adopt`)."""
-
-
-def _adopt(runs: _Runs) -> None:
-    global _INHERITED
-    _INHERITED = runs
-
-
-def _summary(run: tuple[int, int]) -> dict:
-    if _INHERITED is None:
-        raise RuntimeError("a replay worker started without its runs")
-    return _INHERITED.summary(run)
+def batch_means_se(jobs: pd.DataFrame, batches: int = BATCHES) -> float:
+    """The standard error of a run's average JCT (hours) by batch means: the completed jobs in arrival order
+    cut into `batches` batches, the spread of the batches' means over sqrt(batches) (neighbouring jobs queue
+    together, so their JCTs are not independent; batches far apart nearly are). NaN below 2 jobs a batch."""
+    done = jobs[jobs["status"] == "completed"].sort_values("arrival_s", kind="stable")
+    if len(done) < 2 * batches:
+        return float("nan")
+    means = [float(part.mean()) for part in np.array_split(done["jct_s"].to_numpy(float) / 3600.0, batches)]
+    return float(np.std(means, ddof=1) / np.sqrt(batches))
 
 
 def table(replayed: Sequence[Replayed], problem: PlanningProblem) -> pd.DataFrame:

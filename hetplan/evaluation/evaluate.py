@@ -28,6 +28,7 @@ from hetplan.allocator.stability import Stability
 from hetplan.allocator.spec import Node, to_mib, to_milli
 from hetplan.codesign import workload_from_trace
 from hetplan.codesign.candidates import HINT, STATUS_QUO
+from hetplan.codesign.engines import Engine
 from hetplan.codesign.plan import WorkloadPlan
 from hetplan.codesign.workload import Workload
 from hetplan.contracts import demand_from_trace
@@ -84,13 +85,14 @@ def evaluate(trace: pd.DataFrame, problem_inputs: ProblemInputs, truth: TruthCur
              loads: Sequence[float] = (), schedulers: Sequence[str] = ("las",), unknown_model: str = MIX,
              relabel_unknown: bool = False, seed: int = 0, round_s: float = 300.0, solver: SolverName = "auto",
              time_limit: float = 60.0, progress: Progress | None = None,
-             stability: Stability | None = None, holdout: float = HOLDOUT) -> EvaluationResult:
+             stability: Stability | None = None, holdout: float = HOLDOUT,
+             engine: Engine | None = None) -> EvaluationResult:
     """Plan on `plan_trace` (default: `trace`, in-sample), replay `trace`, at every load and scheduler.
 
     Jobs of models the truth lacks run as `unknown_model` (a truth model, or `mix`: one drawn per job). The
     planner then plans them on its stated defaults for unprofiled models; with `relabel_unknown` both traces
     are relabelled as the truth models they run as before anything sees them (the planner then knows them
-    as what they are, by their fitted curves).
+    as what they are, by their fitted curves). The planner's replays run on `engine` (default: a local pool).
 
     Each row carries the planner's prediction next to what the replay realised (`with_predictions`): for
     `hetplan` under a workload objective its predicted avg JCT speedup over the status quo and that
@@ -98,7 +100,7 @@ def evaluate(trace: pd.DataFrame, problem_inputs: ProblemInputs, truth: TruthCur
     """
     objective = Objective.parse(objective)
     request = PlanRequest(objective, scheduler=schedulers[0], round_s=round_s, solver=solver, time_limit=time_limit,
-                          holdout=holdout)
+                          holdout=holdout, engine=engine)
     warnings: list[str] = []
     if plan_trace is None:
         plan_trace = trace

@@ -75,6 +75,8 @@ def plan(problem: PlanningProblem, request: PlanRequest, workload: Workload | No
 def _steady(problem: PlanningProblem, request: PlanRequest, objective: Objective, inputs: dict[str, str],
             source: str) -> PlanOutcome:
     kind = objective.milp
+    if request.progress is not None:  # one step of unknown length: a spinner, or heartbeat lines
+        request.progress(0, 0, "solving the MILP and valuing its baselines")
     planned = plan_with_baselines(problem, objective=kind, target=request.target, fairness=request.fairness,
                                   solver=request.solver, time_limit=request.time_limit, gap=request.gap,
                                   inputs=inputs, source=source)
@@ -93,8 +95,15 @@ def _steady(problem: PlanningProblem, request: PlanRequest, objective: Objective
 
 def _for_workload(problem: PlanningProblem, request: PlanRequest, workload: Workload,
                   inputs: dict[str, str]) -> PlanOutcome:
+    planned = _plan_workload(problem, request, request.resolved(True), workload, inputs)
+    return outcome_of(problem, request, workload, planned)
+
+
+def outcome_of(problem: PlanningProblem, request: PlanRequest, workload: Workload,
+               planned: WorkloadPlan) -> PlanOutcome:
+    """The outcome of `planned`, the workload plan `request` asked for (made in one call, or by the nightly
+    DAG's stages): the sweep's frontier around it and the interval of its prediction."""
     objective = request.resolved(True)
-    planned = _plan_workload(problem, request, objective, workload, inputs)
     warnings = list(planned.workload.warnings)
     plans = []
     for budget in request.sweep:
@@ -128,7 +137,7 @@ def _plan_workload(problem: PlanningProblem, request: PlanRequest, objective: Ob
     return plan_workload(problem, workload, objective=objective.value, max_avg_jct=request.max_avg_jct,
                          scheduler=request.scheduler, round_s=request.round_s, solver=request.solver,
                          time_limit=request.time_limit, inputs=inputs, progress=labelled if outer else None,
-                         workers=request.workers)
+                         workers=request.workers, engine=request.engine)
 
 
 def _prediction(problem: PlanningProblem, request: PlanRequest, objective: Objective, workload: Workload,

@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from hetplan.contracts.table import ContractError, Problem
 from hetplan.planner.solvers import SolverName
 from hetplan.planning.objective import Objective
 from hetplan.progress import Progress
 
-"""Called with (steps done, steps in all, what runs next)."""
+if TYPE_CHECKING:
+    from hetplan.codesign.engines import Engine
+
 HOLDOUT = 0.2
 SOLVER_NAMES: dict[str, SolverName] = {"auto": "auto", "gurobi": "gurobi", "highs": "highs"}
 
@@ -49,6 +52,7 @@ class PlanRequest:
     gap: float = 1e-3
     sweep: tuple[float, ...] = ()  # budgets (US$/h) of the frontier
     workers: int | None = None  # replay processes (None: the usable CPUs)
+    engine: Engine | None = None  # where replays run (`hetplan.codesign.engines`; None: a pool of `workers`)
     holdout: float = HOLDOUT
     progress: Progress | None = None
 

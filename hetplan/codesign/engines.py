@@ -1,0 +1,150 @@
+"""Where replay runs execute: one process, a local pool of spawned processes, or a Dask cluster.
+
+A replay run is a pure function of its inputs (`Runs.summary`: candidate i on draw d -> a summary dict), so an
+engine only fans the runs out and collects the summaries; every engine returns the same dicts, bit for bit.
+
+- `Serial`: one after the other in this process;
+- `ProcessPool(workers)`: the default, `workers` spawned processes on this machine (`START_METHOD`);
+- `Dask(address)`: the workers of a Dask distributed scheduler (`tcp://host:8786`), or a `LocalCluster`
+  started for the call when no address is given. The runs' inputs are scattered to every worker once.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing as mp
+import os
+from collections.abc import Sequence
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from hetplan.progress import Progress
+
+log = logging.getLogger(__name__)
+
+Run = tuple[int, int]
+ENGINES = ("local", "dask")
+
+START_METHOD = "spawn"
+"""How replay workers start. Not "fork": replays run inside Airflow tasks, whose runner holds threads (its
+supervisor's comms, logging, heartbeats) that a forked child inherits mid-state and can deadlock on. A spawned
+worker is a fresh interpreter that imports hetplan and receives the runs pickled once (`_adopt`)."""
+
+
+class Runs(Protocol):
+    """What an engine runs: `summary(run)` is a pure function of the run and the object's (picklable) state."""
+
+    def summary(self, run: Run) -> dict: ...
+
+    def label(self, run: Run) -> str: ...
+
+
+class Engine(Protocol):
+    def summaries(self, runs: Runs, which: Sequence[Run], progress: Progress | None = None) -> dict[Run, dict]:
+        """Each run's summary, keyed by run."""
+        ...
+
+
+def usable_cpus() -> int:
+    """The CPUs this process may run on: the default number of replay workers."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+@dataclass(frozen=True)
+class Serial:
+    """Every run in this process, one after the other."""
+
+    def summaries(self, runs: Runs, which: Sequence[Run], progress: Progress | None = None) -> dict[Run, dict]:
+        out = {}
+        for k, run in enumerate(which):
+            if progress:
+                progress(k, len(which), runs.label(run))
+            out[run] = runs.summary(run)
+        return out
+
+
+@dataclass(frozen=True)
+class ProcessPool:
+    """Runs in up to `workers` spawned processes (default: the usable CPUs), each given `runs` once when it
+    starts; only the summaries come back. One worker (or one run) runs in this process."""
+
+    workers: int | None = None
+
+    def summaries(self, runs: Runs, which: Sequence[Run], progress: Progress | None = None) -> dict[Run, dict]:
+        workers = min(usable_cpus() if self.workers is None else self.workers, len(which))
+        if workers <= 1:
+            return Serial().summaries(runs, which, progress)
+        with ProcessPoolExecutor(workers, mp_context=mp.get_context(START_METHOD), initializer=_adopt,
+                                 initargs=(runs,)) as pool:
+            futures = {pool.submit(_summary, run): run for run in which}
+            for done, future in enumerate(as_completed(futures)):
+                if progress:
+                    progress(done + 1, len(which), runs.label(futures[future]))
+            return {run: future.result() for future, run in futures.items()}
+
+
+_INHERITED: Any = None
+"""A pool worker's runs, set once when it starts (`_adopt`)."""
+
+
+def _adopt(runs: Runs) -> None:
+    global _INHERITED
+    _INHERITED = runs
+
+
+def _summary(run: Run) -> dict:
+    if _INHERITED is None:
+        raise RuntimeError("a replay worker started without its runs")
+    return _INHERITED.summary(run)
+
+
+@dataclass(frozen=True)
+class Dask:
+    """Runs on a Dask distributed cluster: the scheduler at `address`, or, without one, a `LocalCluster` on
+    127.0.0.1 with `workers` single-threaded worker processes (`processes=False`: worker threads in this
+    process, which the runs still reach through the scheduler)."""
+
+    address: str | None = None
+    workers: int | None = None
+    processes: bool = True
+
+    def summaries(self, runs: Runs, which: Sequence[Run], progress: Progress | None = None) -> dict[Run, dict]:
+        from distributed import Client, LocalCluster, as_completed as completed
+
+        if self.address:
+            client, cluster = Client(self.address), None
+        else:
+            workers = usable_cpus() if self.workers is None else self.workers
+            where = {"host": "127.0.0.1"} if self.processes else {}  # threads talk in process (inproc://)
+            cluster = LocalCluster(n_workers=max(1, workers), threads_per_worker=1, processes=self.processes,
+                                   dashboard_address=None, **where)
+            client = Client(cluster)
+        try:
+            shared = client.scatter(runs, broadcast=True)
+            futures = {client.submit(_run_summary, shared, run, key=f"hetplan-replay-{run[0]}-{run[1]}-"
+                                     f"{id(runs):x}", pure=False): run for run in which}
+            for done, future in enumerate(completed(list(futures))):
+                if progress:
+                    progress(done + 1, len(which), runs.label(futures[future]))
+            return {run: future.result() for future, run in futures.items()}
+        finally:
+            client.close()
+            if cluster is not None:
+                cluster.close()
+
+
+def _run_summary(runs: Runs, run: Run) -> dict:
+    return runs.summary(run)
+
+
+def engine_from(name: str = "local", *, address: str | None = None, workers: int | None = None) -> Engine:
+    """The engine a CLI option names: `local` (a process pool of `workers`) or `dask` (at `address`, or a
+    LocalCluster of `workers` processes); ValueError for anything else."""
+    if name == "local":
+        if address:
+            raise ValueError("--dask-address needs --engine dask")
+        return ProcessPool(workers)
+    if name == "dask":
+        return Dask(address, workers)
+    raise ValueError(f"unknown replay engine {name!r}: one of {', '.join(ENGINES)}")

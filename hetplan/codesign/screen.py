@@ -1,0 +1,219 @@
+"""The shortlist: which candidates the full replays weigh, and the runs that weigh them.
+
+    propose (MILP) -> prune          candidates whose fluid load exceeds the limit and the status quo's
+                   -> screen         the rest replayed co-adaptively on a sample of the trace's own arrivals
+                   -> shortlist      the status quo + the `screen` best by the objective, each hinted one with
+                                     its fastest-first twin (replayed where ranks steer, else its original's figures)
+                   -> runs           (candidate, draw) pairs of the replay sample, for an engine to run
+
+A sample of `n` jobs out of N is 1 job in m = ceil(N / n) in arrival order, arrival times divided by m: the
+whole trace's mix at the same arrival rate, so the same load (a Poisson draw thinned and rescaled is again a
+Poisson draw at that rate). With m = 1 the sample is the draw itself: the screen's runs are then draw 0's
+full replays and the replay stage reuses them. The screen is cheap (one draw, a few thousand jobs); the
+shortlisted candidates are replayed on every draw, on a sample of `replay_jobs` for long workloads, and the
+plan records how sure the choice is (`confidence`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+import pandas as pd
+
+from hetplan.codesign.candidates import PROPORTIONAL, STATUS_QUO, Candidate
+from hetplan.codesign.engines import Engine, ProcessPool, Run
+from hetplan.codesign.objectives import workload_objective
+from hetplan.codesign.replay import METRICS, Replayed, Runs
+from hetplan.codesign.workload import Workload
+from hetplan.planner.problem import PlanningProblem
+from hetplan.progress import Progress
+from hetplan.sim.engine import SimConfig
+
+SCREEN = 4  # candidates replayed in full besides the status quo
+SCREEN_JOBS = 2_000  # jobs of the screen's sample of draw 0
+REPLAY_JOBS = 10_000  # jobs a full replay samples from each draw of a longer workload
+COST_SLACK = 0.25  # the cost objective shortlists candidates whose screened JCT is within this of the target
+
+TWIN_SUFFIX = ", fastest first"  # a twin's name: its original's and this
+PRUNED, SCREENED_OUT, REPLAYED, TWIN = "pruned", "screened out", "replayed", "twin: the original's figures"
+"""A candidate's stage in the table's `screen` column."""
+
+
+def thinned(jobs: pd.DataFrame, every: int) -> pd.DataFrame:
+    """1 job in `every` (in arrival order), arrival times divided by `every` from the first: same rate, same mix."""
+    if every <= 1:
+        return jobs
+    out = jobs.sort_values("arrival_s", kind="stable").iloc[::every].reset_index(drop=True)
+    first = float(out["arrival_s"].iloc[0]) if len(out) else 0.0
+    return out.assign(arrival_s=first + (out["arrival_s"] - first) / every)
+
+
+def sampled(draws: Sequence[pd.DataFrame], jobs: int | None) -> tuple[tuple[pd.DataFrame, ...], int]:
+    """The draws thinned to at most `jobs` jobs each (None: as they are), and the thinning factor."""
+    every = 1 if jobs is None else max(1, math.ceil(max(len(d) for d in draws) / max(1, jobs)))
+    return tuple(thinned(d, every) for d in draws), every
+
+
+@dataclass(frozen=True)
+class Shortlist:
+    """Every candidate (proposed, then the twins), what the screen made of each, and the replay runs to do."""
+
+    runs: Runs  # every candidate on the replay sample's draws
+    workload: Workload
+    loads: tuple[float, ...]
+    stage: tuple[str, ...]  # PRUNED, SCREENED_OUT, REPLAYED or TWIN, per candidate
+    twin_of: tuple[int | None, ...]  # a twin's original
+    screen_scores: tuple[float, ...]  # the screen's figure for the objective (NaN: not screened)
+    screen_rejected: tuple[int, ...]
+    done: dict[Run, dict] = field(default_factory=dict)  # replay runs the screen already ran
+    record: dict = field(default_factory=dict)  # the plan's `planning["screen"]`
+
+    @property
+    def pending(self) -> list[Run]:
+        """The replay runs still to do, candidate by candidate."""
+        draws = range(len(self.runs.draws))
+        return [(i, d) for i, s in enumerate(self.stage) if s == REPLAYED for d in draws if (i, d) not in self.done]
+
+    def replayed(self, summaries: dict[Run, dict]) -> list[Replayed]:
+        """Every candidate's figures from the runs' summaries (`pending`'s, keyed by run)."""
+        every = {**self.done, **summaries}
+        draws = range(len(self.runs.draws))
+        out: list[Replayed] = []
+        for i, (candidate, stage) in enumerate(zip(self.runs.candidates, self.stage)):
+            if stage == PRUNED:
+                out.append(Replayed.skipped(candidate, self.loads[i]))
+            elif stage == SCREENED_OUT:
+                out.append(Replayed(candidate, {m: float("nan") for m in METRICS}, (), self.screen_rejected[i],
+                                    self.loads[i]))
+            elif stage == TWIN and (original := self.twin_of[i]) is not None:
+                out.append(replace(out[original], candidate=candidate))
+            else:
+                out.append(Replayed.of(candidate, [every[(i, d)] for d in draws], self.loads[i]))
+        return out
+
+    def standard_errors(self, summaries: dict[Run, dict]) -> list[float]:
+        """Each candidate's batch-means standard error of its average JCT over the draws (NaN: not replayed)."""
+        every = {**self.done, **summaries}
+        out = []
+        for i, stage in enumerate(self.stage):
+            source = self.twin_of[i] if stage == TWIN else i
+            ses = [every[(source, d)].get("avg_jct_se_h", float("nan")) for d in range(len(self.runs.draws))
+                   if source is not None and (source, d) in every]
+            out.append(float(np.sqrt(np.sum(np.square(ses)))) / len(ses) if ses else float("nan"))
+        return out
+
+
+def shortlist(problem: PlanningProblem, candidates: Sequence[Candidate], workload: Workload, config: SimConfig, *,
+              objective: str, max_avg_jct: float | None, prune_load: float | None, screen: int | None = SCREEN,
+              screen_jobs: int = SCREEN_JOBS, replay_jobs: int | None = REPLAY_JOBS, engine: Engine | None = None,
+              progress: Progress | None = None) -> Shortlist:
+    """Prune, screen and shortlist `candidates` (see the module); `screen` None replays every unpruned one."""
+    loads = [fluid_load(workload, c) for c in candidates]
+    quo_load = next((load for c, load in zip(candidates, loads) if c.name == STATUS_QUO), float("nan"))
+    limit = float("inf") if prune_load is None else max(prune_load, quo_load if quo_load == quo_load else 0.0)
+    kept = [i for i, (c, load) in enumerate(zip(candidates, loads)) if c.name == STATUS_QUO or not load > limit]
+    draws, every = sampled(workload.draws, replay_jobs)
+    scores, rejected = [float("nan")] * len(candidates), [0] * len(candidates)
+    done: dict[Run, dict] = {}
+    record: dict = {"shortlist": screen, "replay_sample": _sample_record(workload.draws[0], draws[0], every)}
+    challengers = [i for i in kept if candidates[i].name != STATUS_QUO]
+    if screen is None or len(challengers) <= screen:
+        chosen = set(kept)
+        record["screen_sample"] = None
+    else:
+        (screen_draw,), screen_every = sampled(workload.draws[:1], screen_jobs)
+        runs = Runs(problem, tuple(candidates[i] for i in kept), (screen_draw,), config)
+        summaries = (engine or ProcessPool()).summaries(runs, runs.every(), _prefixed(progress, "screen"))
+        for k, i in enumerate(kept):
+            scores[i] = float(summaries[(k, 0)][screened_metric(objective)])
+            rejected[i] = int(summaries[(k, 0)]["rejected_too_big"])
+            if screen_every == every == 1:
+                done[(i, 0)] = summaries[(k, 0)]
+        chosen = {i for i in kept if candidates[i].name == STATUS_QUO}
+        chosen |= set(_best(candidates, challengers, scores, rejected, objective, max_avg_jct, screen))
+        record["screen_sample"] = _sample_record(workload.draws[0], screen_draw, screen_every)
+    done = {run: s for run, s in done.items() if run[0] in chosen}
+    stage = [REPLAYED if i in chosen else PRUNED if i not in kept else SCREENED_OUT for i in range(len(candidates))]
+    all_candidates: list[Candidate] = list(candidates)
+    twin_of: list[int | None] = [None] * len(candidates)
+    for i in sorted(chosen):
+        if candidates[i].policy == PROPORTIONAL or rejected[i] > 0:
+            continue
+        twin = fastest_first(candidates[i])
+        all_candidates.append(twin)
+        twin_of.append(i)
+        stage.append(REPLAYED if ranks_steer(twin, config) else TWIN)
+        loads.append(loads[i])
+        scores.append(float("nan"))
+        rejected.append(rejected[i])
+    record["replayed"] = [c.name for c, s in zip(all_candidates, stage) if s == REPLAYED]
+    return Shortlist(Runs(problem, tuple(all_candidates), draws, config), workload, tuple(loads), tuple(stage),
+                     tuple(twin_of), tuple(scores), tuple(rejected), done, record)
+
+
+def screened_metric(objective: str) -> str:
+    """The figure the screen ranks by: the objective's (the cost objective's JCT target is on average JCT)."""
+    return "avg_jct_h" if objective == "cost" else workload_objective(objective).metric
+
+
+def _best(candidates: Sequence[Candidate], pool: Sequence[int], scores: Sequence[float], rejected: Sequence[int],
+          objective: str, max_avg_jct: float | None, k: int) -> list[int]:
+    """The `k` candidates of `pool` the screen ranks best: by the objective's figure (those that run every job
+    first), or for the cost objective the `k` cheapest within `COST_SLACK` of the JCT target plus the fastest."""
+    def figure(i: int) -> tuple:
+        return (rejected[i] > 0, scores[i] if scores[i] == scores[i] else math.inf)
+
+    ranked = sorted(pool, key=figure)
+    if objective != "cost" or max_avg_jct is None:
+        return ranked[:k]
+    near = [i for i in pool if figure(i)[1] <= max_avg_jct * (1 + COST_SLACK)]
+    cheapest = sorted(near, key=lambda i: (candidates[i].cost_per_hour, figure(i)))[:k]
+    return [*cheapest, *ranked[:1]]
+
+
+def _sample_record(full: pd.DataFrame, sample: pd.DataFrame, every: int) -> dict:
+    return {"jobs": len(sample), "of_jobs": len(full), "every": every,
+            "how": "every job" if every == 1 else f"1 job in {every} in arrival order, arrival times / {every}"}
+
+
+def _prefixed(progress: Progress | None, prefix: str) -> Progress | None:
+    if progress is None:
+        return None
+    return lambda done, total, label: progress(done, total, f"{prefix}: {label}")
+
+
+def ranks_steer(candidate: Candidate, config: SimConfig) -> bool:
+    """Whether the order of the candidate's hints can change its replay: always for a placement-only policy
+    (it tries GPU types in rank order), for a co-adaptive one only where a hinted class has no positive
+    throughput (its speeds then come from the ranks)."""
+    if config.policy(candidate.policy).rounds is None:
+        return True
+    hints = candidate.result.hints
+    best = hints.groupby(["model", "num_gpus"])["expected_throughput"].max() if len(hints) else pd.Series(dtype=float)
+    return bool((~(best > 0)).any())
+
+
+def fastest_first(candidate: Candidate) -> Candidate:
+    """The candidate with each class's GPU types re-ranked by per-GPU throughput, fastest first (the MILP
+    ranks them by the GPUs its steady-state allocation gives, which balances load but can queue a job for
+    a slower type while a faster one is free); same nodes, same cores and RAM per type."""
+    hints = candidate.result.hints
+    if len(hints):
+        hints = hints.sort_values(["model", "num_gpus", "normalized_throughput"], ascending=[True, True, False],
+                                  kind="stable")
+        hints = hints.assign(rank=hints.groupby(["model", "num_gpus"]).cumcount() + 1).reset_index(drop=True)
+    return Candidate(f"{candidate.name}{TWIN_SUFFIX}", candidate.counts, candidate.policy,
+                     replace(candidate.result, hints=hints))
+
+
+def fluid_load(workload: Workload, candidate: Candidate) -> float:
+    """The workload's offered work (reference GPU-hours per hour over its arrival span) over the mix the
+    candidate serves per hour by the MILP: a lower bound on its utilisation, ignoring packing."""
+    span = float(workload.summary.get("span_h", 0.0))
+    served = candidate.result.plan.objective
+    if not span > 0 or not served > 0:
+        return float("nan")
+    return float(workload.summary["reference_gpu_hours"]) / span / served
