@@ -159,6 +159,18 @@ def test_a_workload_too_small_for_the_interval_says_so(curves, catalog):
     assert outcome.result.plan.planning["prediction"]["trusted"] is False
 
 
+def test_a_long_workload_is_checked_on_its_most_recent_jobs(curves, catalog, monkeypatch):
+    """The held-back check of a workload longer than REPLAY_JOBS (here 40 of 60) plans on the 32 most recent
+    jobs but 8 and compares on those 8: its cost is bounded whatever the trace's length."""
+    import hetplan.planning.planned as planned_module
+
+    monkeypatch.setattr(planned_module, "REPLAY_JOBS", 40)
+    outcome = planned(curves, catalog, 60, 0.2)
+    check = outcome.prediction.held_back
+    assert check is not None and check.jobs == 8
+    assert outcome.prediction.jobs == 60
+
+
 def test_the_same_plan_call_makes_a_steady_plan_without_a_workload(curves, catalog):
     workload = workload_from_trace(jobs(20))
     problem = build_problem(curves, catalog, workload.demand, budget=60.0)

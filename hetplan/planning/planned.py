@@ -16,6 +16,7 @@ import pandas as pd
 
 from hetplan.codesign import WorkloadPlan, plan_workload, workload_from_trace
 from hetplan.codesign.candidates import HINT
+from hetplan.codesign.screen import REPLAY_JOBS
 from hetplan.codesign.workload import Workload
 from hetplan.contracts import ContractError
 from hetplan.hints import HintSet
@@ -143,18 +144,29 @@ def _plan_workload(problem: PlanningProblem, request: PlanRequest, objective: Ob
 def _prediction(problem: PlanningProblem, request: PlanRequest, objective: Objective, workload: Workload,
                 planned: WorkloadPlan) -> Prediction:
     """The interval of `planned`'s prediction, with the held-back check where the workload allows one."""
-    parts = split(planned.workload.jobs, request.holdout)
+    recent = _recent(planned.workload.jobs)
+    parts = split(recent, request.holdout)
     if parts is None:
         return predict(planned, None, request.holdout)
     first, rest = parts
     draws = len(workload.draws)
     first_workload = workload_from_trace(first, draws=draws, seed=PREDICTION_SEED, source="<held-back check>")
+    checked = planned.workload if len(recent) == len(planned.workload.jobs) else \
+        workload_from_trace(recent, draws=draws, seed=PREDICTION_SEED, source="<held-back check>")
     try:
         first_plan = _plan_workload(problem, request, objective, first_workload, None, "held-back check: ")
     except ContractError as exc:  # e.g. no candidate meets the JCT target on the first part alone
         out = predict(planned, None, request.holdout)
         return replace(out, warnings=[*out.warnings, "the held-back check could not plan on the first part: "
                                       + "; ".join(p.message for p in exc.problems)])
-    held = held_back_check(first_plan, planned.workload, set(rest["job_id"].astype(str)),
+    held = held_back_check(first_plan, checked, set(rest["job_id"].astype(str)),
                            SimConfig(request.scheduler, request.round_s))
     return predict(planned, held, request.holdout)
+
+
+def _recent(jobs: pd.DataFrame) -> pd.DataFrame:
+    """The jobs the held-back check works on: the most recent `REPLAY_JOBS` by arrival (all of a shorter
+    workload), so that its plan and replays cost no more than one sampled replay of a long trace."""
+    if len(jobs) <= REPLAY_JOBS:
+        return jobs
+    return jobs.sort_values("arrival_s", kind="stable").iloc[-REPLAY_JOBS:].reset_index(drop=True)

@@ -31,6 +31,7 @@ import pandas as pd
 from hetplan.codesign import WorkloadPlan
 from hetplan.codesign.candidates import STATUS_QUO, Candidate
 from hetplan.codesign.replay import candidate_nodes, planner_truth
+from hetplan.codesign.screen import REPLAY_JOBS
 from hetplan.codesign.workload import Workload
 from hetplan.hints import HintSet
 from hetplan.sim.engine import SimConfig, simulate
@@ -94,7 +95,8 @@ class Prediction:
     @property
     def method(self) -> str:
         held = ("and the held-back check's log error (plan on the first part by arrival, replay its winner and "
-                "status quo, compare on the last part)") if self.held_back else "alone (no held-back check)"
+                "status quo, compare on the last part; a workload longer than "
+                f"{REPLAY_JOBS:,} jobs is checked on its most recent {REPLAY_JOBS:,})") if self.held_back else "alone (no held-back check)"
         return (f"point x exp(+-{Z:.3g} sigma), sigma from the spread of {len(self.speedup_by_draw)} arrival draws "
                 f"{held}; at least the draws' range; simulated with the planner's curves (the first part's plan "
                 "keeps the whole workload's demand mix: only its jobs and arrivals are held back)")
