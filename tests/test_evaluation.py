@@ -97,6 +97,30 @@ def test_the_same_trace_for_both_is_called_in_sample(inputs):
     assert set(out.summary["setup"]) >= {"status quo", "hetplan"}
 
 
+def test_the_setups_truth_replays_are_the_same_on_a_process_pool(inputs, monkeypatch):
+    """A long trace's setups replay in spawned processes (`PARALLEL_FROM_JOBS`): rows and jobs as in one."""
+    import importlib
+
+    from hetplan.codesign.engines import ProcessPool
+
+    evaluation = importlib.import_module("hetplan.evaluation.evaluate")  # the package's `evaluate` is the function
+
+    profiles, curves, catalog = inputs
+    truth = TruthCurves.from_profiles(profiles, fallback=curves)
+
+    def run():
+        return evaluate(trace(20, 1), ProblemInputs(curves, catalog, 60.0), truth, objective="throughput",
+                        schedulers=("las", "fifo"), engine=ProcessPool(2))
+
+    serial = run()
+    monkeypatch.setattr(evaluation, "PARALLEL_FROM_JOBS", 0)
+    pooled = run()
+    assert len(pooled.summary) == len(serial.summary) == 8
+    pd.testing.assert_frame_equal(pooled.summary, serial.summary)
+    pd.testing.assert_frame_equal(pooled.jobs, serial.jobs)
+    assert list(pooled.summary["scheduler"]) == ["las"] * 4 + ["fifo"] * 4
+
+
 # ---------------------------------------------------------------------- the CLI
 
 @pytest.fixture(scope="module")

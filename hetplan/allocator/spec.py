@@ -121,6 +121,9 @@ class Node:
                 raise ValueError(f"node {self.name}: {what} must be a finite number >= {least}, got {value!r}")
         object.__setattr__(self, "labels", MappingProxyType({str(k): str(v) for k, v in dict(self.labels).items()}))
 
+    def __reduce__(self) -> tuple:  # the read-only labels view does not pickle; its dict does
+        return (type(self), (self.name, self.gpu_type, self.gpus, self.cpus, self.mem_gb, dict(self.labels)))
+
     @property
     def shape(self) -> Shape:
         return Shape(self.gpu_type, self.gpus, to_milli(self.cpus), to_mib(self.mem_gb))

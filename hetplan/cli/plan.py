@@ -215,9 +215,9 @@ def _candidate_table(outcome: PlanOutcome) -> None:
         table.add_row(r.candidate, r.policy, f"{r.cost_per_hour:.2f}", str(r.gpus), f"{r.mix_served:.1f}",
                       f"{r.fluid_load:.2f}", *figures, mark)
     console.print(table)
-    console.print(f"predicted for the workload: {outcome.summary}", highlight=False)
+    console.print(f"predicted for the workload: {outcome.summary}", highlight=False, soft_wrap=True)
     if outcome.prediction is not None:
-        console.print(f"prediction: {outcome.prediction.line()}", highlight=False)
+        console.print(f"prediction: {outcome.prediction.line()}", highlight=False, soft_wrap=True)
 
 
 def _baseline_table(outcome: PlanOutcome) -> None:

@@ -28,7 +28,7 @@ from hetplan.allocator.stability import Stability
 from hetplan.allocator.spec import Node, to_mib, to_milli
 from hetplan.codesign import workload_from_trace
 from hetplan.codesign.candidates import HINT, STATUS_QUO
-from hetplan.codesign.engines import Engine
+from hetplan.codesign.engines import Engine, ProcessPool, Serial
 from hetplan.codesign.plan import WorkloadPlan
 from hetplan.codesign.workload import Workload
 from hetplan.contracts import demand_from_trace
@@ -124,14 +124,11 @@ def evaluate(trace: pd.DataFrame, problem_inputs: ProblemInputs, truth: TruthCur
     truth.require(replay.jobs["sim_model"], {n.gpu_type for n in quo_nodes})
     points = load_points(plan_trace, replay.jobs, truth, quo_nodes, rhos, loads)
     baselines = _baselines(problem, steady, quo_nodes)
-    rows, job_frames, timelines, setups_by_load, plans, predictions = [], [], [], {}, {}, {}
-    steps = len(points) * (1 + len(schedulers) * (len(baselines) + 1))
-    done = 0
-    for point in points:
+    setups_by_load, plans, predictions, replayed = {}, {}, {}, []
+    for k, point in enumerate(points):
         label = _label(point)
         if progress:
-            progress(done, steps, f"planning for {label}")
-        done += 1
+            progress(k, len(points), f"planning for {label}")
         outcome = steady_outcome
         if objective.for_workload:
             at = replace(request, progress=nested(progress, f"planning for {label}"))
@@ -140,24 +137,22 @@ def evaluate(trace: pd.DataFrame, problem_inputs: ProblemInputs, truth: TruthCur
                 plans[label] = outcome.workload_plan
             if outcome.prediction is not None:
                 predictions[label] = outcome.prediction
-        hetplan = outcome.setup(HETPLAN, problem.shapes)
-        setups = [*baselines, hetplan]
-        setups_by_load[label] = setups
-        jobs = replay.jobs if point.replay_rate is None else with_load(replay.jobs, point.replay_rate,
-                                                                        seed + REPLAY_SEED_OFFSET)
-        for scheduler in schedulers:
-            for setup in setups:
-                if progress:
-                    progress(done, steps, f"{setup.name} | {scheduler} | {label}")
-                done += 1
-                config = SimConfig(scheduler, round_s, stability=stability or Stability())
-                result = simulate(jobs, setup.nodes, truth, setup.policy, setup.hints, config)
-                key = {**point.key, "scheduler": scheduler, "setup": setup.name}
-                rows.append({**key, "policy": setup.policy, "gpus": setup.gpus, "cost_per_hour": setup.cost_per_hour,
-                             "predicted_mix": setup.predicted_mix, **summarize(result, setup.cost_per_hour),
-                             **_predicted(setup.name, predictions.get(label))})
-                job_frames.append(result.jobs.assign(**key))
-                timelines.append(result.timeline.assign(**key))
+        setups_by_load[label] = [*baselines, outcome.setup(HETPLAN, problem.shapes)]
+        replayed.append(replay.jobs if point.replay_rate is None else with_load(replay.jobs, point.replay_rate,
+                                                                                 seed + REPLAY_SEED_OFFSET))
+    runs = SetupRuns(points, replayed, list(setups_by_load.values()), tuple(schedulers), truth, round_s,
+                     stability or Stability())
+    small = sum(len(jobs) for jobs in replayed) * len(schedulers) < PARALLEL_FROM_JOBS
+    results = (Serial() if small else engine or ProcessPool()).summaries(runs, runs.every(), progress)
+    rows, job_frames, timelines = [], [], []
+    for run in runs.every():
+        point, setup, scheduler = runs.of(run)
+        key = {**point.key, "scheduler": scheduler, "setup": setup.name}
+        rows.append({**key, "policy": setup.policy, "gpus": setup.gpus, "cost_per_hour": setup.cost_per_hour,
+                     "predicted_mix": setup.predicted_mix, **results[run]["summary"],
+                     **_predicted(setup.name, predictions.get(_label(point)))})
+        job_frames.append(results[run]["jobs"].assign(**key))
+        timelines.append(results[run]["timeline"].assign(**key))
     all_jobs = pd.concat(job_frames, ignore_index=True)
     summary = with_predictions(with_ratios(pd.DataFrame(rows), all_jobs))
     warnings += truth_warnings(truth, set(replay.jobs["sim_model"]),
@@ -165,6 +160,44 @@ def evaluate(trace: pd.DataFrame, problem_inputs: ProblemInputs, truth: TruthCur
     return EvaluationResult(summary, all_jobs, pd.concat(timelines, ignore_index=True), setups_by_load, plans,
                             predictions, {**replay.report, "stability": (stability or Stability()).to_dict()},
                             warnings)
+
+
+PARALLEL_FROM_JOBS = 20_000
+"""Jobs replayed in all (setups aside) from which the setups' truth replays fan out over the engine (a spawned
+worker costs about as much as replaying a few thousand jobs)."""
+
+
+@dataclass(frozen=True)
+class SetupRuns:
+    """The evaluation's truth replays, as an engine runs them (`hetplan.codesign.engines`): run (k, j) is
+    load point k's setup j % (its setups) under scheduler j // (its setups). Each is a pure function of these
+    inputs, so the rows are the same whichever engine runs them."""
+
+    points: list[LoadPoint]
+    jobs: list[pd.DataFrame]  # the replayed jobs at each load point
+    setups: list[list[Setup]]  # the setups at each load point
+    schedulers: tuple[str, ...]
+    truth: TruthCurves
+    round_s: float
+    stability: Stability
+
+    def every(self) -> list[tuple[int, int]]:
+        return [(k, j) for k in range(len(self.points)) for j in range(len(self.setups[k]) * len(self.schedulers))]
+
+    def of(self, run: tuple[int, int]) -> tuple[LoadPoint, Setup, str]:
+        k, j = run
+        setups = self.setups[k]
+        return self.points[k], setups[j % len(setups)], self.schedulers[j // len(setups)]
+
+    def label(self, run: tuple[int, int]) -> str:
+        point, setup, scheduler = self.of(run)
+        return f"{setup.name} | {scheduler} | {_label(point)}"
+
+    def summary(self, run: tuple[int, int]) -> dict:
+        point, setup, scheduler = self.of(run)
+        config = SimConfig(scheduler, self.round_s, stability=self.stability)
+        result = simulate(self.jobs[run[0]], setup.nodes, self.truth, setup.policy, setup.hints, config)
+        return {"summary": summarize(result, setup.cost_per_hour), "jobs": result.jobs, "timeline": result.timeline}
 
 
 @dataclass(frozen=True)

@@ -41,6 +41,9 @@ class HintSet:
                                           for key, entries in classes.items()})
         self._rows = rows if rows is not None else sum(len(e) for e in self._classes.values())
 
+    def __reduce__(self) -> tuple:  # the read-only view does not pickle; its dict does
+        return (type(self), (self.version, dict(self._classes), self._rows))
+
     @classmethod
     def empty(cls) -> HintSet:
         return cls(None, {})
