@@ -7,37 +7,13 @@ import pandas as pd
 import pytest
 from typer.testing import CliRunner
 
-from hetplan.catalog import load_default_catalog
 from hetplan.cli import app
 from hetplan.codesign import choose, plan_workload, propose, workload_from_trace
 from hetplan.codesign.candidates import PROPORTIONAL, STATUS_QUO
 from hetplan.contracts import CURVES, ContractError, load_plan
 from hetplan.planner import build_problem
 from hetplan.planner import sizes
-from hetplan.reference import build_reference
-from hetplan.sensitivity import fit_profiles
-
-MODELS = ["res18", "transformer", "alexnet"]
-GPU_TYPES = ["V100", "T4", "A100"]
-
-
-@pytest.fixture(scope="module")
-def curves():
-    derived = build_reference().derived
-    return fit_profiles(derived[derived["model"].isin(MODELS) & derived["gpu_type"].isin(GPU_TYPES)]).curves
-
-
-@pytest.fixture(scope="module")
-def catalog():
-    shapes = load_default_catalog()
-    return shapes[shapes["cloud"].isin(["aws", "gcp"]) & shapes["gpu_type"].isin(GPU_TYPES)].reset_index(drop=True)
-
-
-def jobs(n=40, models=MODELS, gap_s=900.0, seed=0):
-    rng = np.random.default_rng(seed)
-    return pd.DataFrame({"job_id": [f"j{i}" for i in range(n)], "model": [models[i % len(models)] for i in range(n)],
-                         "num_gpus": rng.choice([1, 1, 2, 4], size=n), "arrival_s": np.arange(n) * gap_s,
-                         "duration_s": rng.lognormal(np.log(3600), 1.0, size=n)})
+from planning_helpers import MODELS, catalog, curves, jobs  # noqa: F401 (fixtures)
 
 
 @pytest.fixture(scope="module")
