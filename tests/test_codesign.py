@@ -349,3 +349,55 @@ def test_an_unknown_engine_is_refused():
         engine_from("ray")
     with pytest.raises(ValueError, match="--dask-address needs --engine dask"):
         engine_from("local", address="tcp://127.0.0.1:8786")
+
+
+class _Sleeper:
+    """Replay runs that say they started (a file in `here`), then take a minute (picklable: module level)."""
+
+    def __init__(self, here):
+        self.here = here
+
+    def summary(self, run):
+        import pathlib
+        import time
+
+        (pathlib.Path(self.here) / f"{run[0]}-{run[1]}").touch()
+        time.sleep(60)
+        return {}
+
+    def label(self, run):
+        return str(run)
+
+
+@pytest.mark.slow
+def test_pool_workers_end_with_a_killed_parent(tmp_path):
+    """kill -9 of a command mid-replay (a stopped `hetplan evaluate`) ends its pool workers too, instead of
+    leaving them to finish minutes of replays for nobody."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    script = tmp_path / "parent.py"
+    script.write_text("import sys\nsys.path[:0] = [%r, %r]\nfrom test_codesign import _Sleeper\n"
+                      "from hetplan.codesign.engines import ProcessPool\n"
+                      "if __name__ == '__main__':\n"
+                      "    ProcessPool(2).summaries(_Sleeper(%r), [(0, 0), (1, 0)])\n"
+                      % (os.path.dirname(__file__), os.path.dirname(os.path.dirname(__file__)), str(tmp_path)))
+    parent = subprocess.Popen([sys.executable, str(script)])
+    deadline = time.monotonic() + 90
+    while not ((tmp_path / "0-0").exists() and (tmp_path / "1-0").exists()) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    workers = [int(pid) for pid in subprocess.run(["pgrep", "-P", str(parent.pid), "-f", "spawn_main"],
+                                                  capture_output=True, text=True).stdout.split()]
+    assert len(workers) == 2, "the pool's workers never started their replays"
+    parent.send_signal(signal.SIGKILL)
+    parent.wait()
+    deadline = time.monotonic() + 10
+    alive = workers
+    while alive and time.monotonic() < deadline:
+        time.sleep(0.2)
+        alive = [pid for pid in workers if os.path.exists(f"/proc/{pid}") and
+                 "spawn_main" in open(f"/proc/{pid}/cmdline").read()]
+    assert not alive, f"workers {alive} outlived their killed parent"

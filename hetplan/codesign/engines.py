@@ -14,6 +14,8 @@ from __future__ import annotations
 import logging
 import multiprocessing as mp
 import os
+import threading
+import time
 from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass
@@ -91,6 +93,19 @@ _INHERITED: Any = None
 def _adopt(runs: Runs) -> None:
     global _INHERITED
     _INHERITED = runs
+    _exit_with(os.getppid())
+
+
+def _exit_with(parent: int, every_s: float = 1.0) -> None:
+    """End this worker when `parent` is gone (killed, say): a replay can run for minutes, and a pool's workers
+    otherwise finish it for nobody."""
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(every_s)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="exit-with-parent", daemon=True).start()
 
 
 def _summary(run: Run) -> dict:
