@@ -259,7 +259,14 @@ def nested(progress: Progress | None, name: str) -> Progress | None:
     sub = getattr(progress, "nested", None)
     if sub is not None:
         return sub(name)
-    return lambda done, total, label: progress(done, total, f"{name}: {label}")
+    return prefixed(progress, name)
+
+
+def prefixed(progress: Progress | None, prefix: str) -> Progress | None:
+    """`progress` with every label prefixed `<prefix>: ` (on the same row); None stays None."""
+    if progress is None:
+        return None
+    return lambda done, total, label: progress(done, total, f"{prefix}: {label}")
 
 
 class StderrHandler(logging.StreamHandler):

@@ -29,7 +29,7 @@ from hetplan.codesign.objectives import workload_objective
 from hetplan.codesign.replay import METRICS, Replayed, Runs
 from hetplan.codesign.workload import Workload
 from hetplan.planner.problem import PlanningProblem
-from hetplan.progress import Progress
+from hetplan.progress import Progress, prefixed
 from hetplan.sim.engine import SimConfig
 
 SCREEN = 4  # candidates replayed in full besides the status quo
@@ -126,7 +126,7 @@ def shortlist(problem: PlanningProblem, candidates: Sequence[Candidate], workloa
     else:
         (screen_draw,), screen_every = sampled(workload.draws[:1], screen_jobs)
         runs = Runs(problem, tuple(candidates[i] for i in kept), (screen_draw,), config)
-        summaries = (engine or ProcessPool()).summaries(runs, runs.every(), _prefixed(progress, "screen"))
+        summaries = (engine or ProcessPool()).summaries(runs, runs.every(), prefixed(progress, "screen"))
         for k, i in enumerate(kept):
             scores[i] = float(summaries[(k, 0)][screened_metric(objective)])
             rejected[i] = int(summaries[(k, 0)]["rejected_too_big"])
@@ -177,12 +177,6 @@ def _best(candidates: Sequence[Candidate], pool: Sequence[int], scores: Sequence
 def _sample_record(full: pd.DataFrame, sample: pd.DataFrame, every: int) -> dict:
     return {"jobs": len(sample), "of_jobs": len(full), "every": every,
             "how": "every job" if every == 1 else f"1 job in {every} in arrival order, arrival times / {every}"}
-
-
-def _prefixed(progress: Progress | None, prefix: str) -> Progress | None:
-    if progress is None:
-        return None
-    return lambda done, total, label: progress(done, total, f"{prefix}: {label}")
 
 
 def ranks_steer(candidate: Candidate, config: SimConfig) -> bool:

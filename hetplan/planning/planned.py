@@ -29,6 +29,7 @@ from hetplan.planning.mix import NodeMix
 from hetplan.planning.objective import Objective
 from hetplan.planning.prediction import Prediction, held_back_check, predict, split
 from hetplan.planning.request import PlanRequest
+from hetplan.progress import prefixed
 from hetplan.sim.engine import SimConfig
 from hetplan.sim.setups import Setup
 
@@ -129,15 +130,10 @@ def outcome_of(problem: PlanningProblem, request: PlanRequest, workload: Workloa
 
 def _plan_workload(problem: PlanningProblem, request: PlanRequest, objective: Objective, workload: Workload,
                    inputs: dict[str, str] | None, label: str = "") -> WorkloadPlan:
-    outer = request.progress
-
-    def labelled(done: int, total: int, what: str) -> None:
-        if outer is not None:
-            outer(done, total, f"{label}{what}")
-
+    progress = prefixed(request.progress, label) if label else request.progress
     return plan_workload(problem, workload, objective=objective.value, max_avg_jct=request.max_avg_jct,
                          scheduler=request.scheduler, round_s=request.round_s, solver=request.solver,
-                         time_limit=request.time_limit, inputs=inputs, progress=labelled if outer else None,
+                         time_limit=request.time_limit, inputs=inputs, progress=progress,
                          workers=request.workers, engine=request.engine)
 
 
@@ -154,7 +150,7 @@ def _prediction(problem: PlanningProblem, request: PlanRequest, objective: Objec
     checked = planned.workload if len(recent) == len(planned.workload.jobs) else \
         workload_from_trace(recent, draws=draws, seed=PREDICTION_SEED, source="<held-back check>")
     try:
-        first_plan = _plan_workload(problem, request, objective, first_workload, None, "held-back check: ")
+        first_plan = _plan_workload(problem, request, objective, first_workload, None, "held-back check")
     except ContractError as exc:  # e.g. no candidate meets the JCT target on the first part alone
         out = predict(planned, None, request.holdout)
         return replace(out, warnings=[*out.warnings, "the held-back check could not plan on the first part: "
