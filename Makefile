@@ -35,7 +35,7 @@ main: setup
 	$(BIN)/airflow db migrate
 	$(BIN)/airflow dags test hetplan_nightly -c '{"workspace": "$(WORKSPACE)", "budget": $(BUDGET)}'
 	$(BIN)/airflow dags test hetplan_publish -c '{"workspace": "$(WORKSPACE)"}'
-	$(BIN)/hetplan hints show --store $(WORKSPACE)/hints
+	$(BIN)/hetplan hints show --store $(WORKSPACE)/hints --ranks 1
 	@echo
 	@echo "Plan:            $$(cat $(WORKSPACE)/current/plan/summary.txt)"
 	@echo "Report:          $(WORKSPACE)/report/report.html (node mix and cost, curves and knees, predicted JCT, what needs profiling)"

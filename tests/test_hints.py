@@ -278,6 +278,9 @@ def test_cli_publish_and_show(tmp_path):
     out = result.stdout
     assert "hints plan-7 (LATEST)" in out and "solver highs" in out and "cost $97.50/h" in out
     assert out.index("res18") < out.index("transformer") and out.index("V100") < out.index("T4")
+    first = runner.invoke(app, ["hints", "show", "--store", str(store), "--ranks", "1"], env=WIDE)
+    assert first.exit_code == 0, first.output
+    assert "rank <= 1 of 3 rows" in first.stdout and "V100" in first.stdout and "T4" not in first.stdout
 
 
 def test_cli_publish_parquet_and_store_from_environment(tmp_path):

@@ -43,6 +43,8 @@ def publish(
 def show(
     store: Path | None = typer.Option(None, "--store", help=_STORE_HELP),
     version: str | None = typer.Option(None, "--version", help="Version to show (default: LATEST)."),
+    ranks: int | None = typer.Option(None, "--ranks", min=1, help="Only each class's first N GPU types by rank "
+                                     "(default: every one)."),
 ) -> None:
     """Show a published hint table, ordered by model, GPUs and rank."""
     root = store if store is not None else default_store_root()
@@ -50,15 +52,18 @@ def show(
         hint_store = HintStore(root)
         published = hint_store.load(version)
         latest = hint_store.latest_version()
-    console.print(_table(published, latest))
+    console.print(_table(published, latest, ranks))
 
 
-def _table(published: PublishedHints, latest: str | None) -> Table:
+def _table(published: PublishedHints, latest: str | None, ranks: int | None = None) -> Table:
     plan = published.plan
     frame = published.hints.sort_values(["model", "num_gpus", "rank"], kind="stable")
+    if ranks is not None:
+        frame = frame[frame["rank"] <= ranks]
     marker = " (LATEST)" if published.version == latest else ""
     budget = "" if plan.budget_per_hour is None else f" of ${plan.budget_per_hour:,.2f}/h"
-    table = Table(title=f"hints {published.version}{marker}", title_justify="left",
+    shown = "" if ranks is None else f" (rank <= {ranks} of {len(published.hints)} rows; --ranks to change)"
+    table = Table(title=f"hints {published.version}{marker}{shown}", title_justify="left",
                   caption=f"plan {plan.plan_id} · solver {plan.solver} · cost ${plan.cost_per_hour:,.2f}/h{budget}",
                   caption_justify="left")
     for name in ("model", "GPUs", "rank", "gpu_type", "cpus/GPU", "GB/GPU", "throughput", "normalized", "per $"):
