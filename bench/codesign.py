@@ -43,6 +43,16 @@ def synthetic(n: int, truth: TruthCurves, seed: int = 0):
     return picked.assign(job_id=[f"s{i}" for i in range(n)], model=picked["sim_model"]).drop(columns="sim_model")
 
 
+def problem_and_workload(n: int, curves, truth: TruthCurves, catalog, budget: float, rho: float):
+    """The planning problem and workload of the bench: `n` synthetic jobs at `rho` of the status quo's GPU time."""
+    jobs = synthetic(n, truth)
+    problem = build_problem(curves, catalog, workload_from_trace(jobs).demand, budget)
+    quo = plan_with_baselines(problem, baselines=True).baseline("status quo")
+    nodes = nodes_from_counts(problem.shapes, quo.node_counts)
+    rate = load_points(jobs, jobs.assign(sim_model=jobs["model"]), truth, nodes, (rho,), ())[0].plan_rate
+    return problem, workload_from_trace(with_load(jobs, rate, 0))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--jobs", type=int, nargs="+", default=[1000, 10000])
@@ -60,12 +70,7 @@ def main() -> None:
             "|---:|---:|---:|---:|---:|---:|---|---:|"]
     checks = []
     for n in args.jobs:
-        jobs = synthetic(n, truth)
-        problem = build_problem(curves, catalog, workload_from_trace(jobs).demand, args.budget)
-        quo = plan_with_baselines(problem, baselines=True).baseline("status quo")
-        nodes = nodes_from_counts(problem.shapes, quo.node_counts)
-        rate = load_points(jobs, jobs.assign(sim_model=jobs["model"]), truth, nodes, (args.rho,), ())[0].plan_rate
-        workload = workload_from_trace(with_load(jobs, rate, 0))
+        problem, workload = problem_and_workload(n, curves, truth, catalog, args.budget, args.rho)
         start = time.perf_counter()
         candidates = propose(problem)
         proposed = time.perf_counter() - start

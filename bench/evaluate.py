@@ -32,7 +32,9 @@ from hetplan.codesign import plan_workload
 from hetplan.codesign.candidates import STATUS_QUO
 from hetplan.codesign.replay import candidate_nodes
 from hetplan.evaluation import ProblemInputs, evaluate
+from hetplan.contracts import ContractError
 from hetplan.hints import HintSet
+from hetplan.planning.calibration import COVERAGE, Calibration
 from hetplan.reference import default_profiles
 from hetplan.resources import upstream_path
 from hetplan.sim.engine import SimConfig, simulate
@@ -79,6 +81,8 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--cost", action="store_true", help="also measure the cost objective's saving")
     parser.add_argument("--cost-only", action="store_true", help="only the cost objective's saving")
+    parser.add_argument("--rows-out", default=None, help="write hetplan's predicted and replayed speedups here (CSV: "
+                        "the calibration rows hetplan ships, hetplan/data/calibration)")
     parser.add_argument("--no-record", action="store_true")
     args = parser.parse_args()
     started = time.perf_counter()
@@ -112,7 +116,7 @@ def main() -> None:
                         hetplan_rows.append({"trace": file, "catalog": label, "budget": budget, "rho": r.rho,
                                              "speedup": r.jct_speedup, "predicted": r.predicted_jct_speedup,
                                              "low": r.predicted_low, "high": r.predicted_high,
-                                             "within": bool(r.within_interval)})
+                                             "within": bool(r.within_interval), "winner": plan_winner(result, r)})
                         predictions.append(f"| {short} | {label} | {budget:g} | {r.rho:g} | "
                                            f"{r.predicted_jct_speedup:.2f}x [{r.predicted_low:.2f}, "
                                            f"{r.predicted_high:.2f}] | {r.jct_speedup:.2f}x | "
@@ -145,7 +149,10 @@ def main() -> None:
         f"replayed / predicted: geometric mean {geomean(frame['speedup'] / frame['predicted']):.2f}, range "
         f"{(frame['speedup'] / frame['predicted']).min():.2f} to {(frame['speedup'] / frame['predicted']).max():.2f}.",
     ]
+    verdict.append(calibrated_coverage(frame))
     print("\n".join(verdict), flush=True)
+    if args.rows_out:
+        calibration_rows(frame).to_csv(args.rows_out, index=False)
     if args.no_record:
         return
     text = [
@@ -170,6 +177,45 @@ def main() -> None:
         "the first half):", *mixes, "", *(f"- note: {n}" for n in sorted(notes)), "", *cost_lines, "",
     ]
     record(text)
+
+
+def plan_winner(result, row) -> str:
+    """The name of the candidate the planner chose for `row`'s load."""
+    plan = result.plans.get(f"rho {row.rho:g}")
+    return plan.winner if plan is not None else ""
+
+
+def calibration_rows(frame: pd.DataFrame) -> pd.DataFrame:
+    """hetplan's rows as `hetplan.planning.calibration` reads them (evaluate's summary.csv column names)."""
+    return pd.DataFrame({"trace": frame["trace"], "catalog": frame["catalog"], "budget": frame["budget"],
+                         "rho": frame["rho"], "winner": frame["winner"], "setup": "hetplan",
+                         "predicted_jct_speedup": frame["predicted"], "predicted_low": frame["low"],
+                         "predicted_high": frame["high"], "jct_speedup": frame["speedup"]})
+
+
+def calibrated_coverage(frame: pd.DataFrame) -> str:
+    """Out-of-sample coverage of the calibrated interval: each trace's rows calibrated on the other traces' rows
+    (leave one trace out), as a new trace's plan would be on the shipped rows."""
+    rows = calibration_rows(frame)
+    inside, total, parts = 0, 0, []
+    for trace in rows["trace"].unique():
+        others, own = rows[rows["trace"] != trace], rows[rows["trace"] == trace]
+        try:
+            calibration = Calibration.fit(others, f"rows of traces other than {trace}")
+        except ContractError as exc:
+            parts.append(f"{trace}: not calibrated ({exc.problems[0].message})")
+            continue
+        hits = 0
+        for r in own.itertuples():
+            _, low, high = calibration.applied(r.predicted_jct_speedup, r.predicted_low, r.predicted_high)
+            hits += int(low <= r.jct_speedup <= high)
+        inside, total = inside + hits, total + len(own)
+        parts.append(f"{trace}: {hits} of {len(own)} inside, calibrated on {calibration.rows} rows "
+                     f"(shift x{math.exp(calibration.shift):.2f}, margin x{math.exp(calibration.margin):.2f})")
+    share = f"{inside / total:.0%}" if total else "n/a"
+    return (f"- calibrated interval (split conformal, `hetplan.planning.calibration`, {COVERAGE:.0%}), each trace "
+            f"calibrated on the other trace's rows: the replayed speedup lies inside in **{inside} of {total} rows "
+            f"({share})**; " + "; ".join(parts) + ".")
 
 
 def cost_objective(curves: pd.DataFrame, truth: TruthCurves, seed: int) -> list[str]:

@@ -92,6 +92,11 @@ def timed(problem, workload, **kwargs):
     return planned, cpu_s() - start
 
 
+def regret(full, name: str) -> float:
+    """How much worse (avg JCT, by the full replays) `name` is than the full replays' winner."""
+    return float(full.row(name)["avg_jct_h"] / full.row(full.winner)["avg_jct_h"] - 1)
+
+
 def evaluate_long(args, curves, truth: TruthCurves, curves_from: str) -> list[str]:
     """Time `evaluate` on a synthetic long trace; the RESULTS lines."""
     import tempfile
@@ -127,7 +132,8 @@ def main() -> None:
     parser.add_argument("--catalogs", nargs="+", default=["all", "aws-gcp-azure"])
     parser.add_argument("--budgets", type=float, nargs="+", default=[100.0, 400.0])
     parser.add_argument("--rhos", type=float, nargs="+", default=list(RHOS))
-    parser.add_argument("--sample-jobs", type=int, default=200, help="a third plan screening on this many jobs")
+    parser.add_argument("--sample-jobs", type=int, default=200,
+                        help="a third plan screening on this many jobs (0: none)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--evaluate-jobs", type=int, default=0, help="time evaluate on a synthetic trace instead")
     parser.add_argument("--rho", type=float, default=0.8, help="--evaluate-jobs: the load")
@@ -150,14 +156,14 @@ def main() -> None:
     for label, problem, workload in cases(args, curves, truth):
         full, t_full = timed(problem, workload, screen=None)
         screened, t_screen = timed(problem, workload)
-        small, t_small = timed(problem, workload, screen_jobs=args.sample_jobs)
-        agree = full.winner == screened.winner == small.winner
+        small, t_small = timed(problem, workload, screen_jobs=args.sample_jobs) if args.sample_jobs else (None, 0.0)
+        agree = full.winner == screened.winner == (small.winner if small else screened.winner)
         same, differ = same + agree, differ + (not agree)
         lead = screened.result.plan.planning["screen"]["confidence"].get("lead_over_2se")
-        mark = "" if agree else " **differs**"
+        mark = "" if agree else f" **differs** (regret {regret(full, screened.winner):.1%})"
         rows.append(f"| {label} | {workload.summary['jobs']:,} | {full.winner} | {t_full:.1f} s | "
                     f"{screened.winner}{mark} | {t_screen:.1f} s | {'-' if lead is None else f'{lead:.2f}'} | "
-                    f"{small.winner}{mark} | {t_small:.1f} s |")
+                    f"{small.winner if small else '-'} | {t_small:.1f} s |")
         print(rows[-1], flush=True)
     verdict = f"Winners the same in {same} of {same + differ} cases."
     print(verdict, flush=True)

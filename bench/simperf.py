@@ -47,31 +47,21 @@ def gavel_case(rate: float):
 
 
 def codesign_case(jobs_n: int, candidate: str | None):
-    from codesign import synthetic
+    from codesign import problem_and_workload
     from common import fitted_curves
 
     from hetplan.catalog import load_default_catalog
-    from hetplan.codesign import propose, workload_from_trace
+    from hetplan.codesign import propose
     from hetplan.codesign.plan import PRUNE_LOAD, fluid_load
     from hetplan.codesign.replay import candidate_nodes, planner_truth
-    from hetplan.evaluation import load_points
     from hetplan.hints import HintSet
-    from hetplan.planner import build_problem
-    from hetplan.planner.entry import plan_with_baselines
     from hetplan.reference import default_profiles
     from hetplan.sim.engine import SimConfig
-    from hetplan.sim.setups import nodes_from_counts
     from hetplan.sim.truth import TruthCurves
-    from hetplan.sim.workload import with_load
 
     curves, _ = fitted_curves()
     truth = TruthCurves.from_profiles(default_profiles(), fallback=curves)
-    jobs = synthetic(jobs_n, truth)
-    problem = build_problem(curves, load_default_catalog(), workload_from_trace(jobs).demand, 400.0)
-    quo = plan_with_baselines(problem, baselines=True).baseline("status quo")
-    rate = load_points(jobs, jobs.assign(sim_model=jobs["model"]), truth, nodes_from_counts(
-        problem.shapes, quo.node_counts), (0.8,), ())[0].plan_rate
-    workload = workload_from_trace(with_load(jobs, rate, 0))
+    problem, workload = problem_and_workload(jobs_n, curves, truth, load_default_catalog(), 400.0, 0.8)
     config = SimConfig("las", 300.0)
     found = [(fluid_load(workload, c), c) for c in propose(problem) if config.policy(c.policy).rounds is not None]
     if candidate is not None:
