@@ -320,6 +320,7 @@ def _plan_setup(workspace: str | Path, run_key: str, budget: float, objective: s
     from hetplan.codesign import workload_from_trace
     from hetplan.planner.entry import load_problem
     from hetplan.planning import Objective, PlanRequest
+    from hetplan.planning.calibration import shipped
     from hetplan.planning.request import solver_name
     from hetplan.workspace import Workspace
 
@@ -327,7 +328,7 @@ def _plan_setup(workspace: str | Path, run_key: str, budget: float, objective: s
         wanted = Objective.parse(objective)
     except ValueError as exc:
         raise ContractError([Problem("objective", str(exc))]) from None
-    request = PlanRequest(wanted, solver=solver_name(solver), time_limit=time_limit)
+    request = PlanRequest(wanted, solver=solver_name(solver), time_limit=time_limit, calibration=shipped())
     ws = Workspace(Path(workspace))
     here = run_dir(ws.root, run_key)
     for_workload = wanted.for_workload and ws.trace.is_file()

@@ -170,7 +170,11 @@ def test_cli_plans_for_a_workload_and_says_why(files):
     assert "prediction: predicted speedup over the status quo" in result.output
     assert "(nominal 90% interval: 2 arrival draws + 8 held-back jobs" in result.output
     assert "warning: too few jobs to trust the prediction interval: 40 jobs" in result.output
+    assert "calibrated on" in result.output and "hetplan/data/calibration" in result.output
     plan = load_plan(out / "plan.json")
+    calibrated = plan.planning["prediction"]["calibrated_speedup"]
+    assert calibrated["low"] <= calibrated["point"] <= calibrated["high"]
+    assert plan.planning["prediction"]["calibration"]["rows"] >= 9
     assert plan.planning["objective"] == "jct" and plan.inputs["workload"].startswith("sha256:")
     host = plan.planning["host_sizes"]  # the workload's jobs are of 1, 2 and 4 GPUs: the margin is 4
     assert host["largest_seen"] == 4 and host["gpus"] == 4 and host["hosted"] == [1, 2, 4]
@@ -198,6 +202,10 @@ def test_cli_plans_for_a_workload_and_says_why(files):
     (("--workload", "{empty}", "--budget", "60"), "no data rows"),
     (("--workload", "{trace}", "--objective", "cost", "--max-avg-jct", "0.001", "--budget", "60"),
      "no candidate reaches an average JCT of 0.001 h"),
+    (("--workload", "{trace}", "--budget", "60", "--calibration", "{trace}"),
+     "trace.csv: no column predicted_jct_speedup"),
+    (("--workload", "{trace}", "--budget", "60", "--calibration", "{empty}/missing.csv"), "missing.csv: cannot read"),
+    (("--workload", "{trace}", "--budget", "60", "--replay-jobs", "-1"), "--replay-jobs"),
 ])
 def test_cli_refuses_bad_workload_plans_in_one_line_and_writes_nothing(files, args, message):
     out = files / "refused"
@@ -205,6 +213,26 @@ def test_cli_refuses_bad_workload_plans_in_one_line_and_writes_nothing(files, ar
     result = plan_cli(files, *args, "--out-dir", str(out))
     assert result.exit_code != 0 and message in result.output, result.output
     assert "Traceback" not in result.output and not out.exists()
+
+
+def test_cli_calibrates_on_the_evaluations_it_is_given_or_on_none(files):
+    from test_calibration import evaluated
+
+    summary = files / "summary.csv"
+    evaluated(12, bias=0.5, noise=0.05).assign(setup="hetplan").to_csv(summary, index=False)
+    out, bare = files / "calibrated", files / "bare"
+    result = plan_cli(files, "--workload", str(files / "trace.csv"), "--budget", "60", "--calibration", str(summary),
+                      "--out-dir", str(out))
+    assert result.exit_code == 0, result.output
+    prediction = load_plan(out / "plan.json").planning["prediction"]
+    assert prediction["calibration"]["rows"] == 12 and prediction["calibration"]["source"] == str(summary)
+    assert prediction["calibrated_speedup"]["point"] == pytest.approx(
+        prediction["speedup_over_status_quo"]["point"] * 0.5, rel=0.05)  # the bias of those rows, applied
+    result = plan_cli(files, "--workload", str(files / "trace.csv"), "--budget", "60", "--calibration", "none",
+                      "--out-dir", str(bare))
+    assert result.exit_code == 0, result.output
+    assert load_plan(bare / "plan.json").planning["prediction"]["calibrated_speedup"] is None
+    assert "calibrated on" not in result.output
 
 
 def test_the_nightly_pipeline_names_the_models_its_last_plan_could_not_profile(tmp_path, curves, catalog):
@@ -227,6 +255,27 @@ def test_candidates_that_cannot_keep_up_are_pruned_before_simulation(curves, cat
     assert len(pruned) and not quo["pruned"] and not table.loc[table["chosen"], "pruned"].any()
     assert (pruned["fluid_load"] > max(1.25, quo["fluid_load"])).all() and pruned["avg_jct_h"].isna().all()
     assert (table.loc[~table["pruned"], "fluid_load"] <= max(1.25, quo["fluid_load"]) + 1e-9).all()
+
+
+def test_when_every_candidate_is_overloaded_the_plan_says_so_and_replays_no_longer_than_the_screen(curves, catalog):
+    """Arrivals no budget-bound cluster keeps up with: every queue grows, so replaying longer only grows it; the
+    replays sample the screen's size, the record and a warning say what the workload asks and what is served."""
+    workload = workload_from_trace(jobs(n=160, gap_s=20.0))
+    plan = plan_workload(build_problem(curves, catalog, workload.demand, budget=20.0), workload, screen_jobs=40,
+                         screen=1)
+    screen = plan.result.plan.planning["screen"]
+    overload = screen["overloaded"]
+    kept = plan.candidates[~plan.candidates["pruned"]]
+    assert overload and overload["least_fluid_load"] == pytest.approx(kept["fluid_load"].min(), abs=1e-4)
+    assert overload["least_fluid_load"] > 1
+    assert overload["offered_reference_gpus"] > overload["served_reference_gpus"]
+    assert screen["replay_sample"]["jobs"] <= 40 and screen["screen_sample"]["jobs"] <= 40
+    assert any("every candidate is overloaded" in w and "raise --budget" in w for w in plan.warnings)
+    calm_workload = workload_from_trace(jobs(n=160))  # one job every 15 minutes
+    calm = plan_workload(build_problem(curves, catalog, calm_workload.demand, budget=60.0), calm_workload,
+                         screen_jobs=40, screen=1)
+    assert calm.result.plan.planning["screen"]["overloaded"] is None
+    assert not any("overloaded" in w for w in calm.warnings)
 
 
 def test_the_shortlisted_candidates_are_tried_again_with_the_fastest_gpu_type_first(planned):

@@ -37,6 +37,31 @@ ReplayEngine = Annotated[str, typer.Option("--engine", help="Where the planner's
 DaskAddress = Annotated[str | None, typer.Option("--dask-address", help="The Dask scheduler (tcp://host:8786) for "
                                                  "--engine dask (default: a LocalCluster on 127.0.0.1).")]
 
+CalibrationFiles = Annotated[list[str] | None, typer.Option(
+    "--calibration", help="Evaluated predictions to calibrate the prediction's interval on: hetplan evaluate's "
+    "summary.csv files (repeat the option), or 'none' (default: the rows hetplan ships, simulated on derived "
+    "data).")]
+
+# How much the planner replays (`hetplan.codesign.screen`), shared by `plan` and `evaluate`.
+Shortlist = Annotated[int | None, typer.Option("--shortlist", min=0, help="Candidates replayed on every draw after "
+                                               "the screen, besides the status quo (default 4; 0: every one).")]
+ScreenJobs = Annotated[int | None, typer.Option("--screen-jobs", min=1, help="Jobs of the screen's sample of the "
+                                                "workload (default 2,000).")]
+ReplayJobs = Annotated[int | None, typer.Option("--replay-jobs", min=0, help="Jobs each arrival draw's replays "
+                                                "sample from a longer workload (default 10,000; 0: every job). "
+                                                "Fewer is faster and less faithful: bench/RESULTS.md.")]
+
+
+def calibration(files: list[str] | None):
+    """The `Calibration` the --calibration options name (None for 'none'); a ContractError naming the file."""
+    from pathlib import Path
+
+    from hetplan.planning.calibration import calibration_from
+
+    if files and [f.lower() for f in files] == ["none"]:
+        return None
+    return calibration_from([Path(f) for f in files] if files else None)
+
 
 def replay_engine(name: str, address: str | None):
     """The replay engine the options name (`hetplan.codesign.engines`); a ContractError for a bad choice."""

@@ -12,15 +12,16 @@ from rich.table import Table
 
 from hetplan.allocator.stability import Stability
 from hetplan.cli.common import (
-    EXIT_INVALID, DaskAddress, MoveBudget, MoveMargin, ReplayEngine, ReturnMargin, ReturnWindowH, SpreadMoves, choices,
-    console, contract_errors, errors, read_trace, replay_engine, stability, warn,
+    EXIT_INVALID, CalibrationFiles, DaskAddress, MoveBudget, MoveMargin, ReplayEngine, ReplayJobs, ReturnMargin,
+    ReturnWindowH, ScreenJobs, Shortlist, SpreadMoves, calibration, choices, console, contract_errors, errors,
+    read_trace, replay_engine, stability, warn,
 )
 from hetplan.contracts import CURVES, PROFILES, ContractError, Problem, gpu_declarations
 from hetplan.fsio import atomic_write_bytes, save_figure
 from hetplan.evaluation import EvaluationResult, ProblemInputs, evaluate as run_evaluation
 from hetplan.planner.entry import read_catalog, read_fleet
 from hetplan.planner.sizes import describe
-from hetplan.planning import Objective
+from hetplan.planning import Objective, ReplaySizes
 from hetplan.planning.request import HOLDOUT, SOLVER_NAMES
 from hetplan.progress import Reporter
 from hetplan.sim.engine import SCHEDULERS, InvariantError, SimulationError
@@ -86,6 +87,10 @@ def evaluate(
     tracking_uri: str | None = typer.Option(None, "--tracking-uri"),
     engine: ReplayEngine = "local",
     dask_address: DaskAddress = None,
+    calibration_files: CalibrationFiles = None,
+    shortlist: Shortlist = None,
+    screen_jobs: ScreenJobs = None,
+    replay_jobs: ReplayJobs = None,
 ) -> None:
     """Plan hetplan and the three baselines on PLAN_TRACE under BUDGET, replay TRACE on each, compare."""
     schedulers = _names(policy, SCHEDULERS, "--policy")
@@ -116,7 +121,9 @@ def evaluate(
                                         solver=SOLVER_NAMES[solver], time_limit=time_limit, progress=progress,
                                         engine=replay_engine(engine, dask_address),
                                         stability=stability(move_margin, return_window_h, return_margin,
-                                                            move_budget, spread_moves), holdout=holdout)
+                                                            move_budget, spread_moves), holdout=holdout,
+                                        calibration=calibration(calibration_files),
+                                        sizes=ReplaySizes(shortlist, screen_jobs, replay_jobs))
             except InvariantError as exc:  # a bug: name what broke, not an input file
                 raise ContractError([Problem("hetplan simulator", str(exc))]) from None
             except SimulationError as exc:  # e.g. a truth with no throughput at a share a policy granted

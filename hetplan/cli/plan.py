@@ -19,7 +19,8 @@ import typer
 from rich.table import Table
 
 from hetplan.cli.common import (
-    DaskAddress, ReplayEngine, choices, console, contract_errors, errors, read_trace, replay_engine, warn,
+    CalibrationFiles, DaskAddress, ReplayEngine, ReplayJobs, ScreenJobs, Shortlist, calibration, choices, console,
+    contract_errors, errors, read_trace, replay_engine, warn,
 )
 from hetplan.codesign import workload_from_trace
 from hetplan.contracts import DEMAND, ContractError, Problem, demand_from_trace, fingerprint
@@ -29,7 +30,7 @@ from hetplan.planner.baselines import STATUS_QUO
 from hetplan.planner.entry import load_problem
 from hetplan.planner.plots import plot_cost_jct, plot_frontier, plot_node_mix
 from hetplan.planner.sizes import describe
-from hetplan.planning import Objective, PlanOutcome, PlanRequest, RequestError, plan as plan_for
+from hetplan.planning import Objective, PlanOutcome, PlanRequest, ReplaySizes, RequestError, plan as plan_for
 from hetplan.planning.request import HOLDOUT, solver_name
 from hetplan.progress import Reporter
 from hetplan.traces import FORMATS
@@ -92,12 +93,19 @@ def plan(
     tracking_uri: str | None = typer.Option(None, "--tracking-uri"),
     engine: ReplayEngine = "local",
     dask_address: DaskAddress = None,
+    calibration_files: CalibrationFiles = None,
+    shortlist: Shortlist = None,
+    screen_jobs: ScreenJobs = None,
+    replay_jobs: ReplayJobs = None,
 ) -> None:
     """Choose the node mix and the CPU/RAM split together; print hetplan beside its baselines."""
     request = PlanRequest(objective, max_avg_jct, target, fairness, scheduler.value, solver=solver_name(solver.value),
-                          time_limit=time_limit, gap=gap, sweep=tuple(_budgets(sweep_budgets)), holdout=holdout)
+                          time_limit=time_limit, gap=gap, sweep=tuple(_budgets(sweep_budgets)), holdout=holdout,
+                          sizes=ReplaySizes(shortlist, screen_jobs, replay_jobs))
     _check(request, workload, workload_format, budget, owned)
     with contract_errors():
+        if workload:
+            request = replace(request, calibration=calibration(calibration_files))
         jobs = read_trace(workload, workload_format)[0] if workload else None
         mix = demand_from_trace(jobs) if jobs is not None else DEMAND.load(demand)
         problem, inputs = load_problem(curves, catalog, mix, budget, clouds=[c.strip() for c in clouds.split(",")],

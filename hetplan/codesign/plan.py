@@ -159,7 +159,7 @@ def chosen(problem: PlanningProblem, listed: Shortlist, summaries: dict[Run, dic
         "candidates": _records(weighed),
     }
     result = _stamped(winner.result, inputs or {}, planning)
-    warnings = [*problem.warnings, *listed.workload.warnings]
+    warnings = [*problem.warnings, *listed.workload.warnings, *listed.warnings]
     return WorkloadPlan(problem, result, winner.name, weighed, replayed, listed.workload, objective, warnings)
 
 

@@ -36,6 +36,7 @@ SCREEN = 4  # candidates replayed in full besides the status quo
 SCREEN_JOBS = 2_000  # jobs of the screen's sample of draw 0
 REPLAY_JOBS = 10_000  # jobs a full replay samples from each draw of a longer workload
 COST_SLACK = 0.25  # the cost objective shortlists candidates whose screened JCT is within this of the target
+OVERLOADED = 1.0  # a fluid load above this: the candidate's queue grows without bound
 
 TWIN_SUFFIX = ", fastest first"  # a twin's name: its original's and this
 PRUNED, SCREENED_OUT, REPLAYED, TWIN = "pruned", "screened out", "replayed", "twin: the original's figures"
@@ -70,6 +71,7 @@ class Shortlist:
     screen_rejected: tuple[int, ...]
     done: dict[Run, dict] = field(default_factory=dict)  # replay runs the screen already ran
     record: dict = field(default_factory=dict)  # the plan's `planning["screen"]`
+    warnings: tuple[str, ...] = ()
 
     @property
     def pending(self) -> list[Run]:
@@ -115,10 +117,14 @@ def shortlist(problem: PlanningProblem, candidates: Sequence[Candidate], workloa
     quo_load = next((load for c, load in zip(candidates, loads) if c.name == STATUS_QUO), float("nan"))
     limit = float("inf") if prune_load is None else max(prune_load, quo_load if quo_load == quo_load else 0.0)
     kept = [i for i, (c, load) in enumerate(zip(candidates, loads)) if c.name == STATUS_QUO or not load > limit]
+    overload = _overload(workload, candidates, loads, kept)
+    if overload and replay_jobs is not None:  # every queue grows: a longer replay only grows it further
+        replay_jobs = min(replay_jobs, screen_jobs)
     draws, every = sampled(workload.draws, replay_jobs)
     scores, rejected = [float("nan")] * len(candidates), [0] * len(candidates)
     done: dict[Run, dict] = {}
-    record: dict = {"shortlist": screen, "replay_sample": _sample_record(workload.draws[0], draws[0], every)}
+    record: dict = {"shortlist": screen, "replay_sample": _sample_record(workload.draws[0], draws[0], every),
+                    "overloaded": overload or None}
     challengers = [i for i in kept if candidates[i].name != STATUS_QUO]
     if screen is None or len(challengers) <= screen:
         chosen = set(kept)
@@ -150,8 +156,31 @@ def shortlist(problem: PlanningProblem, candidates: Sequence[Candidate], workloa
         scores.append(float("nan"))
         rejected.append(rejected[i])
     record["replayed"] = [c.name for c, s in zip(all_candidates, stage) if s == REPLAYED]
+    warnings = (_overload_warning(overload, len(draws[0])),) if overload else ()
     return Shortlist(Runs(problem, tuple(all_candidates), draws, config), workload, tuple(loads), tuple(stage),
-                     tuple(twin_of), tuple(scores), tuple(rejected), done, record)
+                     tuple(twin_of), tuple(scores), tuple(rejected), done, record, warnings)
+
+
+def _overload(workload: Workload, candidates: Sequence[Candidate], loads: Sequence[float],
+              kept: Sequence[int]) -> dict | None:
+    """When every candidate kept has a fluid load above `OVERLOADED` (the budget buys no cluster that keeps up
+    with the workload): what the workload offers and what the least loaded candidate serves; else None."""
+    finite = [(loads[i], i) for i in kept if loads[i] == loads[i]]
+    if not finite or min(finite)[0] <= OVERLOADED:
+        return None
+    load, best = min(finite)
+    span = float(workload.summary.get("span_h", 0.0))
+    return {"least_fluid_load": round(load, 4), "candidate": candidates[best].name,
+            "offered_reference_gpus": round(float(workload.summary["reference_gpu_hours"]) / span, 3),
+            "served_reference_gpus": round(float(candidates[best].result.plan.objective), 3)}
+
+
+def _overload_warning(overload: dict, jobs: int) -> str:
+    return (f"every candidate is overloaded: the workload asks for {overload['offered_reference_gpus']:.1f} "
+            f"reference GPUs per hour and the one that serves most ({overload['candidate']}) serves "
+            f"{overload['served_reference_gpus']:.1f} (fluid load {overload['least_fluid_load']:.2f}); every queue "
+            f"grows without bound, so the replays sample {jobs:,} jobs a draw and their JCTs and speedups grow "
+            "with the workload's length: raise --budget for a plan that keeps up")
 
 
 def screened_metric(objective: str) -> str:

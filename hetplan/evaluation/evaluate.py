@@ -18,6 +18,7 @@ load and scheduler: `jct_speedup` = its average JCT / the setup's (above 1 is be
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
@@ -37,7 +38,8 @@ from hetplan.planner.baselines import GPU_ONLY, HETPLAN, SENSITIVITY_AWARE
 from hetplan.planner.entry import Planned
 from hetplan.planner.problem import PlanningProblem, build_problem
 from hetplan.planner.solvers import SolverName
-from hetplan.planning import NodeMix, Objective, PlanRequest, plan
+from hetplan.planning import NodeMix, Objective, PlanRequest, ReplaySizes, plan
+from hetplan.planning.calibration import Calibration
 from hetplan.planning.prediction import Prediction
 from hetplan.planning.request import HOLDOUT
 from hetplan.progress import Progress, nested
@@ -86,7 +88,8 @@ def evaluate(trace: pd.DataFrame, problem_inputs: ProblemInputs, truth: TruthCur
              relabel_unknown: bool = False, seed: int = 0, round_s: float = 300.0, solver: SolverName = "auto",
              time_limit: float = 60.0, progress: Progress | None = None,
              stability: Stability | None = None, holdout: float = HOLDOUT,
-             engine: Engine | None = None) -> EvaluationResult:
+             engine: Engine | None = None, calibration: Calibration | None = None,
+             sizes: ReplaySizes = ReplaySizes()) -> EvaluationResult:
     """Plan on `plan_trace` (default: `trace`, in-sample), replay `trace`, at every load and scheduler.
 
     Jobs of models the truth lacks run as `unknown_model` (a truth model, or `mix`: one drawn per job). The
@@ -96,11 +99,12 @@ def evaluate(trace: pd.DataFrame, problem_inputs: ProblemInputs, truth: TruthCur
 
     Each row carries the planner's prediction next to what the replay realised (`with_predictions`): for
     `hetplan` under a workload objective its predicted avg JCT speedup over the status quo and that
-    prediction's interval (`hetplan.planning.prediction`, `holdout` held back), for the status quo 1.
+    prediction's interval (`hetplan.planning.prediction`, `holdout` held back; calibrated on `calibration`'s
+    earlier predictions where given), for the status quo 1. `sizes`: how much the planner replays.
     """
     objective = Objective.parse(objective)
     request = PlanRequest(objective, scheduler=schedulers[0], round_s=round_s, solver=solver, time_limit=time_limit,
-                          holdout=holdout, engine=engine)
+                          holdout=holdout, engine=engine, calibration=calibration, sizes=sizes)
     warnings: list[str] = []
     if plan_trace is None:
         plan_trace = trace
@@ -137,6 +141,7 @@ def evaluate(trace: pd.DataFrame, problem_inputs: ProblemInputs, truth: TruthCur
                 plans[label] = outcome.workload_plan
             if outcome.prediction is not None:
                 predictions[label] = outcome.prediction
+            warnings += [f"planning for {label}: {w}" for w in outcome.warnings if w not in warnings]
         setups_by_load[label] = [*baselines, outcome.setup(HETPLAN, problem.shapes)]
         replayed.append(replay.jobs if point.replay_rate is None else with_load(replay.jobs, point.replay_rate,
                                                                                  seed + REPLAY_SEED_OFFSET))
@@ -270,7 +275,7 @@ def _workload_at(plan_trace: pd.DataFrame, point: LoadPoint, seed: int) -> Workl
     return workload_from_trace(jobs, seed=seed)
 
 
-PREDICTED = ("predicted_jct_speedup", "predicted_low", "predicted_high")
+PREDICTED = ("predicted_jct_speedup", "predicted_low", "predicted_high", "calibrated_low", "calibrated_high")
 
 
 def _predicted(setup: str, prediction: Prediction | None) -> dict[str, float]:
@@ -280,18 +285,24 @@ def _predicted(setup: str, prediction: Prediction | None) -> dict[str, float]:
     if setup == STATUS_QUO:
         return dict.fromkeys(PREDICTED, 1.0)
     if setup == HETPLAN and prediction is not None:
-        s = prediction.speedup
-        return dict(zip(PREDICTED, (s.point, s.low, s.high)))
+        s, c = prediction.speedup, prediction.calibrated
+        return dict(zip(PREDICTED, (s.point, s.low, s.high, *((c.low, c.high) if c else (math.nan, math.nan)))))
     return dict.fromkeys(PREDICTED, float("nan"))
 
 
 def with_predictions(summary: pd.DataFrame) -> pd.DataFrame:
-    """Add `realised_over_predicted` (the replayed `jct_speedup` over the predicted one) and `within_interval`
-    (whether the replayed speedup lies in the prediction's interval; empty where nothing was predicted)."""
+    """Add `realised_over_predicted` (the replayed `jct_speedup` over the predicted one), `within_interval`
+    and `within_calibrated` (whether the replayed speedup lies in the prediction's interval, its calibrated
+    one; empty where there is none)."""
     predicted, realised = summary["predicted_jct_speedup"], summary["jct_speedup"]
-    within = (realised >= summary["predicted_low"]) & (realised <= summary["predicted_high"])
+
+    def within(low: str, high: str) -> pd.Series:
+        inside = (realised >= summary[low]) & (realised <= summary[high])
+        return inside.astype("boolean").where(summary[low].notna(), pd.NA)
+
     return summary.assign(realised_over_predicted=realised / predicted,
-                          within_interval=within.astype("boolean").where(predicted.notna(), pd.NA))
+                          within_interval=within("predicted_low", "predicted_high"),
+                          within_calibrated=within("calibrated_low", "calibrated_high"))
 
 
 def _baselines(problem: PlanningProblem, steady: Planned, quo_nodes: Sequence[Node]) -> list[Setup]:

@@ -14,12 +14,13 @@ from typing import TYPE_CHECKING, Any
 
 from hetplan.planning.mix import NodeMix
 from hetplan.planning.objective import WORKLOAD_OBJECTIVES, Objective
-from hetplan.planning.request import PlanRequest, RequestError
+from hetplan.planning.request import PlanRequest, ReplaySizes, RequestError
 
 if TYPE_CHECKING:
     from hetplan.planning.planned import PlanOutcome, plan
 
-__all__ = ["WORKLOAD_OBJECTIVES", "NodeMix", "Objective", "PlanOutcome", "PlanRequest", "RequestError", "plan"]
+__all__ = ["WORKLOAD_OBJECTIVES", "NodeMix", "Objective", "PlanOutcome", "PlanRequest", "ReplaySizes", "RequestError",
+           "plan"]
 
 
 def __getattr__(name: str) -> Any:

@@ -106,7 +106,7 @@ def outcome_of(problem: PlanningProblem, request: PlanRequest, workload: Workloa
     """The outcome of `planned`, the workload plan `request` asked for (made in one call, or by the nightly
     DAG's stages): the sweep's frontier around it and the interval of its prediction."""
     objective = request.resolved(True)
-    warnings = list(planned.workload.warnings)
+    warnings = [w for w in planned.warnings if w not in problem.warnings]  # the problem's: said where it is built
     plans = []
     for budget in request.sweep:
         try:
@@ -115,7 +115,7 @@ def outcome_of(problem: PlanningProblem, request: PlanRequest, workload: Workloa
             warnings.append(f"--sweep {budget:g}: {'; '.join(p.message for p in exc.problems)}")
     frontier = pd.concat([p.candidates.assign(budget=p.problem.budget) for p in [*plans, planned]],
                          ignore_index=True)
-    prediction = _prediction(problem, request, objective, workload, planned)
+    prediction = _prediction(problem, request, objective, workload, planned).calibrate(request.calibration)
     warnings += prediction.warnings
     plan_record = {**(planned.result.plan.planning or {}), "prediction": prediction.to_dict()}
     result = replace(planned.result, plan=planned.result.plan.model_copy(update={"planning": plan_record}))
@@ -134,13 +134,14 @@ def _plan_workload(problem: PlanningProblem, request: PlanRequest, objective: Ob
     return plan_workload(problem, workload, objective=objective.value, max_avg_jct=request.max_avg_jct,
                          scheduler=request.scheduler, round_s=request.round_s, solver=request.solver,
                          time_limit=request.time_limit, inputs=inputs, progress=progress,
-                         workers=request.workers, engine=request.engine)
+                         workers=request.workers, engine=request.engine, **request.sizes.options())
 
 
 def _prediction(problem: PlanningProblem, request: PlanRequest, objective: Objective, workload: Workload,
                 planned: WorkloadPlan) -> Prediction:
     """The interval of `planned`'s prediction, with the held-back check where the workload allows one."""
-    recent = _recent(planned.workload.jobs)
+    replay_sample = (planned.result.plan.planning or {}).get("screen", {}).get("replay_sample") or {}
+    recent = _recent(planned.workload.jobs, int(replay_sample.get("jobs", REPLAY_JOBS)))
     parts = split(recent, request.holdout)
     if parts is None:
         return predict(planned, None, request.holdout)
@@ -160,9 +161,9 @@ def _prediction(problem: PlanningProblem, request: PlanRequest, objective: Objec
     return predict(planned, held, request.holdout)
 
 
-def _recent(jobs: pd.DataFrame) -> pd.DataFrame:
-    """The jobs the held-back check works on: the most recent `REPLAY_JOBS` by arrival (all of a shorter
-    workload), so that its plan and replays cost no more than one sampled replay of a long trace."""
-    if len(jobs) <= REPLAY_JOBS:
+def _recent(jobs: pd.DataFrame, limit: int) -> pd.DataFrame:
+    """The jobs the held-back check works on: the most recent `limit` by arrival (as many as one replay of the
+    plan's sampled: all of a shorter workload), so that its plan and replays cost no more than one replay."""
+    if len(jobs) <= limit:
         return jobs
-    return jobs.sort_values("arrival_s", kind="stable").iloc[-REPLAY_JOBS:].reset_index(drop=True)
+    return jobs.sort_values("arrival_s", kind="stable").iloc[-limit:].reset_index(drop=True)

@@ -15,15 +15,16 @@ The interval is `point x exp(+-z sigma)` with sigma = sqrt(sd of the per-draw lo
 error^2) and z for a nominal two-sided `NOMINAL` coverage if the log errors were normal with that spread, and
 always at least the range of the per-draw figures. With 2 or 3 draws and one held-back part sigma is a rough
 estimate, so the nominal coverage is a label, not a guarantee: bench/RESULTS.md has the measured one. Every
-figure is simulated with the planner's curves, so the error of the curves themselves (the truth) is not in it:
-`hetplan evaluate` measures that.
+figure is simulated with the planner's curves, so the error of the curves themselves (the truth) is not in it;
+`calibrate` adds it from earlier evaluated predictions (`hetplan.planning.calibration`), whose coverage is
+measured out of sample.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import pandas as pd
@@ -31,9 +32,9 @@ import pandas as pd
 from hetplan.codesign import WorkloadPlan
 from hetplan.codesign.candidates import STATUS_QUO, Candidate
 from hetplan.codesign.replay import candidate_nodes, planner_truth
-from hetplan.codesign.screen import REPLAY_JOBS
 from hetplan.codesign.workload import Workload
 from hetplan.hints import HintSet
+from hetplan.planning.calibration import Calibration
 from hetplan.sim.engine import SimConfig, simulate
 
 NOMINAL = 0.90
@@ -91,12 +92,24 @@ class Prediction:
     jobs: int
     trusted: bool
     warnings: list[str] = field(default_factory=list)
+    calibration: Calibration | None = None
+    calibrated: Interval | None = None  # the speedup's interval calibrated on evaluated predictions
+
+    def calibrate(self, calibration: Calibration | None) -> Prediction:
+        """This prediction with its speedup's interval calibrated (`hetplan.planning.calibration`)."""
+        if calibration is None or not self.speedup.low == self.speedup.low:  # NaN: nothing to calibrate
+            return replace(self, calibration=None, calibrated=None)
+        return replace(self, calibration=calibration,
+                       calibrated=Interval(*calibration.applied(self.speedup.point, self.speedup.low,
+                                                                self.speedup.high)))
 
     @property
     def method(self) -> str:
-        held = ("and the held-back check's log error (plan on the first part by arrival, replay its winner and "
-                "status quo, compare on the last part; a workload longer than "
-                f"{REPLAY_JOBS:,} jobs is checked on its most recent {REPLAY_JOBS:,})") if self.held_back else "alone (no held-back check)"
+        held = "alone (no held-back check)"
+        if self.held_back:
+            held = ("and the held-back check's log error (plan on the first part by arrival, replay its winner and "
+                    "status quo, compare on the last part; a workload longer than one replay's sample is checked "
+                    "on as many of its most recent jobs)")
         return (f"point x exp(+-{Z:.3g} sigma), sigma from the spread of {len(self.speedup_by_draw)} arrival draws "
                 f"{held}; at least the draws' range; simulated with the planner's curves (the first part's plan "
                 "keeps the whole workload's demand mix: only its jobs and arrivals are held back)")
@@ -111,7 +124,12 @@ class Prediction:
             h = self.held_back
             text += (f" + {h.jobs} held-back jobs, where the plan on the rest predicted {h.predicted_speedup:.2f}x "
                      f"and replayed {h.realised_speedup:.2f}x")
-        return text + ")" + ("" if self.trusted else "; too little data to trust it")
+        text += ")" + ("" if self.trusted else "; too little data to trust it")
+        if self.calibrated is not None and self.calibration is not None:
+            c, k = self.calibrated, self.calibration
+            text += (f"; calibrated on {k.rows} evaluated predictions ({k.source}): {c.point:.2f}x "
+                     f"[{c.low:.2f}x, {c.high:.2f}x] ({k.coverage:.0%} conformal)")
+        return text
 
     def to_dict(self) -> dict:
         """For plan.json's `planning.prediction`."""
@@ -126,7 +144,9 @@ class Prediction:
                 "speedup_by_draw": [_finite(v) for v in self.speedup_by_draw], "held_back": held,
                 "nominal_coverage": NOMINAL, "method": self.method, "jobs": self.jobs, "trusted": self.trusted,
                 "min_jobs": MIN_JOBS, "min_held_back_jobs": MIN_HELD_BACK, "warnings": list(self.warnings),
-                "note": "simulated with the planner's curves; the curves' own error is not in the interval"}
+                "note": "simulated with the planner's curves; the curves' own error is in the calibrated interval only",
+                "calibrated_speedup": self.calibrated.to_dict() if self.calibrated else None,
+                "calibration": self.calibration.to_dict() if self.calibration else None}
 
 
 def predict(planned: WorkloadPlan, held_back: HeldBack | None, holdout: float) -> Prediction:

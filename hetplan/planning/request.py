@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 
 from hetplan.contracts.table import ContractError, Problem
 from hetplan.planner.solvers import SolverName
+from hetplan.planning.calibration import Calibration
 from hetplan.planning.objective import Objective
 from hetplan.progress import Progress
 
@@ -34,12 +35,39 @@ def solver_name(value: str) -> SolverName:
 
 
 @dataclass(frozen=True)
+class ReplaySizes:
+    """How much a workload plan replays (`hetplan.codesign.screen`); None keeps the planner's default."""
+
+    shortlist: int | None = None  # candidates replayed on every draw after the screen (0: every one)
+    screen_jobs: int | None = None  # jobs of the screen's sample
+    replay_jobs: int | None = None  # jobs each draw's replays sample from a longer workload (0: every job)
+
+    def options(self) -> dict[str, int | None]:
+        """As `plan_workload` takes them (absent: its defaults)."""
+        out: dict[str, int | None] = {}
+        if self.shortlist is not None:
+            out["screen"] = self.shortlist or None
+        if self.screen_jobs is not None:
+            out["screen_jobs"] = self.screen_jobs
+        if self.replay_jobs is not None:
+            out["replay_jobs"] = self.replay_jobs or None
+        return out
+
+    def check(self) -> None:
+        for option, value, least in (("--shortlist", self.shortlist, 0), ("--screen-jobs", self.screen_jobs, 1),
+                                     ("--replay-jobs", self.replay_jobs, 0)):
+            if value is not None and value < least:
+                raise RequestError(option, f"must be at least {least}, got {value}")
+
+
+@dataclass(frozen=True)
 class PlanRequest:
     """How to plan: the objective and its target, the scheduler replays use, the solver, the budgets to sweep.
 
     `objective` None is `jct` with a workload and `throughput` without (`resolved`). `holdout` is the share
     of a workload (its last arrivals) held back to check the prediction out of sample (0: none; see
-    `hetplan.planning.prediction`)."""
+    `hetplan.planning.prediction`); `calibration` widens its interval by how earlier predictions fared.
+    `sizes` trades the replays' fidelity for time."""
 
     objective: Objective | None = None
     max_avg_jct: float | None = None  # cost with a workload: the average JCT (h) the cheapest plan must reach
@@ -54,6 +82,8 @@ class PlanRequest:
     workers: int | None = None  # replay processes (None: the usable CPUs)
     engine: Engine | None = None  # where replays run (`hetplan.codesign.engines`; None: a pool of `workers`)
     holdout: float = HOLDOUT
+    sizes: ReplaySizes = ReplaySizes()
+    calibration: Calibration | None = None  # calibrates the prediction's interval (`hetplan.planning.calibration`)
     progress: Progress | None = None
 
     def resolved(self, workload: bool) -> Objective:
@@ -83,6 +113,7 @@ class PlanRequest:
         for budget_point in self.sweep:
             if not budget_point >= 0:
                 raise RequestError("--sweep", f"{budget_point!r} is not a budget in US$ per hour")
+        self.sizes.check()
         if not 0 <= self.holdout < 1:
             raise RequestError("--holdout", f"must be in [0, 1), got {self.holdout:g}")
         if not 0 <= self.fairness <= 1:
