@@ -109,15 +109,16 @@ def main() -> None:
                                 f"{r.cost_per_hour:.1f} | {r.avg_jct_h:.3g} | {r.p95_jct_h:.3g} | {r.gpu_util:.0%} | "
                                 f"{speedup} | {r.rejected_too_big} |")
                     if r.setup == "hetplan":
+                        within = bool(r.within_interval) if pd.notna(r.within_interval) else False  # NA: no interval
                         hetplan_rows.append({"trace": file, "catalog": label, "budget": budget, "rho": r.rho,
                                              "speedup": r.jct_speedup, "predicted": r.predicted_jct_speedup,
                                              "low": r.predicted_low, "high": r.predicted_high,
-                                             "within": bool(r.within_interval)})
+                                             "within": within})
                         predictions.append(f"| {short} | {label} | {budget:g} | {r.rho:g} | "
                                            f"{r.predicted_jct_speedup:.2f}x [{r.predicted_low:.2f}, "
                                            f"{r.predicted_high:.2f}] | {r.jct_speedup:.2f}x | "
                                            f"{r.realised_over_predicted:.2f} | "
-                                           f"{'yes' if r.within_interval else 'no'} |")
+                                           f"{'yes' if within else 'no'} |")
                 for plan_label, plan in result.plans.items():
                     winner = plan.candidate(plan.winner)
                     counts = {str(plan.problem.shapes.loc[s, "name"]): n for s, n in winner.counts.items()}
