@@ -89,6 +89,9 @@ def test_unprofiled_models_are_planned_never_dropped(curves, catalog):
 
 @pytest.mark.parametrize(("giant_gpus", "dropped"), [
     (16, 0),  # larger than every node (8 GPUs): planned and replayed as gangs, nothing left out, nothing rejected
+    # ... and where every candidate is overloaded by them (no status quo: it hosts no 64-GPU job), the least
+    # loaded one is still replayed
+    (64, 0),
     (4096, 3),  # no GPU type 60 $/h buys has 4,096 GPUs: left out of the replays, and counted
 ])
 def test_jobs_larger_than_every_shape_are_replayed_as_gangs_where_a_type_can_host_them(curves, catalog, giant_gpus,
