@@ -186,7 +186,8 @@ def main() -> None:
         "|---|---|---:|---:|---:|---:|---:|---|", *predictions, "",
         "Jobs larger than every node of the catalog (gangs), per setup: how many ran, were rejected, their avg JCT:",
         "", "| trace | catalog | budget $/h | rho | setup | jobs | ran | rejected | giants' avg JCT h | on GPU types |",
-        "|---|---|---:|---:|---|---:|---:|---:|---:|---|", *giants, "", "Against the targets:", *verdict, "", "What hetplan chose (planner's candidates, by its replays of "
+        "|---|---|---:|---:|---|---:|---:|---:|---:|---|", *giants, "",
+        "Against the targets:", *verdict, "", "What hetplan chose (planner's candidates, by its replays of "
         "the first half):", *mixes, "", *(f"- note: {n}" for n in sorted(notes)), "", *cost_lines, "",
     ]
     record(text)

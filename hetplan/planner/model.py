@@ -66,7 +66,7 @@ class MilpModel:
     price: np.ndarray  # per shape, US$/h
     host_gpus: int = 0  # the GPUs a y_g stands for (0: no y; see the module docstring)
     n_host: int = 0  # y columns (one per GPU type that can reach host_gpus), after T
-    host_row: int | None = None  # the first of the n_host per-type rows sum_{s of g} gpus_s n_s >= host_gpus y_g - owned
+    host_row: int | None = None  # the first of the n_host rows sum_{s of g} gpus_s n_s >= host_gpus y_g - owned
     one_row: int | None = None  # sum_g y_g >= 1 (None: no size must be hosted)
     host_types: tuple[str, ...] = ()  # the GPU type of each y column
     share_row: int | None = None  # the first of the per-class rows sum_c v_c x_c >= alpha share_j T
