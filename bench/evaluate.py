@@ -72,6 +72,20 @@ def nodes_text(counts: dict[str, int]) -> str:
     return ", ".join(f"{n} x {shape}" for shape, n in sorted(counts.items(), key=lambda kv: -kv[1]))
 
 
+def giant_lines(jobs: pd.DataFrame, trace: str, catalog: str, budget: float, largest_node: int) -> list[str]:
+    """Per (rho, setup), a table row on the jobs larger than every node of the catalog (they run as gangs): how
+    many, how many ran and were rejected, their average JCT and the GPU types they ran on."""
+    big = jobs[jobs["num_gpus"] > largest_node]
+    lines = []
+    for (rho, setup), group in big.groupby(["rho", "setup"], sort=False):
+        ran = group[group["status"] == "completed"]
+        types = ", ".join(f"{t} {n}" for t, n in ran["gpu_type"].value_counts().items())
+        lines.append(f"| {trace} | {catalog} | {budget:g} | {rho:g} | {setup} | {len(group)} | {len(ran)} | "
+                     f"{int((group['status'] == 'rejected_too_big').sum())} | "
+                     f"{ran['jct_s'].mean() / 3600:.3g} | {types or '-'} |")
+    return lines
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--budgets", type=float, nargs="+", default=[100.0, 400.0])
@@ -97,7 +111,7 @@ def main() -> None:
                     f"{time.perf_counter() - started:.0f} s; hetplan/sim sha256 `{sim_fingerprint()}`; derived data as "
                     "above.\n", *lines, ""])
         return
-    rows, mixes, notes, hetplan_rows, predictions = [], [], set(), [], []
+    rows, mixes, notes, hetplan_rows, predictions, giants = [], [], set(), [], [], []
     for file in args.traces:
         plan_half, replay_half = halves(file)
         for label, catalog in catalogs(args.catalogs):
@@ -113,15 +127,17 @@ def main() -> None:
                                 f"{r.cost_per_hour:.1f} | {r.avg_jct_h:.3g} | {r.p95_jct_h:.3g} | {r.gpu_util:.0%} | "
                                 f"{speedup} | {r.rejected_too_big} |")
                     if r.setup == "hetplan":
+                        within = bool(r.within_interval) if pd.notna(r.within_interval) else False  # NA: no interval
                         hetplan_rows.append({"trace": file, "catalog": label, "budget": budget, "rho": r.rho,
                                              "speedup": r.jct_speedup, "predicted": r.predicted_jct_speedup,
                                              "low": r.predicted_low, "high": r.predicted_high,
-                                             "within": bool(r.within_interval), "winner": plan_winner(result, r)})
+                                             "within": within, "winner": plan_winner(result, r)})
                         predictions.append(f"| {short} | {label} | {budget:g} | {r.rho:g} | "
                                            f"{r.predicted_jct_speedup:.2f}x [{r.predicted_low:.2f}, "
                                            f"{r.predicted_high:.2f}] | {r.jct_speedup:.2f}x | "
                                            f"{r.realised_over_predicted:.2f} | "
-                                           f"{'yes' if r.within_interval else 'no'} |")
+                                           f"{'yes' if within else 'no'} |")
+                giants.extend(giant_lines(result.jobs, short, label, budget, int(catalog["gpus"].max())))
                 for plan_label, plan in result.plans.items():
                     winner = plan.candidate(plan.winner)
                     counts = {str(plan.problem.shapes.loc[s, "name"]): n for s, n in winner.counts.items()}
@@ -130,6 +146,7 @@ def main() -> None:
                 print(f"{file} {label} {budget:g}: {time.perf_counter() - t0:.0f} s", flush=True)
                 print("\n".join(rows[-4 * len(args.rhos):]), flush=True)
                 print("\n".join(predictions[-len(args.rhos):]), flush=True)
+                print("\n".join(giants[-4 * len(args.rhos):]), flush=True)
     cost_lines = cost_objective(curves, truth, args.seed) if args.cost else []
     total = time.perf_counter() - started
     frame = pd.DataFrame(hetplan_rows)
@@ -173,7 +190,11 @@ def main() -> None:
         "|---|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|",
         *rows, "", "Predicted (planner, first half) vs replayed (second half, truth speeds) for hetplan:", "",
         "| trace | catalog | budget $/h | rho | predicted [interval] | replayed | replayed / predicted | inside |",
-        "|---|---|---:|---:|---:|---:|---:|---|", *predictions, "", "Against the targets:", *verdict, "", "What hetplan chose (planner's candidates, by its replays of "
+        "|---|---|---:|---:|---:|---:|---:|---|", *predictions, "",
+        "Jobs larger than every node of the catalog (gangs), per setup: how many ran, were rejected, their avg JCT:",
+        "", "| trace | catalog | budget $/h | rho | setup | jobs | ran | rejected | giants' avg JCT h | on GPU types |",
+        "|---|---|---:|---:|---|---:|---:|---:|---:|---|", *giants, "",
+        "Against the targets:", *verdict, "", "What hetplan chose (planner's candidates, by its replays of "
         "the first half):", *mixes, "", *(f"- note: {n}" for n in sorted(notes)), "", *cost_lines, "",
     ]
     record(text)

@@ -87,16 +87,30 @@ def test_unprofiled_models_are_planned_never_dropped(curves, catalog):
         assert row.cpus_per_gpu in set(nodes.loc[nodes["gpu_type"] == row.gpu_type, "share"])
 
 
-def test_jobs_larger_than_every_shape_are_left_out_and_counted(curves, catalog):
-    trace = jobs().assign(num_gpus=lambda f: np.where(f.index < 3, 64, f["num_gpus"]))
+@pytest.mark.parametrize(("giant_gpus", "dropped"), [
+    (16, 0),  # larger than every node (8 GPUs): planned and replayed as gangs, nothing left out, nothing rejected
+    # ... and where every candidate is overloaded by them (no status quo: it hosts no 64-GPU job), the least
+    # loaded one is still replayed
+    (64, 0),
+    (4096, 3),  # no GPU type 60 $/h buys has 4,096 GPUs: left out of the replays, and counted
+])
+def test_jobs_larger_than_every_shape_are_replayed_as_gangs_where_a_type_can_host_them(curves, catalog, giant_gpus,
+                                                                                         dropped):
+    trace = jobs().assign(num_gpus=lambda f: np.where(f.index < 3, giant_gpus, f["num_gpus"]))
     workload = workload_from_trace(trace)
     problem = build_problem(curves, catalog, workload.demand, budget=60.0)
     plan = plan_workload(problem, workload)
-    assert plan.workload.summary["dropped_jobs"] == 3 and plan.workload.summary["jobs"] == 37
-    assert any("3 of 40 jobs left out" in w for w in plan.warnings)
-    record = plan.result.plan.planning["host_sizes"]  # left out of the replays, hosted by the plan all the same
-    assert record["largest_seen"] == 64 and record["hosts_up_to"] >= 64 and record["not_hosted"] == []
-    assert hosting_of(problem, plan.candidate(plan.winner)).up_to >= 64
+    assert plan.workload.summary.get("dropped_jobs", 0) == dropped and plan.workload.summary["jobs"] == 40 - dropped
+    assert any(f"{dropped} of 40 jobs left out" in w for w in plan.warnings) == bool(dropped)
+    winner = plan.row(plan.winner)
+    assert winner["rejected"] == 0  # what a type of the winner can host, it runs
+    if dropped:
+        return
+    giants = plan.result.allocation[plan.result.allocation["num_gpus"] == giant_gpus]
+    assert len(giants) and giants["gpus"].sum() > 0  # the MILP values the giants' work
+    record = plan.result.plan.planning["host_sizes"]
+    assert record["largest_seen"] == giant_gpus and record["hosts_up_to"] >= giant_gpus and record["not_hosted"] == []
+    assert hosting_of(problem, plan.candidate(plan.winner)).up_to >= giant_gpus
 
 
 def hosting_of(problem, candidate):

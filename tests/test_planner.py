@@ -8,6 +8,7 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
+from hetplan.allocator import Node
 from hetplan.catalog import load_default_catalog
 from hetplan.cli import app
 from hetplan.contracts import CATALOG, CURVES, HINTS, ContractError, gpu_declarations, load_plan
@@ -15,10 +16,15 @@ from hetplan.planner import (
     InfeasibleError, LicenceError, SolveTimeout, build_model, build_problem, kueue_manifests, plan_cluster, solve,
     sweep,
 )
+from hetplan.gangs import GANG_SCALING
 from hetplan.planner.entry import plan_with_baselines
+from hetplan.planner.model import x_columns
 from hetplan.planner.sizes import cheapest_hosting, describe, restore_hosting
 from hetplan.reference import build_reference
 from hetplan.sensitivity import fit_profiles
+from hetplan.sim import simulate
+from hetplan.sim.truth import TruthCurves
+from hetplan.sim.workload import prepare_workload
 
 
 def curve(model, gpu, points):
@@ -343,7 +349,7 @@ def test_status_quo_ignores_shapes_the_budget_cannot_buy_when_sizing_jobs():
     catalog = pd.DataFrame([shape("four", "V100", 4, 8, 200, 4.0), shape("eight", "V100", 8, 16, 400, 10.0, 0)])
     demand = pd.DataFrame({"model": ["img", "img"], "num_gpus": [1, 8], "share": [0.5, 0.5]})
     problem = build_problem(curves, catalog, demand, budget=40.0)
-    assert len(problem.unplannable) == 1  # img x8: no 8-GPU shape can be had
+    assert problem.unplannable.empty  # img x8: no 8-GPU shape can be had, it runs as a gang over 4-GPU nodes
     status_quo = plan_with_baselines(problem).baselines[0]
     assert status_quo.name == "status quo" and status_quo.node_counts == {"four": 10}
 
@@ -528,9 +534,9 @@ def hosts(result):
 
 
 @pytest.mark.parametrize(("budget", "objective", "target", "counts"), [
-    # 32 GPUs of one type cost 16 $/h on T4 (8 x t4x4), 80 $/h on A100: with 40 $/h two A100 nodes (the best
-    # per $) would leave nothing to host the 32-GPU job; one A100 node and ten 4-T4 nodes do
-    (40.0, "mix", None, {"a8": 1, "t4x4": 10}),
+    # 32 GPUs of one type cost 16 $/h on T4 (8 x t4x4), 80 $/h on A100: 40 $/h cannot host the 32-GPU job on
+    # A100, so its half of the mix runs as a gang on T4 (the mix objective gives it its share): twenty 4-T4 nodes
+    (40.0, "mix", None, {"t4x4": 20}),
     (16.0, "mix", None, {"t4x4": 8}),
     (200.0, "mix", None, None),
     (200.0, "sum", None, None),
@@ -538,7 +544,7 @@ def hosts(result):
 ])
 def test_every_steady_state_plan_hosts_the_largest_job_on_one_gpu_type(budget, objective, target, counts):
     problem = build_problem(HOST_CURVES, HOST_CATALOG, host_demand(1, 32), budget=budget)
-    assert problem.host.gpus == 32 and len(problem.unplannable) == 1  # no node runs img x32 whole: a gang
+    assert problem.host.gpus == 32 and problem.unplannable.empty  # no node runs img x32 whole: a gang
     planned = plan_with_baselines(problem, objective=objective, target=target)
     assert hosts(planned.result) >= 32 and planned.result.plan.cost_per_hour <= budget + 1e-6
     if counts is not None:
@@ -548,7 +554,8 @@ def test_every_steady_state_plan_hosts_the_largest_job_on_one_gpu_type(budget, o
 
 
 def test_baselines_are_valued_without_the_hosting_requirement():
-    """The status quo is what it is: two A100 nodes (16 GPUs) at 40 $/h, valued although they host no 32-GPU job."""
+    """The status quo is what it is: two A100 nodes (16 GPUs) at 40 $/h, valued although they host no 32-GPU job
+    (on img x1 alone: the gang class it cannot run is left out of its valuation, not a zero)."""
     planned = plan_with_baselines(build_problem(HOST_CURVES, HOST_CATALOG, host_demand(1, 32), budget=40.0))
     quo = planned.baseline("status quo")
     assert quo.node_counts == {"a8": 2} and quo.value > planned.result.plan.objective > 0
@@ -637,3 +644,51 @@ def test_cli_plan_refuses_a_max_job_gpus_the_budget_cannot_buy_and_writes_nothin
     assert result.exit_code == 1
     assert "--max-job-gpus 64 needs 64 GPUs of one GPU type" in result.output and "--budget" in result.output
     assert not out.exists()
+
+
+# --- gangs: a class larger than every node is planned as the simulator runs it -------------------------------
+
+# txt gains nothing from an A100 (4-T4 nodes serve it 3.75x more per $); img runs 13x faster per GPU on one
+GIANT_CURVES = pd.concat([HOST_CURVES, curve("txt", "A100", [(2, 50, 3.0)]), curve("txt", "T4", [(2, 20, 3.0)])])
+
+
+def giant_demand(giant_share):
+    return pd.DataFrame({"model": ["txt", "img"], "num_gpus": [1, 32], "share": [1 - giant_share, giant_share]})
+
+
+@pytest.mark.parametrize(("budget", "giant_share", "gang_type"), [
+    # the giants' work is worth 16 per $ on A100 against 6 on T4: a large giant share pays for 32 A100s
+    # (80 $/h) although 32 T4s (16 $/h) would host it more cheaply
+    (200.0, 0.9, "A100"),
+    (200.0, 0.5, "A100"),
+    # 40 $/h cannot buy 32 A100s: the giants run on the type the budget can host them on
+    (40.0, 0.9, "T4"),
+])
+def test_a_giant_class_runs_as_a_gang_on_the_type_its_work_is_worth(budget, giant_share, gang_type):
+    problem = build_problem(GIANT_CURVES, HOST_CATALOG, giant_demand(giant_share), budget=budget)
+    assert problem.unplannable.empty and min(cheapest_hosting(HOST_CATALOG.assign(owned=0), 32).items(),
+                                             key=lambda kv: kv[1])[0] == "T4"  # the cheapest host: T4
+    result = plan_cluster(problem)
+    giants = result.allocation[result.allocation["num_gpus"] == 32]
+    work = giants.groupby("gpu_type")["value"].sum()  # fluid: a little may run on the other type it hosts on
+    assert work.idxmax() == gang_type and work[gang_type] >= 0.9 * work.sum() and hosts(result) >= 32
+    assert result.plan.objective > 0 and result.plan.cost_per_hour <= budget + 1e-6
+    hinted = result.hints[result.hints["num_gpus"] == 32]  # the hint table has the giants' rows
+    assert hinted.sort_values("rank")["gpu_type"].iloc[0] == gang_type
+
+
+def test_a_gang_column_is_valued_at_the_speed_the_simulator_gives_the_gang():
+    """One rule (`hetplan.gangs.gang_speed`): img x16 over two 8-A100 nodes, 40 per GPU at the node's
+    proportional share (8 cores, 100 GB), normalised by 40 and times the gang loss 0.9 in both."""
+    problem = build_problem(HOST_CURVES, HOST_CATALOG, host_demand(1, 16), budget=200.0)
+    columns = x_columns(problem)
+    j = int(np.flatnonzero(problem.classes["num_gpus"].to_numpy() == 16)[0])
+    gang = columns[(columns["j"] == j) & (columns["gpu_type"] == "A100") & (columns["cpus"] == 8)]
+    assert gang["gang"].all() and gang["value"].to_numpy() == pytest.approx(40.0 / 40.0 * GANG_SCALING)
+    truth = TruthCurves.from_curves(HOST_CURVES, dict(zip(problem.classes["model"], problem.classes["t_ref"])))
+    jobs = prepare_workload(pd.DataFrame({"job_id": ["giant"], "model": ["img"], "num_gpus": [16],
+                                          "arrival_s": [0.0], "duration_s": [900.0]}), truth.models).jobs
+    nodes = [Node(f"a{i}", "A100", 8, 64, 800) for i in range(2)]
+    out = simulate(jobs, nodes, truth, "proportional").jobs.set_index("job_id")
+    assert out.loc["giant", "finish_s"] == pytest.approx(900.0 / float(gang["value"].iloc[0]))
+

@@ -7,7 +7,8 @@ the MILP reads off it, and the allocator policy it runs with:
 - `speed floor <s>`: the mix plan where every class runs only on options at least s times as fast per GPU
   as its fastest option anywhere (so no class is parked on slow GPUs to raise the total); with
   `floors_at_every_fraction` (the cost objective) also at every budget fraction (`speed floor <s>, <f>%`);
-- `only <GPU type>`: the best plan with one GPU type (plus the owned fleet);
+- `only <GPU type>`: the best plan with one GPU type (plus the owned fleet) for every class but the gangs
+  (classes larger than every node), which run on whichever type hosts them;
 - `GPU-only mix`: the mix a planner that ignores CPU and RAM would buy, run at the proportional share;
 - `status quo`: the baseline itself, proportional policy; `status quo + hints`: its nodes with the MILP's hints.
 
@@ -101,9 +102,10 @@ def propose(problem: PlanningProblem, *, fractions: Sequence[float] = BUDGET_FRA
                               gap))
     if per_gpu_type:
         gpu_of_column = model.columns["gpu_type"].to_numpy()
+        gang = model.columns["gang"].to_numpy(bool)  # gangs run where the plan hosts them, as in every plan
         for gpu in problem.gpu_types:
-            add(f"only {gpu}", partial(_counts, problem, model.restricted(gpu_of_column == gpu), solver, time_limit,
-                                       gap))
+            add(f"only {gpu}", partial(_counts, problem, model.restricted((gpu_of_column == gpu) | gang), solver,
+                                       time_limit, gap))
     add("GPU-only mix", partial(gpu_only_counts, problem, model, solver, time_limit), PROPORTIONAL)
     if progress:
         progress(steps, steps, "proposed")

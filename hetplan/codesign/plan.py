@@ -125,8 +125,10 @@ def shortlist_for(problem: PlanningProblem, workload: Workload, *, objective: Wo
                   progress: Progress | None = None, screen: int | None = SCREEN, screen_jobs: int = SCREEN_JOBS,
                   replay_jobs: int | None = REPLAY_JOBS, engine: Engine | None = None) -> Shortlist:
     """Stage 1: propose the candidates for `workload` and shortlist them (`hetplan.codesign.screen.shortlist`)."""
-    workload = without_classes(workload, problem.unplannable, "no node shape runs them whole (the plan hosts the "
-                               "largest as gangs: planning.host_sizes), and the replays leave them out")
+    # classes larger than every node stay in (the MILP plans them as gangs, the replays run them so); only classes
+    # no GPU type the budget buys can host are left out
+    workload = without_classes(workload, problem.unplannable, "no GPU type the budget buys has their GPUs (or no "
+                               "option of theirs fits a node's cores and RAM): the replays leave them out")
     fractions = COST_FRACTIONS if objective == "cost" else BUDGET_FRACTIONS
     candidates = propose(problem, fractions=fractions, floors_at_every_fraction=objective == "cost", solver=solver,
                          time_limit=time_limit, progress=progress)

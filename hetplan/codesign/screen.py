@@ -1,6 +1,7 @@
 """The shortlist: which candidates the full replays weigh, and the runs that weigh them.
 
-    propose (MILP) -> prune          candidates whose fluid load exceeds the limit and the status quo's
+    propose (MILP) -> prune          candidates whose fluid load exceeds the limit and the status quo's (the
+                                     least loaded candidate's where the status quo is none: one always stays)
                    -> screen         the rest replayed co-adaptively on a sample of the trace's own arrivals
                    -> shortlist      the status quo + the `screen` best by the objective, each hinted one with
                                      its fastest-first twin (replayed where ranks steer, else its original's figures)
@@ -115,6 +116,8 @@ def shortlist(problem: PlanningProblem, candidates: Sequence[Candidate], workloa
     """Prune, screen and shortlist `candidates` (see the module); `screen` None replays every unpruned one."""
     loads = [fluid_load(workload, c) for c in candidates]
     quo_load = next((load for c, load in zip(candidates, loads) if c.name == STATUS_QUO), float("nan"))
+    if quo_load != quo_load:  # no status quo (it hosts no largest job): the least loaded candidate stands in
+        quo_load = min((load for load in loads if load == load), default=float("nan"))
     limit = float("inf") if prune_load is None else max(prune_load, quo_load if quo_load == quo_load else 0.0)
     kept = [i for i, (c, load) in enumerate(zip(candidates, loads)) if c.name == STATUS_QUO or not load > limit]
     overload = _overload(workload, candidates, loads, kept)

@@ -33,6 +33,7 @@ from hetplan.codesign.engines import Engine, ProcessPool, Serial
 from hetplan.codesign.plan import WorkloadPlan
 from hetplan.codesign.workload import Workload
 from hetplan.contracts import demand_from_trace
+from hetplan.gangs import gang_speed, parts_needed
 from hetplan.hints import HintSet
 from hetplan.planner.baselines import GPU_ONLY, HETPLAN, SENSITIVITY_AWARE
 from hetplan.planner.entry import Planned
@@ -43,7 +44,7 @@ from hetplan.planning.calibration import Calibration
 from hetplan.planning.prediction import Prediction
 from hetplan.planning.request import HOLDOUT
 from hetplan.progress import Progress, nested
-from hetplan.sim.engine import GANG_SCALING, SimConfig, simulate
+from hetplan.sim.engine import SimConfig, simulate
 from hetplan.sim.metrics import summarize
 from hetplan.sim.setups import Setup, knee_hints
 from hetplan.sim.truth import FITTED_FALLBACK, TruthCurves
@@ -239,7 +240,7 @@ def gpu_hours_per_job(jobs: pd.DataFrame, truth: TruthCurves, nodes: Sequence[No
     """Mean GPU-hours a job of `jobs` (with `sim_model`) takes on `nodes` at the proportional share: its GPUs x
     its duration over its truth speed, the speed averaged over the node shapes that fit it, weighted by GPUs.
     A job larger than every node runs as a gang on the shapes of a GPU type that has its GPUs (per-GPU speed
-    times `GANG_SCALING`, as the simulator runs it); jobs nothing fits count zero."""
+    `hetplan.gangs.gang_speed`, as the simulator runs it); jobs nothing fits count zero."""
     shapes = {(n.gpu_type, n.gpus, n.cpus, n.mem_gb): 0 for n in nodes}
     per_type: dict[str, int] = {}
     for n in nodes:
@@ -256,8 +257,8 @@ def gpu_hours_per_job(jobs: pd.DataFrame, truth: TruthCurves, nodes: Sequence[No
                 speeds.append(truth.speed(str(model), gpu, int(num_gpus), share_cpu, share_mem))
                 weights.append(weight)
             elif gang and per_type[gpu] >= num_gpus:  # per GPU, at one GPU's proportional share
-                speeds.append(truth.speed(str(model), gpu, 1, to_milli(cpus) // gpus, to_mib(mem) // gpus)
-                              * GANG_SCALING)
+                part = truth.speed(str(model), gpu, 1, to_milli(cpus) // gpus, to_mib(mem) // gpus)
+                speeds.append(gang_speed([part] * parts_needed(num_gpus, gpus)))
                 weights.append(weight)
         if speeds:
             total += num_gpus * duration / float(np.average(speeds, weights=weights)) / HOUR

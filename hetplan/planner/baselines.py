@@ -10,7 +10,8 @@
 
 Each baseline is the hetplan model with other bounds (`MilpModel.pinned` / `restricted`), so its value is
 the same quantity as the plan's objective. Baselines are bought as they would be without the job size a plan
-must host (`MilpModel.unhosted`): they are what they are, and a job they cannot host is theirs to reject.
+must host (`MilpModel.unhosted`): they are what they are, and a job they cannot host is theirs to reject (a
+class that runs as a gang is valued only where the baseline has its GPUs on one type, else left out).
 """
 
 from __future__ import annotations
@@ -60,16 +61,16 @@ def status_quo_counts(problem: PlanningProblem, model: MilpModel) -> dict[int, i
     owned_only = {} if (shapes["owned"] > 0).any() else None
     if problem.budget is None or not problem.budget > 0:
         return owned_only
-    keep = proportional_columns(problem, model)
-    cols = model.columns[keep]
-    n_classes = len(problem.classes)
-    share = problem.classes["share"].to_numpy(float)
+    keep = proportional_columns(problem, model) & ~model.columns["gang"].to_numpy(bool)
+    cols = model.columns[keep]  # gangs span nodes: no shape is too small for them (the valuation says if it hosts)
+    whole = np.setdiff1d(np.arange(len(problem.classes)), model.columns.loc[model.columns["gang"], "j"].unique())
+    share = problem.classes["share"].to_numpy(float)[whole]
     price = shapes["price_per_hour"].to_numpy(float)
     cap = shapes["available"].to_numpy(float)
     with np.errstate(divide="ignore", invalid="ignore"):
         count = np.floor(problem.budget / price + 1e-9)
     count = np.where(np.isnan(cap), count, np.minimum(count, cap))
-    values = cols.pivot_table(index="s", columns="j", values="value", aggfunc="max").reindex(columns=range(n_classes))
+    values = cols.pivot_table(index="s", columns="j", values="value", aggfunc="max").reindex(columns=whole)
     best, best_value = None, 0.0
     for s, per_class in values.iterrows():
         if shapes.loc[s, "owned"] > 0 or not price[s] > 0 or per_class.isna().any():

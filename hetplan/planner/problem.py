@@ -8,7 +8,9 @@ model it trains.
 Shapes are what can be bought (the catalog) plus what is owned (an owned fleet: price 0, nothing more to
 add). Every shape's GPU type and every class's model gets curves: measured or fitted where they exist,
 else the stated defaults of `hetplan.planner.defaults` (listed in `defaults`), so nothing is dropped
-silently. Only a class no shape can run at all (larger than every node) is left out, and counted.
+silently. A class larger than every node runs as a gang over nodes of one GPU type (`hetplan.gangs`; the
+model's gang columns); only a class no shape can run at all (a gang no GPU type the budget buys can host, or
+no option fitting a node's cores and RAM) is left out, and counted.
 
 `host` is the job size every plan must host (`hetplan.planner.sizes`): the demand's largest job with a
 margin, the owned fleet's history and the user's `max_job_gpus` taken in, checked against the budget.
@@ -184,9 +186,9 @@ def build_problem(curves: pd.DataFrame, catalog: pd.DataFrame, demand: pd.DataFr
     runnable = _runnable(PlanningProblem(shapes, classes, options, budget))
     unplannable = classes.loc[~runnable, ["model", "num_gpus", "share"]].reset_index(drop=True)
     if len(unplannable):
-        warnings.append(f"{len(unplannable)} demand classes no shape can run (larger than every node, or no "
-                        f"option fits a node's cores and RAM), {unplannable['share'].sum():.1%} of the demand, left "
-                        f"out: "
+        warnings.append(f"{len(unplannable)} demand classes no shape can run (larger than every node and than "
+                        f"every GPU type the budget buys, or no option fits a node's cores and RAM), "
+                        f"{unplannable['share'].sum():.1%} of the demand, left out: "
                         + ", ".join(f"{r.model} x{r.num_gpus}" for r in unplannable.itertuples()))
     if not runnable.any():
         raise ContractError([Problem("<demand>", "no demand class can run on any shape: nothing to plan")])

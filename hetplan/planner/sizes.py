@@ -15,7 +15,11 @@ The size every plan must host (`HostSizes.gpus`):
   largest of them it buys, and a warning and `planning.host_sizes` in plan.json name the sizes they cannot.
 
 The MILP enforces it (`hetplan.planner.model`): one binary per GPU type that can reach the size, at least
-one of them set, and the GPUs of a type whose binary is set at least the size.
+one of them set, and the GPUs of a type whose binary is set at least the size. The same binaries gate the
+gang columns of the classes larger than every node (`hetplan.gangs`): such a class runs only on a type whose
+binary is set, so the type that hosts the largest job is the one its gangs run on, chosen by their speed there
+as well as by its cost. (A binary stands for the largest of the size and the gang classes: a type that could
+hold a smaller gang but not the size does not run it.)
 """
 
 from __future__ import annotations

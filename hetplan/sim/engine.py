@@ -18,7 +18,8 @@ in Gavel's SRTF); `las` attained service in GPU-seconds (Tiresias-style least at
 
 Placement is `hetplan.allocator.Allocator` with a named policy and hint set: the simulator never decides
 where a job goes or what share it gets. A job's speed is read off the truth curves for the allocation it got;
-a gang (a job over several nodes) runs at its slowest part's per-GPU speed times `gang_scaling`.
+a gang (a job over several nodes) runs at its slowest part's per-GPU speed times `gang_scaling`
+(`hetplan.gangs.gang_speed`, the rule the planner values gangs with).
 Costs (stated assumptions, `SimConfig`): a job that resumes after a preemption or moves to another node makes
 no progress for `migration_s` (checkpoint and restart); an in-place re-size pauses it for `resize_s`. It holds
 its resources meanwhile. The first start is free.
@@ -42,6 +43,7 @@ from hetplan.allocator.policies import Policy, get_policy
 from hetplan.allocator.rebalance import GANG_SEP, Action
 from hetplan.allocator.spec import MIB_PER_GIB, Allocation, Job, Node, mib_to_gib
 from hetplan.allocator.stability import Stability
+from hetplan.gangs import GANG_SCALING, gang_speed
 from hetplan.hints import HintSet
 from hetplan.sim.truth import TruthCurves
 
@@ -71,9 +73,6 @@ nothing, so hetplan's figures pay a cost the anchors' do not."""
 RESIZE_S = 5.0
 """Default in-place re-size cost: a stated assumption (cgroup limits change at once; data-loader workers are
 re-spawned at the next iterator)."""
-GANG_SCALING = 0.9
-"""Default per-GPU speed of a job spread over several nodes relative to one node: a stated assumption (a 10 %
-loss to cross-node gradient exchange)."""
 
 
 @dataclass(frozen=True)
@@ -419,7 +418,7 @@ class Simulator:
 
     def _speed(self, job: _Job, parts: tuple[Allocation, ...]) -> float:
         speeds = [self.truth.speed(job.truth_model, a.gpu_type, a.gpus, a.cpu_m, a.mem_mib) for a in parts]
-        speed = min(speeds) * (self.config.gang_scaling if len(parts) > 1 else 1.0)
+        speed = gang_speed(speeds, self.config.gang_scaling)
         if not speed > 0:
             a = parts[speeds.index(min(speeds))]
             raise SimulationError(f"{job.request.job_id}: the truth gives {job.truth_model} on {a.gpu_type} no "
