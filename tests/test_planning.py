@@ -12,7 +12,7 @@ from hetplan.codesign import workload_from_trace
 from hetplan.codesign.candidates import STATUS_QUO
 from hetplan.contracts import ContractError
 from hetplan.planner import build_problem
-from hetplan.planning import NodeMix, Objective, PlanRequest, RequestError, plan
+from hetplan.planning import NodeMix, Objective, PlanRequest, ReplaySizes, RequestError, plan
 from hetplan.planning.prediction import MIN_HELD_BACK, MIN_JOBS, NOMINAL, interval, split
 from planning_helpers import MODELS, catalog, curves, jobs  # noqa: F401 (fixtures)
 
@@ -135,15 +135,17 @@ def test_a_workload_too_small_for_the_interval_says_so(curves, catalog):
     assert outcome.result.plan.planning["prediction"]["trusted"] is False
 
 
-def test_a_long_workload_is_checked_on_its_most_recent_jobs(curves, catalog, monkeypatch):
-    """The held-back check of a workload longer than REPLAY_JOBS (here 40 of 60) plans on the 32 most recent
-    jobs but 8 and compares on those 8: its cost is bounded whatever the trace's length."""
-    import hetplan.planning.planned as planned_module
-
-    monkeypatch.setattr(planned_module, "REPLAY_JOBS", 40)
-    outcome = planned(curves, catalog, 60, 0.2)
+def test_a_long_workload_is_checked_on_its_most_recent_jobs(curves, catalog):
+    """The held-back check of a workload longer than one replay's sample (here 60 jobs replayed 1 in 2: 30) plans
+    on the 24 most recent jobs but 6 and compares on those 6: its cost is one replay's whatever the trace's
+    length."""
+    workload = workload_from_trace(jobs(60))
+    problem = build_problem(curves, catalog, workload.demand, budget=60.0)
+    outcome = plan(problem, PlanRequest(Objective.jct, holdout=0.2, workers=1, sizes=ReplaySizes(replay_jobs=40)),
+                   workload)
+    assert outcome.result.plan.planning["screen"]["replay_sample"]["jobs"] == 30
     check = outcome.prediction.held_back
-    assert check is not None and check.jobs == 8
+    assert check is not None and check.jobs == 6
     assert outcome.prediction.jobs == 60
 
 
