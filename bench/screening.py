@@ -111,16 +111,18 @@ def evaluate_long(args, curves, truth: TruthCurves, curves_from: str) -> list[st
                                 20.0, 0)
         trace = import_trace(path, "philly").trace
     start, cpu = time.perf_counter(), cpu_s()
-    result = evaluate(trace, ProblemInputs(curves, load_default_catalog(), 400.0), truth, rhos=(args.rho,))
+    rhos = (args.rho,) if args.rho > 0 else ()  # 0: the trace's own arrivals
+    result = evaluate(trace, ProblemInputs(curves, load_default_catalog(), 400.0), truth, rhos=rhos)
     total, cpu = time.perf_counter() - start, cpu_s() - cpu
     (plan,) = result.plans.values()
     screen = plan.result.plan.planning["screen"]
     rows = result.summary[["setup", "avg_jct_h", "jct_speedup"]].to_string(index=False)
-    line = (f"- {args.evaluate_jobs:,} jobs (**synthetic**, `synthetic_philly_{args.evaluate_jobs}_seed0.csv`), rho "
-            f"{args.rho:g}, 400 $/h: **{total:.0f} s** wall, {cpu:.0f} CPU s in all (the plan and four "
+    load = f"rho {args.rho:g}" if rhos else "the traced arrivals (20 jobs/h)"
+    line = (f"- {args.evaluate_jobs:,} jobs (**synthetic**, `synthetic_philly_{args.evaluate_jobs}_seed0.csv`), "
+            f"{load}, 400 $/h: **{total:.0f} s** wall, {cpu:.0f} CPU s in all (the plan and four "
             f"{len(trace):,}-job truth replays); "
             f"winner {plan.winner}; screen sample {screen['screen_sample']}, replay sample {screen['replay_sample']}, "
-            f"confidence {screen['confidence']}.")
+            f"confidence {screen['confidence']}; overloaded: {screen.get('overloaded')}.")
     print(line, rows, sep="\n", flush=True)
     return [line, "", "```", rows, "```"]
 
@@ -136,7 +138,7 @@ def main() -> None:
                         help="a third plan screening on this many jobs (0: none)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--evaluate-jobs", type=int, default=0, help="time evaluate on a synthetic trace instead")
-    parser.add_argument("--rho", type=float, default=0.8, help="--evaluate-jobs: the load")
+    parser.add_argument("--rho", type=float, default=0.8, help="--evaluate-jobs: the load (0: the traced arrivals)")
     parser.add_argument("--no-record", action="store_true")
     args = parser.parse_args()
     started = time.perf_counter()
