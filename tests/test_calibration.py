@@ -97,6 +97,10 @@ def test_a_prediction_says_its_calibrated_interval_and_keeps_the_simulated_one()
     assert record["calibrated_speedup"]["point"] == pytest.approx(1.6)
     assert record["calibration"]["rows"] == 32
     assert prediction.calibrate(None).calibrated is None
+    nan = float("nan")
+    no_quo = Prediction(Interval(nan, nan, nan), Interval(5.0, 4.0, 6.0), (), None, 500, True)
+    assert no_quo.calibrate(calibration).calibrated is None  # nothing to calibrate
+    assert "no speedup over the status quo (its nodes cannot host" in no_quo.line() and "nan" not in no_quo.line()
 
 
 def test_the_shipped_rows_calibrate():

@@ -117,9 +117,11 @@ class Prediction:
     def line(self) -> str:
         """One line for the CLI."""
         s, j = self.speedup, self.avg_jct_h
-        text = (f"predicted speedup over the status quo {s.point:.2f}x [{s.low:.2f}x, {s.high:.2f}x], avg JCT "
-                f"{j.point:.3g} h [{j.low:.3g}, {j.high:.3g}] h (nominal {NOMINAL:.0%} interval: "
-                f"{len(self.speedup_by_draw)} arrival draws")
+        gain = (f"speedup over the status quo {s.point:.2f}x [{s.low:.2f}x, {s.high:.2f}x], " if math.isfinite(s.point)
+                else "no speedup over the status quo (its nodes cannot host the workload's largest job, so it is no "
+                     "candidate), ")
+        text = (f"predicted {gain}avg JCT {j.point:.3g} h [{j.low:.3g}, {j.high:.3g}] h (nominal {NOMINAL:.0%} "
+                f"interval: {len(self.speedup_by_draw) or 'its'} arrival draws")
         if self.held_back:
             h = self.held_back
             text += (f" + {h.jobs} held-back jobs, where the plan on the rest predicted {h.predicted_speedup:.2f}x "
