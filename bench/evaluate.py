@@ -215,28 +215,25 @@ def calibration_rows(frame: pd.DataFrame) -> pd.DataFrame:
 
 
 def calibrated_coverage(frame: pd.DataFrame) -> str:
-    """Out-of-sample coverage of the calibrated interval: each trace's rows calibrated on the other traces' rows
-    (leave one trace out), as a new trace's plan would be on the shipped rows."""
+    """Out-of-sample coverage of the calibrated interval (`hetplan.planning.calibration`): each row calibrated on
+    every other row (leave one row out: the rows are the calibration set), and on the other traces' rows only
+    (leave one trace out: a trace unlike those calibrated on)."""
     rows = calibration_rows(frame)
-    inside, total, parts = 0, 0, []
-    for trace in rows["trace"].unique():
-        others, own = rows[rows["trace"] != trace], rows[rows["trace"] == trace]
-        try:
-            calibration = Calibration.fit(others, f"rows of traces other than {trace}")
-        except ContractError as exc:
-            parts.append(f"{trace}: not calibrated ({exc.problems[0].message})")
-            continue
-        hits = 0
-        for r in own.itertuples():
-            _, low, high = calibration.applied(r.predicted_jct_speedup, r.predicted_low, r.predicted_high)
-            hits += int(low <= r.jct_speedup <= high)
-        inside, total = inside + hits, total + len(own)
-        parts.append(f"{trace}: {hits} of {len(own)} inside, calibrated on {calibration.rows} rows "
-                     f"(shift x{math.exp(calibration.shift):.2f}, margin x{math.exp(calibration.margin):.2f})")
-    share = f"{inside / total:.0%}" if total else "n/a"
-    return (f"- calibrated interval (split conformal, `hetplan.planning.calibration`, {COVERAGE:.0%}), each trace "
-            f"calibrated on the other trace's rows: the replayed speedup lies inside in **{inside} of {total} rows "
-            f"({share})**; " + "; ".join(parts) + ".")
+    rows = rows[rows["predicted_jct_speedup"].notna()].reset_index(drop=True)
+    parts = []
+    for name, others in (("every other row", lambda i: rows.index != i),
+                         ("the other traces' rows", lambda i: rows["trace"] != rows.loc[i, "trace"])):
+        hits, tried = 0, 0
+        for i, r in rows.iterrows():
+            try:
+                calibration = Calibration.fit(rows[others(i)], name)
+            except ContractError:  # too few rows to calibrate on
+                continue
+            _, low, high = calibration.applied(r["predicted_jct_speedup"])
+            hits, tried = hits + int(low <= r["jct_speedup"] <= high), tried + 1
+        parts.append(f"on {name}: **{hits} of {tried}**" + (f" ({hits / tried:.0%})" if tried else ""))
+    return (f"- calibrated interval (split conformal, `hetplan.planning.calibration`, {COVERAGE:.0%}), the replayed "
+            f"speedup inside it, each of the {len(rows)} rows with a prediction calibrated " + "; ".join(parts) + ".")
 
 
 def cost_objective(curves: pd.DataFrame, truth: TruthCurves, seed: int) -> list[str]:

@@ -25,7 +25,7 @@ def evaluated(n: int, *, bias: float, noise: float, width: float = 0.1, seed: in
 
 def covered(calibration: Calibration, rows: pd.DataFrame) -> float:
     hits = [low <= r.jct_speedup <= high for r in rows.itertuples()
-            for _, low, high in [calibration.applied(r.predicted_jct_speedup, r.predicted_low, r.predicted_high)]]
+            for _, low, high in [calibration.applied(r.predicted_jct_speedup)]]
     return float(np.mean(hits))
 
 
@@ -41,13 +41,12 @@ def test_the_calibrated_interval_covers_new_predictions_at_the_nominal_rate_wher
     assert 0.89 <= float(np.mean(rates)) <= 0.97
 
 
-def test_a_calibration_on_rows_inside_their_intervals_narrows_nothing_it_should_not():
-    rows = evaluated(30, bias=1.0, noise=0.0, width=0.2)  # every realised value is the point: well inside
-    calibration = Calibration.fit(rows, "exact")
-    assert calibration.shift == pytest.approx(0.0, abs=1e-12)
-    assert calibration.margin == pytest.approx(-0.2)  # the rows say the interval could be narrower by 0.2
-    point, low, high = calibration.applied(2.0, 2.0 * math.exp(-0.2), 2.0 * math.exp(0.2))
-    assert (point, low, high) == pytest.approx((2.0, 2.0, 2.0))
+def test_exact_predictions_calibrate_to_the_point_and_a_constant_bias_to_the_shifted_point():
+    exact = Calibration.fit(evaluated(30, bias=1.0, noise=0.0), "exact")
+    assert (exact.shift, exact.margin) == pytest.approx((0.0, 0.0), abs=1e-12)
+    assert exact.applied(2.0) == pytest.approx((2.0, 2.0, 2.0))
+    biased = Calibration.fit(evaluated(30, bias=0.5, noise=0.0), "biased")
+    assert biased.applied(4.0) == pytest.approx((2.0, 2.0, 2.0))
 
 
 @pytest.mark.parametrize(("coverage", "needed"), [(0.9, 9), (0.8, 4), (0.95, 19)])
@@ -91,7 +90,7 @@ def test_a_prediction_says_its_calibrated_interval_and_keeps_the_simulated_one()
     prediction = Prediction(Interval(2.0, 1.8, 2.2), Interval(5.0, 4.0, 6.0), (1.9, 2.1), None, 500, True)
     out = prediction.calibrate(calibration)
     assert out.speedup == prediction.speedup
-    assert out.calibrated == Interval(*calibration.applied(2.0, 1.8, 2.2))
+    assert out.calibrated == Interval(*calibration.applied(2.0))
     assert "calibrated on 32 evaluated predictions (rows): 1.60x" in out.line()
     record = out.to_dict()
     assert record["calibrated_speedup"]["point"] == pytest.approx(1.6)

@@ -1,18 +1,19 @@
-"""Calibrate a plan's prediction interval on how earlier predictions fared (split conformal).
+"""Calibrate a plan's prediction on how earlier predictions fared (split conformal).
 
 The planner's interval (`hetplan.planning.prediction`) holds the errors of its own simulated world: arrival
 draws and a held-back part of the workload. It cannot hold what only an evaluation sees: its curves against
 the real speeds, the next jobs, the scheduler's horizon. `hetplan evaluate` records every prediction beside
-the replayed outcome (`summary.csv`: `predicted_jct_speedup`, `predicted_low`, `predicted_high`,
-`jct_speedup`); those rows calibrate the next interval:
+the replayed outcome (`summary.csv`: `predicted_jct_speedup`, `jct_speedup`); those rows calibrate the next
+prediction, in logs (e = log(realised / predicted)):
 
-- shift: c = the median of log(realised / predicted) over the rows (the planner's bias, e.g. over-predicting);
-- width: each row's score is how far its realised value fell outside its own shifted interval, in logs
-  (negative inside); the margin m is the ceil((n + 1) x coverage)-th smallest score of n rows (conformalised
-  quantile regression, Romano et al. 2019): for a new prediction exchangeable with the rows, the interval
-  [low x e^(c - m), high x e^(c + m)] holds the realised value with probability at least `coverage`.
+- shift: c = the median of e over the rows (the planner's bias, e.g. over-predicting);
+- margin: m = the ceil((n + 1) x coverage)-th smallest |e - c| of the n rows (split conformal with absolute
+  residuals): for a new prediction exchangeable with the rows, [predicted x e^(c - m), predicted x e^(c + m)]
+  holds the realised value with probability at least `coverage`.
 
-With fewer rows than that rank needs (n < coverage / (1 - coverage), 9 for 90 %) there is no margin and no
+The planner's own interval is not used: on the shipped rows its width did not track the error (too narrow on one
+trace, wide enough on the other), and a score built on it covered fewer left-out rows (bench/RESULTS.md).
+With fewer rows than the rank needs (n < coverage / (1 - coverage), 9 for 90 %) there is no margin and no
 calibration. The rows must come from predictions like the new one (same planner, similar workloads and
 budgets); the shipped rows are simulated on derived data (`SHIPPED`, its provenance in hetplan/data).
 """
@@ -31,7 +32,7 @@ from hetplan.planner.baselines import HETPLAN
 from hetplan.resources import data_path
 
 COVERAGE = 0.90
-COLUMNS = ("predicted_jct_speedup", "predicted_low", "predicted_high", "jct_speedup")
+COLUMNS = ("predicted_jct_speedup", "jct_speedup")
 SHIPPED = "calibration/prediction_errors.csv"
 """The rows hetplan ships (hetplan/data): bench/evaluate.py's out-of-sample grid, simulated on derived data."""
 
@@ -58,25 +59,23 @@ class Calibration:
         usable = frame[(frame > 0).all(axis=1) & np.isfinite(frame).all(axis=1)]
         need = rows_needed(coverage)
         if len(usable) < need:
-            raise ContractError([Problem(source, f"{len(usable)} usable predictions (positive predicted, low, high "
-                                         f"and realised speedups); a {coverage:.0%} calibration needs {need}")])
-        logs = np.log(usable.to_numpy(float))
-        point, low, high, realised = logs.T
-        shift = float(np.median(realised - point))
-        scores = np.maximum(low + shift - realised, realised - high - shift)
-        rank = math.ceil((len(scores) + 1) * coverage)
-        return cls(shift, float(np.sort(scores)[rank - 1]), len(usable), source, coverage)
+            raise ContractError([Problem(source, f"{len(usable)} usable predictions (positive predicted and "
+                                         f"realised speedups); a {coverage:.0%} calibration needs {need}")])
+        errors = np.log(usable["jct_speedup"].to_numpy(float) / usable["predicted_jct_speedup"].to_numpy(float))
+        shift = float(np.median(errors))
+        rank = math.ceil((len(errors) + 1) * coverage)
+        return cls(shift, float(np.sort(np.abs(errors - shift))[rank - 1]), len(usable), source, coverage)
 
-    def applied(self, point: float, low: float, high: float) -> tuple[float, float, float]:
-        """The calibrated (point, low, high): shifted by the bias, widened (or narrowed) by the margin."""
-        up = math.exp(self.shift)
-        return point * up, low * math.exp(self.shift - self.margin), high * math.exp(self.shift + self.margin)
+    def applied(self, point: float) -> tuple[float, float, float]:
+        """The calibrated (point, low, high) of a predicted `point`: shifted by the bias, +- the margin."""
+        centre = point * math.exp(self.shift)
+        return centre, centre * math.exp(-self.margin), centre * math.exp(self.margin)
 
     def to_dict(self) -> dict:
         return {"shift_log": round(self.shift, 6), "margin_log": round(self.margin, 6), "rows": self.rows,
                 "source": self.source, "coverage": self.coverage,
-                "method": "split conformal on log(realised / predicted): shift = median error, margin = the "
-                          "ceil((n + 1) x coverage)-th smallest distance outside the shifted interval"}
+                "method": "split conformal on e = log(realised / predicted): shift = median e, margin = the "
+                          "ceil((n + 1) x coverage)-th smallest |e - shift|"}
 
 
 def rows_needed(coverage: float = COVERAGE) -> int:

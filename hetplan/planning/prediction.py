@@ -97,11 +97,10 @@ class Prediction:
 
     def calibrate(self, calibration: Calibration | None) -> Prediction:
         """This prediction with its speedup's interval calibrated (`hetplan.planning.calibration`)."""
-        if calibration is None or not self.speedup.low == self.speedup.low:  # NaN: nothing to calibrate
+        if calibration is None or not math.isfinite(self.speedup.point):  # no prediction: nothing to calibrate
             return replace(self, calibration=None, calibrated=None)
         return replace(self, calibration=calibration,
-                       calibrated=Interval(*calibration.applied(self.speedup.point, self.speedup.low,
-                                                                self.speedup.high)))
+                       calibrated=Interval(*calibration.applied(self.speedup.point)))
 
     @property
     def method(self) -> str:
