@@ -1,7 +1,7 @@
 """Planning time against fidelity (issue 23): the default replay sizes beside smaller ones, side by side.
 
 The workload is bench/codesign.py's **synthetic** one (`--jobs` resampled from Gavel's Philly-derived trace,
-400 $/h, rho 0.8 of the status quo's GPU time, two arrival draws); the planner's curves are fitted from the
+`--budget` 400 $/h, `--rho` 0.8 of the status quo's GPU time, two arrival draws); the planner's curves are fitted from the
 derived profiles. Each configuration plans with `plan_workload` (`--shortlist`, `--screen-jobs`,
 `--replay-jobs` as `hetplan plan` takes them), in turn, `--repeats` times; the table gives the median wall and
 CPU seconds (this process and its replay workers) and the winner. Regret: how much worse the winner's average
@@ -41,11 +41,13 @@ def main() -> None:
     parser.add_argument("--variants", type=sizes, nargs="+", default=[sizes("2,1000,4000")],
                         help="SHORTLIST,SCREEN_JOBS,REPLAY_JOBS each, beside the default")
     parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument("--rho", type=float, default=0.8, help="the load, as a share of the status quo's GPU time")
+    parser.add_argument("--budget", type=float, default=400.0)
     args = parser.parse_args()
-    print(machine(), flush=True)
+    print(f"{machine()}; {args.jobs:,} jobs, rho {args.rho:g}, {args.budget:g} $/h", flush=True)
     curves, _ = fitted_curves()
     truth = TruthCurves.from_profiles(default_profiles(), fallback=curves)
-    problem, workload = problem_and_workload(args.jobs, curves, truth, load_default_catalog(), 400.0, 0.8)
+    problem, workload = problem_and_workload(args.jobs, curves, truth, load_default_catalog(), args.budget, args.rho)
     configs = [ReplaySizes(), *args.variants]
     times: dict[int, list[tuple[float, float]]] = {k: [] for k in range(len(configs))}
     plans = {}

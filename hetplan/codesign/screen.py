@@ -35,7 +35,7 @@ from hetplan.sim.engine import SimConfig
 
 SCREEN = 4  # candidates replayed in full besides the status quo
 SCREEN_JOBS = 2_000  # jobs of the screen's sample of draw 0
-REPLAY_JOBS = 10_000  # jobs a full replay samples from each draw of a longer workload
+REPLAY_JOBS = 5_000  # jobs a full replay samples from each draw of a longer workload (bench/plan_sizes.py)
 COST_SLACK = 0.25  # the cost objective shortlists candidates whose screened JCT is within this of the target
 OVERLOADED = 1.0  # a fluid load above this: the candidate's queue grows without bound
 
