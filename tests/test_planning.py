@@ -5,7 +5,6 @@ import math
 import re
 
 import numpy as np
-import pandas as pd
 import pytest
 
 from hetplan.codesign import workload_from_trace
@@ -14,7 +13,7 @@ from hetplan.contracts import ContractError
 from hetplan.planner import build_problem
 from hetplan.planning import NodeMix, Objective, PlanRequest, ReplaySizes, RequestError, plan
 from hetplan.planning.prediction import MIN_HELD_BACK, MIN_JOBS, NOMINAL, interval, split
-from planning_helpers import MODELS, catalog, curves, jobs  # noqa: F401 (fixtures)
+from planning_helpers import catalog, curves, jobs  # noqa: F401 (fixtures)
 
 
 # ---------------------------------------------------------------------- the vocabulary, the mix, the request
