@@ -5,7 +5,7 @@ Cases (each one simulation with the `hint` policy, co-adaptive rounds, LAS):
 - `gavel`: Gavel's setting as `bench/anchors.py` builds it (36 V100 + 36 P100 + 36 K80, published throughputs,
   oracle hints, 360 s rounds), `--gavel-rate` jobs/h (default 5: 86 % of its fluid capacity), 6,500 jobs, seed 0.
 - `codesign`: `bench/codesign.py`'s **synthetic** 10,000-job workload (resampled from Gavel's Philly-derived trace,
-  400 $/h, rho 0.8, arrival draw 0), replayed on the co-adaptive candidate the MILP proposes with the highest fluid
+  400 $/h, `--codesign-rho` 0.8 by default, arrival draw 0), replayed on the co-adaptive candidate the MILP proposes with the highest fluid
   load not pruned (the busiest: `--candidate` names another), with the planner's truth, as `plan_workload` does.
 - `philly80k`: `bench/simulator.py`'s **synthetic** 80,000-job Philly-format trace (20 jobs/h) on 200 p3.16xlarge
   nodes (one GPU type) with knee hints.
@@ -46,7 +46,7 @@ def gavel_case(rate: float):
     return jobs, nodes, truth, "hint", hints, SimConfig("las", 360.0, migration_s=30.0, resize_s=5.0, seed=0)
 
 
-def codesign_case(jobs_n: int, candidate: str | None):
+def codesign_case(jobs_n: int, candidate: str | None, rho: float = 0.8):
     from codesign import problem_and_workload
     from common import fitted_curves
 
@@ -61,7 +61,7 @@ def codesign_case(jobs_n: int, candidate: str | None):
 
     curves, _ = fitted_curves()
     truth = TruthCurves.from_profiles(default_profiles(), fallback=curves)
-    problem, workload = problem_and_workload(jobs_n, curves, truth, load_default_catalog(), 400.0, 0.8)
+    problem, workload = problem_and_workload(jobs_n, curves, truth, load_default_catalog(), 400.0, rho)
     config = SimConfig("las", 300.0)
     found = [(fluid_load(workload, c), c) for c in propose(problem) if config.policy(c.policy).rounds is not None]
     if candidate is not None:
@@ -100,7 +100,7 @@ def build(args: argparse.Namespace, case: str):
     if case == "gavel":
         return gavel_case(args.gavel_rate)
     if case == "codesign":
-        return codesign_case(args.codesign_jobs, args.candidate)
+        return codesign_case(args.codesign_jobs, args.candidate, args.codesign_rho)
     return philly_case()
 
 
@@ -141,7 +141,7 @@ def drive(args: argparse.Namespace) -> None:
             for name, path in trees.items():
                 env = {**os.environ, "PYTHONPATH": f"{Path(path).resolve()}{os.pathsep}{HERE}"}
                 cmd = [sys.executable, str(HERE / "simperf.py"), "--child", case, "--gavel-rate", str(args.gavel_rate),
-                       "--codesign-jobs", str(args.codesign_jobs)] + (["--candidate", args.candidate]
+                       "--codesign-jobs", str(args.codesign_jobs), "--codesign-rho", str(args.codesign_rho)] + (["--candidate", args.candidate]
                                                                       if args.candidate else [])
                 done = subprocess.run(cmd, env=env, capture_output=True, text=True, check=True)
                 row = json.loads(done.stdout.strip().splitlines()[-1])
@@ -168,6 +168,8 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--gavel-rate", type=float, default=5.0)
     parser.add_argument("--codesign-jobs", type=int, default=10_000)
+    parser.add_argument("--codesign-rho", type=float, default=0.8,
+                        help="codesign: the load (above 1: overloaded, queues grow for the whole replay)")
     parser.add_argument("--candidate", default=None, help="codesign: the candidate to replay (default: the busiest)")
     parser.add_argument("--child", choices=CASES, help=argparse.SUPPRESS)
     parser.add_argument("--dump", default=None, help="with --child: write the job table (CSV) here")

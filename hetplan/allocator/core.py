@@ -12,6 +12,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 
+from hetplan.allocator.admission import contenders
 from hetplan.allocator.cluster import Cluster, OvercommitError, StateError
 from hetplan.allocator.policies import Policy, get_policy
 from hetplan.allocator.rebalance import Action, CoAdaptive, diff
@@ -159,6 +160,7 @@ class Allocator:
                     if isinstance(self.allocate(job), Allocation):
                         placed += [x.action for x in self.log.since(before)]
                 return placed
+            waiting = contenders(waiting, self.cluster.free_gpus_total())  # the rest could not start: skipped
             actions = self.rebalance(waiting, preempt=False, move=False, nodes=())
             started = {x.job_id for x in actions if x.kind == "start"}
             left = [job for job in waiting if job.job_id not in started and job.whole]

@@ -45,7 +45,7 @@ from itertools import accumulate, chain
 from types import MappingProxyType
 from typing import Literal
 
-from hetplan.allocator.admission import who_runs
+from hetplan.allocator.admission import ClassKey, class_key, who_runs
 from hetplan.allocator.cluster import Cluster, Need, floor_need, hinted_need, proportional_need
 from hetplan.allocator.spec import Allocation, Job, Share
 from hetplan.allocator.stability import MoveHistory, Stability, remaining_s, saved_s
@@ -284,7 +284,7 @@ class _Step:
             else:
                 movers.append(job)
         self._move_and_start(movers, assigned)
-        failed: set[tuple[str, int, int | None, int | None]] = set()  # classes that found no place: nothing is freed while backfilling
+        failed: set[ClassKey] = set()  # classes that found no place: nothing is freed while backfilling
         free = self.cluster.free_gpus_total()
         for job in chain(admitted, left_out):  # backfill, a preempted or unplaced job its old place first
             if free == 0:
@@ -295,7 +295,7 @@ class _Step:
             if job.job_id in self.current and self._guarded(f"restoring job {job.job_id}", self._restore, job):
                 free = self.cluster.free_gpus_total()
                 continue
-            key = (job.model, job.num_gpus, job.cpu_m, job.mem_mib)
+            key = class_key(job)
             if key in failed or job.num_gpus > free:
                 continue
             if self._guarded(f"placing job {job.job_id}", self._place, job, None):

@@ -13,6 +13,10 @@ as Gavel and Synergy do):
   GPU type and node(s), with what cores and RAM (`hetplan.allocator.rebalance`), whenever jobs wait or
   something changed since the last round; the simulator applies the actions it returns.
 
+Either way a step reads only the head of the queue that could start (`admission.contenders`: of each class, the
+first `room // GPUs` waiting jobs), so a replay on an overloaded cluster does not pass over its whole queue at
+every event; the answer is the one the whole queue gets (tests/test_contenders.py).
+
 Priorities: `fifo` arrival time; `srtf` remaining work in reference seconds (the trace duration is known, as
 in Gavel's SRTF); `las` attained service in GPU-seconds (Tiresias-style least attained service).
 
@@ -38,7 +42,7 @@ import numpy as np
 import pandas as pd
 
 from hetplan.allocator import Allocator
-from hetplan.allocator.admission import who_runs
+from hetplan.allocator.admission import ClassKey, class_key, contender_limit, who_runs
 from hetplan.allocator.policies import Policy, get_policy
 from hetplan.allocator.rebalance import GANG_SEP, Action
 from hetplan.allocator.spec import MIB_PER_GIB, Allocation, Job, Node, mib_to_gib
@@ -161,6 +165,49 @@ def register_scheduler(name: str, priority: Priority) -> None:
     SCHEDULERS[name] = priority
 
 
+class _Queue:
+    """The waiting jobs as sorted entries (priority..., idx), also indexed by class (`admission.class_key`): a
+    step is given only the `head` that could start (`admission.contenders`' rule), never a pass over a long
+    queue (an overloaded cluster's grows with the trace)."""
+
+    whole = False
+    """Give every step the whole queue instead (tests compare: the same replay)."""
+
+    def __init__(self, jobs: list[_Job]) -> None:
+        self.jobs = jobs
+        self.entries: list[tuple] = []
+        self.of: dict[int, tuple] = {}  # idx -> its entry
+        self.by_class: dict[ClassKey, list[tuple]] = {}
+
+    def __len__(self) -> int:
+        return len(self.entries)
+
+    def __iter__(self):
+        return iter(self.entries)
+
+    def first(self) -> tuple:
+        return self.entries[0]
+
+    def add(self, entry: tuple) -> None:
+        bisect.insort(self.entries, entry)
+        self.of[entry[-1]] = entry
+        bisect.insort(self.by_class.setdefault(class_key(self.jobs[entry[-1]].request), []), entry)
+
+    def remove(self, idx: int) -> None:
+        entry = self.of.pop(idx)
+        del self.entries[bisect.bisect_left(self.entries, entry)]
+        same = self.by_class[class_key(self.jobs[idx].request)]
+        del same[bisect.bisect_left(same, entry)]
+
+    def head(self, room: int) -> list[tuple]:
+        """The entries a step with at most `room` GPUs to give could start, in priority order: of each class
+        with g GPUs, the first `room // g`."""
+        cut = [(same, contender_limit(self.jobs[same[0][-1]].gpus, room)) for same in self.by_class.values() if same]
+        if self.whole or all(len(same) <= n for same, n in cut):
+            return list(self.entries)
+        return sorted(entry for same, n in cut for entry in same[:n])
+
+
 @dataclass
 class SimResult:
     """Per-job outcomes, the resource-use timeline, the cluster's capacity and event counts."""
@@ -198,7 +245,7 @@ class Simulator:
         self.largest = allocator.cluster.max_gpus()
         self.used = [0, 0, 0]  # GPUs, millicores, MB
         self.running: dict[int, _Job] = {}
-        self.queue: list[tuple] = []  # sorted (priority..., idx); a waiting job's priority does not change
+        self.queue = _Queue(self.jobs)  # a waiting job's priority does not change while it waits
         self.finishes: list[tuple[float, int, int]] = []  # heap of (time, version, idx)
         self.timeline: list[tuple[float, int, int, int, int]] = []
         self.last_round = -math.inf
@@ -270,7 +317,7 @@ class Simulator:
 
     def _enqueue(self, job: _Job) -> None:
         self.status[job.idx] = "waiting"
-        bisect.insort(self.queue, (*self.priority(job, 0.0), job.idx))
+        self.queue.add((*self.priority(job, 0.0), job.idx))
 
     def _fill(self, now: float, previous: dict[int, tuple[Allocation, ...]] | None = None) -> None:
         """Place waiting jobs in priority order where they fit, without preempting; the rest wait on.
@@ -283,33 +330,36 @@ class Simulator:
         """
         if not self.queue or self.free_gpus == 0:
             return
+        head = self.queue.head(self.free_gpus)  # the rest could not start (`admission.contenders`)
         if self.co_adaptive:  # the service's admission: comparative advantage, peers shrunk where that makes room
-            self._take(self.allocator.admit([self.jobs[entry[-1]].request for entry in self.queue]), now)
+            self._take(self.allocator.admit([self.jobs[entry[-1]].request for entry in head]), now)
             return
         previous = previous or {}
-        failed: set[tuple[str, int]] = set()  # classes that did not fit: nothing is freed during a pass
-        waiting: list[tuple] = []
-        for entry in self.queue:
+        if previous:  # a preempted job may get its old place back wherever it waits
+            head = sorted(set(head).union(self.queue.of[idx] for idx in previous))
+        failed: set[ClassKey] = set()  # classes that did not fit: nothing is freed during a pass
+        gangs: list[Job] = []
+        for entry in head:
             job = self.jobs[entry[-1]]
-            if self.free_gpus == 0 or job.gpus > self.free_gpus or job.gpus > self.largest:
-                waiting.append(entry)
+            if job.gpus > self.largest:
+                gangs.append(job.request)
+                continue
+            if self.free_gpus == 0 or job.gpus > self.free_gpus:
                 continue
             old = previous.get(job.idx)
             if old is not None and len(old) == 1 and self.allocator.restore(old[0]):
+                self.queue.remove(job.idx)
                 self._start(job, old, now)
                 self.counts["kept"] += 1
                 continue
-            if (job.model, job.gpus) in failed:
-                waiting.append(entry)
+            if class_key(job.request) in failed:
                 continue
             decision = self.allocator.allocate(job.request)
             if isinstance(decision, Allocation):
+                self.queue.remove(job.idx)
                 self._start(job, (decision,), now)
             else:
-                failed.add((job.model, job.gpus))
-                waiting.append(entry)
-        self.queue = waiting
-        gangs = [self.jobs[entry[-1]].request for entry in self.queue if self.jobs[entry[-1]].gpus > self.largest]
+                failed.add(class_key(job.request))
         if gangs and self.free_gpus >= min(job.num_gpus for job in gangs):
             self._take(self.allocator.place_gangs(gangs), now)
 
@@ -329,11 +379,12 @@ class Simulator:
         if not self.queue:
             return
         ranked = self._ranked(self.running.values(), now)
-        if not ranked or self.queue[0] > ranked[-1]:
+        if not ranked or self.queue.first() > ranked[-1]:
             self._fill(now)
             return
-        run, _ = who_runs((self.jobs[entry[-1]].request for entry in heapq.merge(ranked, self.queue)),
-                          int(self.capacity["gpus"]), int(self.capacity["gpus"]))
+        gpus = int(self.capacity["gpus"])
+        run, _ = who_runs((self.jobs[entry[-1]].request for entry in heapq.merge(ranked, self.queue.head(gpus))),
+                          gpus, gpus)
         chosen = {self.by_id[job.job_id].idx for job in run}
         before = {entry[-1]: self.jobs[entry[-1]].parts for entry in ranked if entry[-1] not in chosen}
         if not before:
@@ -341,7 +392,7 @@ class Simulator:
             return
         for idx in before:
             self._stop(self.jobs[idx], now)
-        self.queue = sorted(self.queue + [(*self.priority(self.jobs[idx], 0.0), idx) for idx in before])
+            self.queue.add((*self.priority(self.jobs[idx], 0.0), idx))
         self._fill(now, previous=before)
         preempted = 0
         for idx, old in before.items():
@@ -366,7 +417,8 @@ class Simulator:
         cluster = self.allocator.cluster
         if self.queue or (self.off_best and len(self.gpu_type_names) > 1):
             ranked = self._ranked(self.running.values(), now)
-            order = [self.jobs[entry[-1]].request for entry in sorted(ranked + self.queue)]  # merges two runs
+            head = self.queue.head(int(self.capacity["gpus"]))  # the rest could not start (`admission.contenders`)
+            order = [self.jobs[entry[-1]].request for entry in sorted(ranked + head)]  # merges two runs
         else:
             on = {self._job_id(a) for node in self.allocator.touched() if node in cluster for a in cluster.jobs_on(node)}
             order = [self.jobs[entry[-1]].request for entry in self._ranked((self.by_id[j] for j in on), now)]
@@ -398,10 +450,11 @@ class Simulator:
                 else:
                     job.resizes += 1
                 self.counts["migrations" if moved else "resizes"] += 1
-        started = {self.by_id[a.job_id].idx for a in actions if a.kind == "start"}
-        if started or stopped:
-            self.queue = sorted([e for e in self.queue if e[-1] not in started]
-                                + [(*self.priority(job, 0.0), job.idx) for job in stopped])
+        for action in actions:
+            if action.kind == "start":
+                self.queue.remove(self.by_id[action.job_id].idx)
+        for job in stopped:
+            self.queue.add((*self.priority(job, 0.0), job.idx))
         self.counts["reschedules"] += bool(stopped)
         for job in stopped:
             self.status[job.idx] = "waiting"
