@@ -14,12 +14,15 @@ from __future__ import annotations
 import logging
 import multiprocessing as mp
 import os
+import pickle
 import threading
 import time
-from collections.abc import Sequence
+import uuid
+from collections.abc import Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Protocol
 
 from hetplan.progress import Progress
 
@@ -31,7 +34,7 @@ ENGINES = ("local", "dask")
 START_METHOD = "spawn"
 """How replay workers start. Not "fork": replays run inside Airflow tasks, whose runner holds threads (its
 supervisor's comms, logging, heartbeats) that a forked child inherits mid-state and can deadlock on. A spawned
-worker is a fresh interpreter that imports hetplan and receives the runs pickled once (`_adopt`)."""
+worker is a fresh interpreter that imports hetplan and unpickles each call's runs once (`_summary`)."""
 
 
 class Runs(Protocol):
@@ -66,34 +69,76 @@ class Serial:
         return out
 
 
-@dataclass(frozen=True)
 class ProcessPool:
-    """Runs in up to `workers` spawned processes (default: the usable CPUs), each given `runs` once when it
-    starts; only the summaries come back. One worker (or one run) runs in this process."""
+    """Runs in up to `workers` spawned processes (default: the usable CPUs); only the summaries come back. One
+    worker (or one run) runs in this process. Each call's `runs` are pickled once and unpickled once per worker.
 
-    workers: int | None = None
+    Held open (`with ProcessPool() as engine:`, or `held_open`), the workers started by the first call (or by
+    `warm`, to get ready while the caller works on) serve every call until the block ends; otherwise each call
+    starts its own (a spawned worker takes about 2.5 s to be ready on 2 cores)."""
+
+    def __init__(self, workers: int | None = None) -> None:
+        self.workers = workers
+        self._pool: ProcessPoolExecutor | None = None
+        self._held = 0  # blocks holding it open (nested: the outermost closes it)
+
+    def __repr__(self) -> str:
+        return f"ProcessPool(workers={self.workers})"
+
+    def __enter__(self) -> ProcessPool:
+        self._held += 1
+        return self
+
+    def warm(self) -> None:
+        """Start a held pool's workers now: they import hetplan while the caller goes on (the MILP proposing)."""
+        if self._held and self._pool is None and self._count() > 1:
+            self._pool = self._start(self._count())
+
+    def __exit__(self, *exc: object) -> None:
+        self._held -= 1
+        if self._held == 0 and self._pool is not None:
+            self._pool.shutdown(cancel_futures=True)
+            self._pool = None
+
+    def _count(self) -> int:
+        return usable_cpus() if self.workers is None else self.workers
+
+    @staticmethod
+    def _start(workers: int) -> ProcessPoolExecutor:
+        pool = ProcessPoolExecutor(workers, mp_context=mp.get_context(START_METHOD), initializer=_exit_with,
+                                   initargs=(os.getpid(),))
+        for _ in range(workers):  # a spawning pool starts a worker per task submitted while none is idle: all now
+            pool.submit(os.getpid)
+        return pool
 
     def summaries(self, runs: Runs, which: Sequence[Run], progress: Progress | None = None) -> dict[Run, dict]:
-        workers = min(usable_cpus() if self.workers is None else self.workers, len(which))
+        workers = min(self._count(), len(which))
         if workers <= 1:
             return Serial().summaries(runs, which, progress)
-        with ProcessPoolExecutor(workers, mp_context=mp.get_context(START_METHOD), initializer=_adopt,
-                                 initargs=(runs,)) as pool:
-            futures = {pool.submit(_summary, run): run for run in which}
-            for done, future in enumerate(as_completed(futures)):
-                if progress:
-                    progress(done + 1, len(which), runs.label(futures[future]))
-            return {run: future.result() for future, run in futures.items()}
+        shared = (uuid.uuid4().hex, pickle.dumps(runs, protocol=pickle.HIGHEST_PROTOCOL))
+        if self._held:
+            self.warm()
+            assert self._pool is not None  # more than one worker: `warm` started them
+            return _collect(self._pool, shared, runs, which, progress)
+        with self._start(workers) as pool:
+            return _collect(pool, shared, runs, which, progress)
 
 
-_INHERITED: Any = None
-"""A pool worker's runs, set once when it starts (`_adopt`)."""
+def _collect(pool: ProcessPoolExecutor, shared: tuple[str, bytes], runs: Runs, which: Sequence[Run],
+             progress: Progress | None) -> dict[Run, dict]:
+    futures = {pool.submit(_summary, shared, run): run for run in which}
+    try:
+        for done, future in enumerate(as_completed(futures)):
+            if progress:
+                progress(done + 1, len(which), runs.label(futures[future]))
+        return {run: future.result() for future, run in futures.items()}
+    finally:
+        for future in futures:
+            future.cancel()  # after a failed run, the rest are not left to run in a pool held open
 
 
-def _adopt(runs: Runs) -> None:
-    global _INHERITED
-    _INHERITED = runs
-    _exit_with(os.getppid())
+_ADOPTED: tuple[str, Runs] | None = None
+"""A pool worker's runs of the latest call it served: (the call's token, the runs unpickled)."""
 
 
 def _exit_with(parent: int, every_s: float = 1.0) -> None:
@@ -108,10 +153,12 @@ def _exit_with(parent: int, every_s: float = 1.0) -> None:
     threading.Thread(target=watch, name="exit-with-parent", daemon=True).start()
 
 
-def _summary(run: Run) -> dict:
-    if _INHERITED is None:
-        raise RuntimeError("a replay worker started without its runs")
-    return _INHERITED.summary(run)
+def _summary(shared: tuple[str, bytes], run: Run) -> dict:
+    global _ADOPTED
+    token, payload = shared
+    if _ADOPTED is None or _ADOPTED[0] != token:
+        _ADOPTED = (token, pickle.loads(payload))
+    return _ADOPTED[1].summary(run)
 
 
 @dataclass(frozen=True)
@@ -151,6 +198,19 @@ class Dask:
 
 def _run_summary(runs: Runs, run: Run) -> dict:
     return runs.summary(run)
+
+
+@contextmanager
+def held_open(engine: Engine, warm: bool = False) -> Iterator[Engine]:
+    """`engine` held open for a block of calls where it can be (a process pool: its workers started once, now if
+    `warm`)."""
+    if not isinstance(engine, ProcessPool):
+        yield engine
+        return
+    with engine:
+        if warm:
+            engine.warm()
+        yield engine
 
 
 def engine_from(name: str = "local", *, address: str | None = None, workers: int | None = None) -> Engine:

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 import pandas as pd
 
 from hetplan.codesign.candidates import BUDGET_FRACTIONS, PROPORTIONAL, STATUS_QUO, Candidate, propose
-from hetplan.codesign.engines import Engine, ProcessPool, Run
+from hetplan.codesign.engines import Engine, ProcessPool, Run, held_open
 from hetplan.codesign.objectives import MARGIN, WorkloadObjective, choose, workload_objective
 from hetplan.codesign.replay import Replayed, table
 from hetplan.codesign.screen import (
@@ -110,11 +110,12 @@ def plan_workload(problem: PlanningProblem, workload: Workload, *, objective: Wo
     is the same whatever runs them.
     """
     engine = engine or ProcessPool(workers)
-    listed = shortlist_for(problem, workload, objective=objective, max_avg_jct=max_avg_jct, scheduler=scheduler,
-                           round_s=round_s, solver=solver, time_limit=time_limit, prune_load=prune_load,
-                           progress=progress, screen=screen, screen_jobs=screen_jobs, replay_jobs=replay_jobs,
-                           engine=engine)
-    summaries = engine.summaries(listed.runs, listed.pending, progress)
+    with held_open(engine, warm=True):  # a pool's workers get ready while the MILP proposes; they serve every run
+        listed = shortlist_for(problem, workload, objective=objective, max_avg_jct=max_avg_jct, scheduler=scheduler,
+                               round_s=round_s, solver=solver, time_limit=time_limit, prune_load=prune_load,
+                               progress=progress, screen=screen, screen_jobs=screen_jobs, replay_jobs=replay_jobs,
+                               engine=engine)
+        summaries = engine.summaries(listed.runs, listed.pending, progress)
     return chosen(problem, listed, summaries, objective=objective, max_avg_jct=max_avg_jct, inputs=inputs,
                   prune_load=prune_load)
 

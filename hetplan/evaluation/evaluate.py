@@ -29,7 +29,7 @@ from hetplan.allocator.stability import Stability
 from hetplan.allocator.spec import Node, to_mib, to_milli
 from hetplan.codesign import workload_from_trace
 from hetplan.codesign.candidates import HINT, STATUS_QUO
-from hetplan.codesign.engines import Engine, ProcessPool, Serial
+from hetplan.codesign.engines import Engine, ProcessPool, Serial, held_open
 from hetplan.codesign.plan import WorkloadPlan
 from hetplan.codesign.workload import Workload
 from hetplan.contracts import demand_from_trace
@@ -103,69 +103,71 @@ def evaluate(trace: pd.DataFrame, problem_inputs: ProblemInputs, truth: TruthCur
     prediction's interval (`hetplan.planning.prediction`, `holdout` held back; calibrated on `calibration`'s
     earlier predictions where given), for the status quo 1. `sizes`: how much the planner replays.
     """
-    objective = Objective.parse(objective)
-    request = PlanRequest(objective, scheduler=schedulers[0], round_s=round_s, solver=solver, time_limit=time_limit,
-                          holdout=holdout, engine=engine, calibration=calibration, sizes=sizes)
-    warnings: list[str] = []
-    if plan_trace is None:
-        plan_trace = trace
-        warnings.append("in-sample: the planner saw the trace it is evaluated on (give --plan-trace for an "
-                        "out-of-sample evaluation)")
-    replay = prepare_workload(trace, truth.models, unknown_model, seed)
-    if relabel_unknown:
-        plan_trace = prepare_workload(plan_trace, truth.models, unknown_model, seed + 1).jobs
-        plan_trace = plan_trace.assign(model=plan_trace["sim_model"]).drop(columns="sim_model")
-        replay = replace(replay, jobs=replay.jobs.assign(model=replay.jobs["sim_model"]))
-        warnings.append("unknown models relabelled in both traces as the truth models they run as")
-    problem = problem_inputs.problem(demand_from_trace(plan_trace))
-    truth = truth.extended(problem.defaults.curves)
-    warnings += problem.warnings + replay.warnings
-    steady_outcome = plan(problem, replace(request, objective=Objective.throughput))
-    steady = steady_outcome.steady
-    status_quo = steady.baseline(STATUS_QUO) if steady is not None else None
-    if steady is None or status_quo is None:
-        raise ValueError("no shape can run every job class at the proportional share: there is no status quo")
-    quo_nodes = NodeMix.on_fleet(problem.shapes, status_quo.node_counts).nodes(problem.shapes)
-    truth.require(replay.jobs["sim_model"], {n.gpu_type for n in quo_nodes})
-    points = load_points(plan_trace, replay.jobs, truth, quo_nodes, rhos, loads)
-    baselines = _baselines(problem, steady, quo_nodes)
-    setups_by_load, plans, predictions, replayed = {}, {}, {}, []
-    for k, point in enumerate(points):
-        label = _label(point)
-        if progress:
-            progress(k, len(points), f"planning for {label}")
-        outcome = steady_outcome
-        if objective.for_workload:
-            at = replace(request, progress=nested(progress, f"planning for {label}"))
-            outcome = plan(problem, at, _workload_at(plan_trace, point, seed))
-            if outcome.workload_plan is not None:
-                plans[label] = outcome.workload_plan
-            if outcome.prediction is not None:
-                predictions[label] = outcome.prediction
-            warnings += [f"planning for {label}: {w}" for w in outcome.warnings if w not in warnings]
-        setups_by_load[label] = [*baselines, outcome.setup(HETPLAN, problem.shapes)]
-        replayed.append(replay.jobs if point.replay_rate is None else with_load(replay.jobs, point.replay_rate,
-                                                                                 seed + REPLAY_SEED_OFFSET))
-    runs = SetupRuns(points, replayed, list(setups_by_load.values()), tuple(schedulers), truth, round_s,
-                     stability or Stability())
-    small = sum(len(jobs) for jobs in replayed) * len(schedulers) < PARALLEL_FROM_JOBS
-    results = (Serial() if small else engine or ProcessPool()).summaries(runs, runs.every(), progress)
-    rows, job_frames, timelines = [], [], []
-    for run in runs.every():
-        point, setup, scheduler = runs.of(run)
-        key = {**point.key, "scheduler": scheduler, "setup": setup.name}
-        rows.append({**key, "policy": setup.policy, "gpus": setup.gpus, "cost_per_hour": setup.cost_per_hour,
-                     "predicted_mix": setup.predicted_mix, **results[run]["summary"],
-                     **_predicted(setup.name, predictions.get(_label(point)))})
-        job_frames.append(results[run]["jobs"].assign(**key))
-        timelines.append(results[run]["timeline"].assign(**key))
-    all_jobs = pd.concat(job_frames, ignore_index=True)
-    summary = with_predictions(with_ratios(pd.DataFrame(rows), all_jobs))
-    warnings += truth_warnings(truth, set(replay.jobs["sim_model"]),
-                               [s for setups in setups_by_load.values() for s in setups])
-    return EvaluationResult(summary, all_jobs, pd.concat(timelines, ignore_index=True), setups_by_load, plans,
-                            predictions, {**replay.report, "stability": (stability or Stability()).to_dict()},
-                            warnings)
+    engine = engine or ProcessPool()
+    with held_open(engine):  # one pool of workers for the plans' replays and the truth replays
+        objective = Objective.parse(objective)
+        request = PlanRequest(objective, scheduler=schedulers[0], round_s=round_s, solver=solver, time_limit=time_limit,
+                              holdout=holdout, engine=engine, calibration=calibration, sizes=sizes)
+        warnings: list[str] = []
+        if plan_trace is None:
+            plan_trace = trace
+            warnings.append("in-sample: the planner saw the trace it is evaluated on (give --plan-trace for an "
+                            "out-of-sample evaluation)")
+        replay = prepare_workload(trace, truth.models, unknown_model, seed)
+        if relabel_unknown:
+            plan_trace = prepare_workload(plan_trace, truth.models, unknown_model, seed + 1).jobs
+            plan_trace = plan_trace.assign(model=plan_trace["sim_model"]).drop(columns="sim_model")
+            replay = replace(replay, jobs=replay.jobs.assign(model=replay.jobs["sim_model"]))
+            warnings.append("unknown models relabelled in both traces as the truth models they run as")
+        problem = problem_inputs.problem(demand_from_trace(plan_trace))
+        truth = truth.extended(problem.defaults.curves)
+        warnings += problem.warnings + replay.warnings
+        steady_outcome = plan(problem, replace(request, objective=Objective.throughput))
+        steady = steady_outcome.steady
+        status_quo = steady.baseline(STATUS_QUO) if steady is not None else None
+        if steady is None or status_quo is None:
+            raise ValueError("no shape can run every job class at the proportional share: there is no status quo")
+        quo_nodes = NodeMix.on_fleet(problem.shapes, status_quo.node_counts).nodes(problem.shapes)
+        truth.require(replay.jobs["sim_model"], {n.gpu_type for n in quo_nodes})
+        points = load_points(plan_trace, replay.jobs, truth, quo_nodes, rhos, loads)
+        baselines = _baselines(problem, steady, quo_nodes)
+        setups_by_load, plans, predictions, replayed = {}, {}, {}, []
+        for k, point in enumerate(points):
+            label = _label(point)
+            if progress:
+                progress(k, len(points), f"planning for {label}")
+            outcome = steady_outcome
+            if objective.for_workload:
+                at = replace(request, progress=nested(progress, f"planning for {label}"))
+                outcome = plan(problem, at, _workload_at(plan_trace, point, seed))
+                if outcome.workload_plan is not None:
+                    plans[label] = outcome.workload_plan
+                if outcome.prediction is not None:
+                    predictions[label] = outcome.prediction
+                warnings += [f"planning for {label}: {w}" for w in outcome.warnings if w not in warnings]
+            setups_by_load[label] = [*baselines, outcome.setup(HETPLAN, problem.shapes)]
+            replayed.append(replay.jobs if point.replay_rate is None else with_load(replay.jobs, point.replay_rate,
+                                                                                     seed + REPLAY_SEED_OFFSET))
+        runs = SetupRuns(points, replayed, list(setups_by_load.values()), tuple(schedulers), truth, round_s,
+                         stability or Stability())
+        small = sum(len(jobs) for jobs in replayed) * len(schedulers) < PARALLEL_FROM_JOBS
+        results = (Serial() if small else engine).summaries(runs, runs.every(), progress)
+        rows, job_frames, timelines = [], [], []
+        for run in runs.every():
+            point, setup, scheduler = runs.of(run)
+            key = {**point.key, "scheduler": scheduler, "setup": setup.name}
+            rows.append({**key, "policy": setup.policy, "gpus": setup.gpus, "cost_per_hour": setup.cost_per_hour,
+                         "predicted_mix": setup.predicted_mix, **results[run]["summary"],
+                         **_predicted(setup.name, predictions.get(_label(point)))})
+            job_frames.append(results[run]["jobs"].assign(**key))
+            timelines.append(results[run]["timeline"].assign(**key))
+        all_jobs = pd.concat(job_frames, ignore_index=True)
+        summary = with_predictions(with_ratios(pd.DataFrame(rows), all_jobs))
+        warnings += truth_warnings(truth, set(replay.jobs["sim_model"]),
+                                   [s for setups in setups_by_load.values() for s in setups])
+        return EvaluationResult(summary, all_jobs, pd.concat(timelines, ignore_index=True), setups_by_load, plans,
+                                predictions, {**replay.report, "stability": (stability or Stability()).to_dict()},
+                                warnings)
 
 
 PARALLEL_FROM_JOBS = 20_000
