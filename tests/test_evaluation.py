@@ -12,6 +12,7 @@ from hetplan.catalog import load_default_catalog
 from hetplan.cli import app
 from hetplan.contracts import CURVES, PROFILES
 from hetplan.evaluation import ProblemInputs, evaluate, load_points
+from hetplan.planning import ReplaySizes
 from hetplan.reference import build_reference
 from hetplan.sensitivity import fit_profiles
 from hetplan.sim.setups import nodes_from_counts
@@ -53,7 +54,7 @@ def test_four_setups_replay_the_unseen_trace_at_each_rho(result):
     assert set(summary["setup"]) == {"status quo", "status quo + sensitivity-aware", "GPU-only mix", "hetplan"}
     assert (summary.loc[summary["setup"] == "status quo", "jct_speedup"] == 1.0).all()
     assert (summary["cost_per_hour"] <= 60.0 + 1e-6).all()
-    assert (summary["completed"] + summary["rejected_too_big"] == 30).all()
+    assert (summary["completed"] + summary["rejected_too_big"] == 30).all() and (summary["replayed_one_in"] == 1).all()
     assert set(result.jobs["job_id"]) == {f"j{i}" for i in range(30, 60)}  # the replayed trace, not the planner's
     assert set(result.plans) == {"rho 0.5", "rho 1.3"} and set(result.predictions) == set(result.plans)
     assert not any(w.startswith("in-sample") for w in result.warnings)
@@ -76,6 +77,21 @@ def test_each_row_puts_the_planners_predicted_speedup_beside_the_realised_one(re
         assert quo["predicted_jct_speedup"] == 1.0 and quo["realised_over_predicted"] == 1.0
         assert pd.isna(summary.loc[(rho, "GPU-only mix"), "within_interval"])
         assert math.isnan(summary.loc[(rho, "GPU-only mix"), "predicted_jct_speedup"])
+
+
+def test_a_load_every_candidate_is_overloaded_by_is_replayed_on_a_sample_and_says_so(inputs):
+    """Arrivals no 20 $/h cluster keeps up with: every queue grows with the trace, so the setups' truth replays
+    sample as many jobs as a plan's replay (1 in m, same rate), and the summary and a warning say so."""
+    profiles, curves, catalog = inputs
+    truth = TruthCurves.from_profiles(profiles, fallback=curves)
+    busy = trace(160, 3).assign(arrival_s=lambda f: np.arange(len(f)) * 60.0)  # a job a minute, ~2 GPU-hours each
+    out = evaluate(busy, ProblemInputs(curves, catalog, 20.0), truth, sizes=ReplaySizes(1, 40, 40))
+    (plan,) = out.plans.values()
+    assert plan.result.plan.planning["screen"]["overloaded"]
+    assert (out.summary["replayed_one_in"] == 4).all() and (out.summary["jobs"] == 40).all()
+    assert any("every candidate is overloaded, so the setups' truth replays sample 40 of the trace's 160 jobs" in w
+               for w in out.warnings)
+    assert out.jobs.groupby("setup")["job_id"].nunique().eq(40).all()
 
 
 def test_rho_sets_each_traces_rate_from_the_status_quos_gpu_time(inputs):

@@ -48,8 +48,10 @@ Shortlist = Annotated[int | None, typer.Option("--shortlist", min=0, help="Candi
 ScreenJobs = Annotated[int | None, typer.Option("--screen-jobs", min=1, help="Jobs of the screen's sample of the "
                                                 "workload (default 2,000).")]
 ReplayJobs = Annotated[int | None, typer.Option("--replay-jobs", min=0, help="Jobs each arrival draw's replays "
-                                                "sample from a longer workload (default 5,000; 0: every job). "
-                                                "Fewer is faster and less faithful: bench/RESULTS.md.")]
+                                                "sample from a longer workload (default 5,000; 0: every job); "
+                                                "evaluate's truth replays of a load that overloads every "
+                                                "candidate sample as many. Fewer is faster and less faithful: "
+                                                "bench/RESULTS.md.")]
 
 
 def calibration(files: list[str] | None):

@@ -31,6 +31,7 @@ from hetplan.codesign import workload_from_trace
 from hetplan.codesign.candidates import HINT, STATUS_QUO
 from hetplan.codesign.engines import Engine, ProcessPool, Serial, held_open
 from hetplan.codesign.plan import WorkloadPlan
+from hetplan.codesign.screen import REPLAY_JOBS, sampled
 from hetplan.codesign.workload import Workload
 from hetplan.contracts import demand_from_trace
 from hetplan.gangs import gang_speed, parts_needed
@@ -40,6 +41,7 @@ from hetplan.planner.entry import Planned
 from hetplan.planner.problem import PlanningProblem, build_problem
 from hetplan.planner.solvers import SolverName
 from hetplan.planning import NodeMix, Objective, PlanRequest, ReplaySizes, plan
+from hetplan.planning.planned import PlanOutcome
 from hetplan.planning.calibration import Calibration
 from hetplan.planning.prediction import Prediction
 from hetplan.planning.request import HOLDOUT
@@ -101,7 +103,8 @@ def evaluate(trace: pd.DataFrame, problem_inputs: ProblemInputs, truth: TruthCur
     Each row carries the planner's prediction next to what the replay realised (`with_predictions`): for
     `hetplan` under a workload objective its predicted avg JCT speedup over the status quo and that
     prediction's interval (`hetplan.planning.prediction`, `holdout` held back; calibrated on `calibration`'s
-    earlier predictions where given), for the status quo 1. `sizes`: how much the planner replays.
+    earlier predictions where given), for the status quo 1. `sizes`: how much the planner replays, and how
+    many jobs the setups' truth replays sample at a load that overloads every candidate (`replayed_one_in`).
     """
     engine = engine or ProcessPool()
     with held_open(engine):  # one pool of workers for the plans' replays and the truth replays
@@ -131,7 +134,7 @@ def evaluate(trace: pd.DataFrame, problem_inputs: ProblemInputs, truth: TruthCur
         truth.require(replay.jobs["sim_model"], {n.gpu_type for n in quo_nodes})
         points = load_points(plan_trace, replay.jobs, truth, quo_nodes, rhos, loads)
         baselines = _baselines(problem, steady, quo_nodes)
-        setups_by_load, plans, predictions, replayed = {}, {}, {}, []
+        setups_by_load, plans, predictions, replayed, sampled_every = {}, {}, {}, [], []
         for k, point in enumerate(points):
             label = _label(point)
             if progress:
@@ -146,8 +149,11 @@ def evaluate(trace: pd.DataFrame, problem_inputs: ProblemInputs, truth: TruthCur
                     predictions[label] = outcome.prediction
                 warnings += [f"planning for {label}: {w}" for w in outcome.warnings if w not in warnings]
             setups_by_load[label] = [*baselines, outcome.setup(HETPLAN, problem.shapes)]
-            replayed.append(replay.jobs if point.replay_rate is None else with_load(replay.jobs, point.replay_rate,
-                                                                                     seed + REPLAY_SEED_OFFSET))
+            jobs_at = replay.jobs if point.replay_rate is None else with_load(replay.jobs, point.replay_rate,
+                                                                                seed + REPLAY_SEED_OFFSET)
+            jobs_at, every = _sampled_if_overloaded(jobs_at, outcome, sizes, label, warnings)
+            replayed.append(jobs_at)
+            sampled_every.append(every)
         runs = SetupRuns(points, replayed, list(setups_by_load.values()), tuple(schedulers), truth, round_s,
                          stability or Stability())
         small = sum(len(jobs) for jobs in replayed) * len(schedulers) < PARALLEL_FROM_JOBS
@@ -156,7 +162,8 @@ def evaluate(trace: pd.DataFrame, problem_inputs: ProblemInputs, truth: TruthCur
         for run in runs.every():
             point, setup, scheduler = runs.of(run)
             key = {**point.key, "scheduler": scheduler, "setup": setup.name}
-            rows.append({**key, "policy": setup.policy, "gpus": setup.gpus, "cost_per_hour": setup.cost_per_hour,
+            rows.append({**key, "replayed_one_in": sampled_every[run[0]], "policy": setup.policy, "gpus": setup.gpus,
+                         "cost_per_hour": setup.cost_per_hour,
                          "predicted_mix": setup.predicted_mix, **results[run]["summary"],
                          **_predicted(setup.name, predictions.get(_label(point)))})
             job_frames.append(results[run]["jobs"].assign(**key))
@@ -168,6 +175,23 @@ def evaluate(trace: pd.DataFrame, problem_inputs: ProblemInputs, truth: TruthCur
         return EvaluationResult(summary, all_jobs, pd.concat(timelines, ignore_index=True), setups_by_load, plans,
                                 predictions, {**replay.report, "stability": (stability or Stability()).to_dict()},
                                 warnings)
+
+
+def _sampled_if_overloaded(jobs: pd.DataFrame, outcome: PlanOutcome, sizes: ReplaySizes, label: str,
+                           warnings: list[str]) -> tuple[pd.DataFrame, int]:
+    """The jobs the setups' truth replays run at one load, and 1 in how many of the trace's they are: all of them,
+    unless the plan found every candidate overloaded (`hetplan.codesign.screen`); then every queue grows with the
+    trace's length, and the replays sample as many jobs as a plan's replay (`sizes`) by the planner's own rule
+    (`screen.sampled`: 1 job in m, at the same rate and mix), saying so."""
+    sample = sizes.options().get("replay_jobs", REPLAY_JOBS)  # None: every job
+    screen = outcome.workload_plan.result.plan.planning.get("screen") if outcome.workload_plan is not None else None
+    if not (screen or {}).get("overloaded") or sample is None or len(jobs) <= sample:
+        return jobs, 1
+    (out,), every = sampled((jobs,), sample)
+    warnings.append(f"{label}: every candidate is overloaded, so the setups' truth replays sample {len(out):,} of "
+                    f"the trace's {len(jobs):,} jobs (1 in {every}, at the traced rate and mix: the summary's "
+                    "replayed_one_in); their JCTs grow with the trace's length. --replay-jobs 0 replays every job")
+    return out, every
 
 
 PARALLEL_FROM_JOBS = 20_000
