@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import random
 
-import numpy as np
-import pandas as pd
 import pytest
 
 from hetplan.allocator import Allocator
@@ -15,8 +13,7 @@ from hetplan.allocator.policies import get_policy
 from hetplan.allocator.spec import Job, Node
 from hetplan.sim import engine
 from hetplan.sim.engine import SimConfig, simulate
-from hetplan.sim.truth import TruthCurves, TruthGrid
-from test_step_paths import TYPES, _classes, _hints
+from test_step_paths import TYPES, _classes, _hints, _jobs, _truth
 
 
 @pytest.mark.parametrize(("gpus", "room", "kept"), [
@@ -74,15 +71,8 @@ def test_an_overloaded_replay_is_the_same_with_the_whole_queue_given_to_every_st
     """The simulator's queue head (`_Queue.head`) against the whole queue, on a cluster the arrivals overload
     (the queue grows far past what 12 GPUs can start): the same job table, timeline and counts."""
     classes = _classes(3, 6)
-    truth = TruthCurves({(m, t): TruthGrid((1.0,), (1.0,), np.array([[s]]), "published:test")
-                         for m, speeds in classes.items() for t, s in speeds.items()})
     nodes = [Node(f"{t.lower()}-{i}", t, 2, 8, 64) for t in TYPES for i in range(2)]
-    rng = np.random.default_rng(4)
-    n = 400
-    jobs = pd.DataFrame({"job_id": [f"j{i:03d}" for i in range(n)], "model": rng.choice(sorted(classes), n),
-                         "num_gpus": rng.choice([1, 1, 1, 2, 4], n), "arrival_s": np.cumsum(rng.exponential(60.0, n)),
-                         "duration_s": 60 * 10 ** rng.uniform(1.0, 2.5, n)})
-    jobs["sim_model"] = jobs["model"]
+    jobs = _jobs(classes, 400, 4, [1, 1, 1, 2, 4], 60.0, (1.0, 2.5))
     config = SimConfig("las", 360.0, migration_s=30.0, resize_s=5.0)
     cut = []
     head = engine._Queue.head
@@ -96,7 +86,7 @@ def test_an_overloaded_replay_is_the_same_with_the_whole_queue_given_to_every_st
     tables = {}
     for whole in (False, True):
         monkeypatch.setattr(engine._Queue, "whole", whole)
-        result = simulate(jobs, nodes, truth, policy, _hints(classes, (1, 2, 4)), config)
+        result = simulate(jobs, nodes, _truth(classes), policy, _hints(classes, (1, 2, 4)), config)
         tables[whole] = (result.jobs.to_csv(index=False), result.timeline.to_csv(index=False), result.counts)
         if not whole:
             assert sum(cut) > len(cut) // 2  # overloaded: most steps were given a head shorter than the queue

@@ -38,6 +38,22 @@ def _hints(classes: dict[str, dict[str, float]], gpus: tuple[int, ...] = (1,)) -
         sorted(speeds.items(), key=lambda x: -x[1]), start=1)) for m, speeds in classes.items() for g in gpus})
 
 
+def _truth(classes: dict[str, dict[str, float]]) -> TruthCurves:
+    """Each class's speed on each GPU type, whatever its cores and RAM (one measured point)."""
+    return TruthCurves({(m, t): TruthGrid((1.0,), (1.0,), np.array([[s]]), "published:test")
+                        for m, speeds in classes.items() for t, s in speeds.items()})
+
+
+def _jobs(classes: dict[str, dict[str, float]], n: int, seed: int, gpus: list[int], mean_gap_s: float,
+          minutes: tuple[float, float]) -> pd.DataFrame:
+    """`n` jobs of random classes and sizes, Poisson arrivals, durations log-uniform in 10**`minutes` minutes."""
+    rng = np.random.default_rng(seed)
+    jobs = pd.DataFrame({"job_id": [f"j{i:03d}" for i in range(n)], "model": rng.choice(sorted(classes), n),
+                         "arrival_s": np.cumsum(rng.exponential(mean_gap_s, n)),
+                         "duration_s": 60 * 10 ** rng.uniform(*minutes, n)})
+    return jobs.assign(num_gpus=rng.choice(gpus, n), sim_model=jobs["model"])
+
+
 @pytest.fixture
 def counted(monkeypatch):
     """Count the step's judgements (`_Step._judge`) under either path: (set the path, read the count)."""
@@ -60,15 +76,9 @@ def counted(monkeypatch):
 def test_a_busy_replay_gives_the_same_schedule_judging_fewer_candidates(counted):
     use, calls = counted
     classes = _classes(0, 8)
-    truth = TruthCurves({(m, t): TruthGrid((1.0,), (1.0,), np.array([[s]]), "published:test")
-                         for m, speeds in classes.items() for t, s in speeds.items()})
+    truth = _truth(classes)
     nodes = [Node(f"{t.lower()}-{i}", t, 1, 4, 32) for t in TYPES for i in range(4)]
-    rng = np.random.default_rng(1)
-    n = 260
-    jobs = pd.DataFrame({"job_id": [f"j{i:03d}" for i in range(n)], "model": rng.choice(sorted(classes), n),
-                         "num_gpus": 1, "arrival_s": np.cumsum(rng.exponential(1500.0, n)),
-                         "duration_s": 60 * 10 ** rng.uniform(1.5, 3.0, n)})
-    jobs["sim_model"] = jobs["model"]
+    jobs = _jobs(classes, 260, 1, [1], 1500.0, (1.5, 3.0))
     config = SimConfig("las", 360.0, migration_s=30.0, resize_s=5.0)
     tables, judged = {}, {}
     for exhaustive in (True, False):
