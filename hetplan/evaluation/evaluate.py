@@ -156,7 +156,8 @@ def evaluate(trace: pd.DataFrame, problem_inputs: ProblemInputs, truth: TruthCur
             sampled_every.append(every)
         runs = SetupRuns(points, replayed, list(setups_by_load.values()), tuple(schedulers), truth, round_s,
                          stability or Stability())
-        small = sum(len(jobs) for jobs in replayed) * len(schedulers) < PARALLEL_FROM_JOBS
+        small = sum(len(jobs) * len(setups) for jobs, setups in zip(replayed, runs.setups)) * len(schedulers) \
+            < PARALLEL_FROM_JOBS
         results = (Serial() if small else engine).summaries(runs, runs.every(), progress)
         rows, job_frames, timelines = [], [], []
         for run in runs.every():
@@ -194,8 +195,8 @@ def _sampled_if_overloaded(jobs: pd.DataFrame, outcome: PlanOutcome, sizes: Repl
     return out, every
 
 
-PARALLEL_FROM_JOBS = 20_000
-"""Jobs replayed in all (setups aside) from which the setups' truth replays fan out over the engine (a spawned
+PARALLEL_FROM_JOBS = 10_000
+"""Jobs replayed in all (every setup's) from which the setups' truth replays fan out over the engine (a spawned
 worker costs about as much as replaying a few thousand jobs)."""
 
 

@@ -16,6 +16,7 @@ import pandas as pd
 
 from hetplan.codesign import WorkloadPlan, plan_workload, workload_from_trace
 from hetplan.codesign.candidates import HINT
+from hetplan.codesign.engines import ProcessPool, held_open
 from hetplan.codesign.screen import REPLAY_JOBS
 from hetplan.codesign.workload import Workload
 from hetplan.contracts import ContractError
@@ -97,8 +98,11 @@ def _steady(problem: PlanningProblem, request: PlanRequest, objective: Objective
 
 def _for_workload(problem: PlanningProblem, request: PlanRequest, workload: Workload,
                   inputs: dict[str, str]) -> PlanOutcome:
-    planned = _plan_workload(problem, request, request.resolved(True), workload, inputs)
-    return outcome_of(problem, request, workload, planned)
+    engine = request.engine or ProcessPool(request.workers)
+    with held_open(engine, warm=True):  # one pool of workers for the plan, its sweep and its held-back check
+        request = replace(request, engine=engine)
+        planned = _plan_workload(problem, request, request.resolved(True), workload, inputs)
+        return outcome_of(problem, request, workload, planned)
 
 
 def outcome_of(problem: PlanningProblem, request: PlanRequest, workload: Workload,
@@ -157,7 +161,7 @@ def _prediction(problem: PlanningProblem, request: PlanRequest, objective: Objec
         return replace(out, warnings=[*out.warnings, "the held-back check could not plan on the first part: "
                                       + "; ".join(p.message for p in exc.problems)])
     held = held_back_check(first_plan, checked, set(rest["job_id"].astype(str)),
-                           SimConfig(request.scheduler, request.round_s))
+                           SimConfig(request.scheduler, request.round_s), request.engine, request.progress)
     return predict(planned, held, request.holdout)
 
 

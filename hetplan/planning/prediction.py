@@ -31,10 +31,13 @@ import pandas as pd
 
 from hetplan.codesign import WorkloadPlan
 from hetplan.codesign.candidates import STATUS_QUO, Candidate
+from hetplan.codesign.engines import Engine, Serial
 from hetplan.codesign.replay import candidate_nodes, planner_truth
 from hetplan.codesign.workload import Workload
 from hetplan.hints import HintSet
+from hetplan.planner.problem import PlanningProblem
 from hetplan.planning.calibration import Calibration
+from hetplan.progress import Progress
 from hetplan.sim.engine import SimConfig, simulate
 
 NOMINAL = 0.90
@@ -199,31 +202,53 @@ def split(jobs: pd.DataFrame, holdout: float) -> tuple[pd.DataFrame, pd.DataFram
     return ordered.iloc[:cut].reset_index(drop=True), ordered.iloc[cut:].reset_index(drop=True)
 
 
-def held_back_check(first: WorkloadPlan, workload: Workload, held_back_ids: set[str],
-                    config: SimConfig) -> HeldBack:
+def held_back_check(first: WorkloadPlan, workload: Workload, held_back_ids: set[str], config: SimConfig,
+                    engine: Engine | None = None, progress: Progress | None = None) -> HeldBack:
     """Replay the winner and the status quo of `first` (planned on the first part) on every draw of the whole
-    `workload`; compare their figures on the held-back jobs with `first`'s prediction."""
-    problem = first.problem
-    winner, quo = first.candidate(first.winner), first.candidate(STATUS_QUO)
-    truth = planner_truth(problem)
+    `workload` (on `engine`; default: this process); compare their figures on the held-back jobs with `first`'s
+    prediction."""
+    names = [n for n in dict.fromkeys((first.winner, STATUS_QUO)) if first.candidate(n) is not None]
+    runs = _HeldBackRuns(first.problem, tuple(first.candidate(n) for n in names), tuple(workload.draws),
+                         frozenset(held_back_ids), config)
+    out = (engine or Serial()).summaries(runs, runs.every(), progress)
 
-    def held_back_jct(candidate: Candidate) -> float:
-        means = []
-        for jobs in workload.draws:
-            result = simulate(jobs, candidate_nodes(problem, candidate), truth, candidate.policy, _hints(candidate),
-                              config)
-            ran = result.jobs
-            done = ran[(ran["status"] == "completed") & ran["job_id"].astype(str).isin(held_back_ids)]
-            means.append(float(done["jct_s"].mean()) / HOUR if len(done) else float("nan"))
-        return float(np.mean(means))
+    def held_back_jct(name: str) -> float:
+        if name not in names:
+            return float("nan")
+        i = names.index(name)
+        return float(np.mean([out[(i, d)]["held_back_jct_h"] for d in range(len(runs.draws))]))
 
     chosen, status_quo = first.row(first.winner), first.row(STATUS_QUO)
-    realised = held_back_jct(winner) if winner is not None else float("nan")
-    realised_quo = held_back_jct(quo) if quo is not None else float("nan")
+    realised, realised_quo = held_back_jct(first.winner), held_back_jct(STATUS_QUO)
     predicted = float(status_quo["avg_jct_h"]) / float(chosen["avg_jct_h"]) if status_quo is not None \
         else float("nan")
     return HeldBack(len(held_back_ids), first.winner, predicted, realised_quo / realised,
                     float(chosen["avg_jct_h"]), realised)
+
+
+@dataclass(frozen=True)
+class _HeldBackRuns:
+    """The held-back check's replays as an engine runs them (`hetplan.codesign.engines`): candidate i on draw d ->
+    the average JCT (hours) of the held-back jobs it completed."""
+
+    problem: PlanningProblem
+    candidates: tuple[Candidate, ...]
+    draws: tuple[pd.DataFrame, ...]
+    held_back_ids: frozenset[str]
+    config: SimConfig
+
+    def every(self) -> list[tuple[int, int]]:
+        return [(i, d) for i in range(len(self.candidates)) for d in range(len(self.draws))]
+
+    def label(self, run: tuple[int, int]) -> str:
+        return f"held-back check: replaying {self.candidates[run[0]].name}, draw {run[1] + 1}"
+
+    def summary(self, run: tuple[int, int]) -> dict:
+        candidate = self.candidates[run[0]]
+        ran = simulate(self.draws[run[1]], candidate_nodes(self.problem, candidate), planner_truth(self.problem),
+                       candidate.policy, _hints(candidate), self.config).jobs
+        done = ran[(ran["status"] == "completed") & ran["job_id"].astype(str).isin(self.held_back_ids)]
+        return {"held_back_jct_h": float(done["jct_s"].mean()) / HOUR if len(done) else float("nan")}
 
 
 def _hints(candidate: Candidate) -> HintSet:
