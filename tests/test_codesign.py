@@ -285,6 +285,14 @@ def test_when_every_candidate_is_overloaded_the_plan_says_so_and_replays_no_long
     assert overload["offered_reference_gpus"] > overload["served_reference_gpus"]
     assert screen["replay_sample"]["jobs"] <= 40 and screen["screen_sample"]["jobs"] <= 40
     assert any("every candidate is overloaded" in w and "raise --budget" in w for w in plan.warnings)
+    # the screen and the replays thin draw 0 alike: its screen runs are the replays' runs, reused as they are
+    from hetplan.codesign.plan import shortlist_for
+
+    listed = shortlist_for(plan.problem, workload, screen_jobs=40, screen=1)
+    assert listed.record["screen_sample"]["every"] == listed.record["replay_sample"]["every"] > 1
+    reused = [run for run in listed.done if listed.stage[run[0]] == "replayed"]
+    assert reused and all(run[1] == 0 and run not in listed.pending for run in reused)
+    assert all(json.dumps(listed.done[run]) == json.dumps(listed.runs.summary(run)) for run in reused)
     calm_workload = workload_from_trace(jobs(n=160))  # one job every 15 minutes
     calm = plan_workload(build_problem(curves, catalog, calm_workload.demand, budget=60.0), calm_workload,
                          screen_jobs=40, screen=1)

@@ -49,9 +49,9 @@ ScreenJobs = Annotated[int | None, typer.Option("--screen-jobs", min=1, help="Jo
                                                 "workload (default 2,000).")]
 ReplayJobs = Annotated[int | None, typer.Option("--replay-jobs", min=0, help="Jobs each arrival draw's replays "
                                                 "sample from a longer workload (default 5,000; 0: every job); "
-                                                "evaluate's truth replays of a load that overloads every "
-                                                "candidate sample as many. Fewer is faster and less faithful: "
-                                                "bench/RESULTS.md.")]
+                                                "at a load that overloads every candidate, no more than the "
+                                                "screen, and evaluate's truth replays as many. Fewer is faster "
+                                                "and less faithful: bench/RESULTS.md.")]
 
 
 def calibration(files: list[str] | None):

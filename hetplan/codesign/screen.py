@@ -9,8 +9,9 @@
 
 A sample of `n` jobs out of N is 1 job in m = ceil(N / n) in arrival order, arrival times divided by m: the
 whole trace's mix at the same arrival rate, so the same load (a Poisson draw thinned and rescaled is again a
-Poisson draw at that rate). With m = 1 the sample is the draw itself: the screen's runs are then draw 0's
-full replays and the replay stage reuses them. The screen is cheap (one draw, a few thousand jobs); the
+Poisson draw at that rate). When the screen and the replays thin draw 0 alike (the same m: both take every job,
+or an overloaded workload's replays sample the screen's size), the screen's runs are the replays' runs of draw
+0 and the replay stage reuses them. The screen is cheap (one draw, a few thousand jobs); the
 shortlisted candidates are replayed on every draw, on a sample of `replay_jobs` for long workloads, and the
 plan records how sure the choice is (`confidence`).
 """
@@ -139,7 +140,7 @@ def shortlist(problem: PlanningProblem, candidates: Sequence[Candidate], workloa
         for k, i in enumerate(kept):
             scores[i] = float(summaries[(k, 0)][screened_metric(objective)])
             rejected[i] = int(summaries[(k, 0)]["rejected_too_big"])
-            if screen_every == every == 1:
+            if screen_every == every:  # the same sample of draw 0 (every draw itself when 1): not run again
                 done[(i, 0)] = summaries[(k, 0)]
         chosen = {i for i in kept if candidates[i].name == STATUS_QUO}
         chosen |= set(_best(candidates, challengers, scores, rejected, objective, max_avg_jct, screen))

@@ -31,7 +31,7 @@ from hetplan.codesign import workload_from_trace
 from hetplan.codesign.candidates import HINT, STATUS_QUO
 from hetplan.codesign.engines import Engine, ProcessPool, Serial, held_open
 from hetplan.codesign.plan import WorkloadPlan
-from hetplan.codesign.screen import REPLAY_JOBS, sampled
+from hetplan.codesign.screen import sampled
 from hetplan.codesign.workload import Workload
 from hetplan.contracts import demand_from_trace
 from hetplan.gangs import gang_speed, parts_needed
@@ -103,8 +103,8 @@ def evaluate(trace: pd.DataFrame, problem_inputs: ProblemInputs, truth: TruthCur
     Each row carries the planner's prediction next to what the replay realised (`with_predictions`): for
     `hetplan` under a workload objective its predicted avg JCT speedup over the status quo and that
     prediction's interval (`hetplan.planning.prediction`, `holdout` held back; calibrated on `calibration`'s
-    earlier predictions where given), for the status quo 1. `sizes`: how much the planner replays, and how
-    many jobs the setups' truth replays sample at a load that overloads every candidate (`replayed_one_in`).
+    earlier predictions where given), for the status quo 1. `sizes`: how much the planner replays (at a load
+    that overloads every candidate, the setups' truth replays sample as many jobs: `replayed_one_in`).
     """
     engine = engine or ProcessPool()
     with held_open(engine):  # one pool of workers for the plans' replays and the truth replays
@@ -151,7 +151,7 @@ def evaluate(trace: pd.DataFrame, problem_inputs: ProblemInputs, truth: TruthCur
             setups_by_load[label] = [*baselines, outcome.setup(HETPLAN, problem.shapes)]
             jobs_at = replay.jobs if point.replay_rate is None else with_load(replay.jobs, point.replay_rate,
                                                                                 seed + REPLAY_SEED_OFFSET)
-            jobs_at, every = _sampled_if_overloaded(jobs_at, outcome, sizes, label, warnings)
+            jobs_at, every = _sampled_if_overloaded(jobs_at, outcome, label, warnings)
             replayed.append(jobs_at)
             sampled_every.append(every)
         runs = SetupRuns(points, replayed, list(setups_by_load.values()), tuple(schedulers), truth, round_s,
@@ -178,20 +178,22 @@ def evaluate(trace: pd.DataFrame, problem_inputs: ProblemInputs, truth: TruthCur
                                 warnings)
 
 
-def _sampled_if_overloaded(jobs: pd.DataFrame, outcome: PlanOutcome, sizes: ReplaySizes, label: str,
+def _sampled_if_overloaded(jobs: pd.DataFrame, outcome: PlanOutcome, label: str,
                            warnings: list[str]) -> tuple[pd.DataFrame, int]:
     """The jobs the setups' truth replays run at one load, and 1 in how many of the trace's they are: all of them,
     unless the plan found every candidate overloaded (`hetplan.codesign.screen`); then every queue grows with the
-    trace's length, and the replays sample as many jobs as a plan's replay (`sizes`) by the planner's own rule
-    (`screen.sampled`: 1 job in m, at the same rate and mix), saying so."""
-    sample = sizes.options().get("replay_jobs", REPLAY_JOBS)  # None: every job
+    trace's length, and the truth replays sample as many jobs as the plan's replays did (`--replay-jobs`, capped
+    at the screen's size) by the planner's rule (`screen.sampled`: 1 job in m, at the same rate and mix), saying
+    so."""
     screen = outcome.workload_plan.result.plan.planning.get("screen") if outcome.workload_plan is not None else None
-    if not (screen or {}).get("overloaded") or sample is None or len(jobs) <= sample:
+    sample = ((screen or {}).get("replay_sample") or {}).get("jobs")
+    if not (screen or {}).get("overloaded") or not sample or len(jobs) <= sample:
         return jobs, 1
     (out,), every = sampled((jobs,), sample)
     warnings.append(f"{label}: every candidate is overloaded, so the setups' truth replays sample {len(out):,} of "
-                    f"the trace's {len(jobs):,} jobs (1 in {every}, at the traced rate and mix: the summary's "
-                    "replayed_one_in); their JCTs grow with the trace's length. --replay-jobs 0 replays every job")
+                    f"the trace's {len(jobs):,} jobs as the plan's replays did (1 in {every}, at the traced rate and "
+                    "mix: the summary's replayed_one_in); their JCTs grow with the trace's length. --replay-jobs 0 "
+                    "replays every job")
     return out, every
 
 
