@@ -100,6 +100,11 @@ class ProcessPool:
             self._pool.shutdown(cancel_futures=True)
             self._pool = None
 
+    @property
+    def started(self) -> bool:
+        """Whether a held pool's workers are up (a call costs them no start)."""
+        return self._pool is not None
+
     def _count(self) -> int:
         return usable_cpus() if self.workers is None else self.workers
 

@@ -157,7 +157,7 @@ def evaluate(trace: pd.DataFrame, problem_inputs: ProblemInputs, truth: TruthCur
         runs = SetupRuns(points, replayed, list(setups_by_load.values()), tuple(schedulers), truth, round_s,
                          stability or Stability())
         small = sum(len(jobs) * len(setups) for jobs, setups in zip(replayed, runs.setups)) * len(schedulers) \
-            < PARALLEL_FROM_JOBS
+            < PARALLEL_FROM_JOBS and not (isinstance(engine, ProcessPool) and engine.started)  # the plans' workers
         results = (Serial() if small else engine).summaries(runs, runs.every(), progress)
         rows, job_frames, timelines = [], [], []
         for run in runs.every():
@@ -199,7 +199,7 @@ def _sampled_if_overloaded(jobs: pd.DataFrame, outcome: PlanOutcome, label: str,
 
 PARALLEL_FROM_JOBS = 10_000
 """Jobs replayed in all (every setup's) from which the setups' truth replays fan out over the engine (a spawned
-worker costs about as much as replaying a few thousand jobs)."""
+worker costs about as much as replaying a few thousand jobs); below it too where the plans started the workers."""
 
 
 @dataclass(frozen=True)
