@@ -182,9 +182,6 @@ class _Queue:
     def __len__(self) -> int:
         return len(self.entries)
 
-    def __iter__(self):
-        return iter(self.entries)
-
     def first(self) -> tuple:
         return self.entries[0]
 
