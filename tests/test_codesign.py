@@ -1,6 +1,7 @@
 """Planning for a workload: candidates, replays, the choice rule, the record in plan.json, the CLI."""
 
 import json
+import os
 
 import numpy as np
 import pandas as pd
@@ -420,6 +421,35 @@ def test_an_unknown_engine_is_refused():
         engine_from("ray")
     with pytest.raises(ValueError, match="--dask-address needs --engine dask"):
         engine_from("local", address="tcp://127.0.0.1:8786")
+
+
+class _Pids:
+    """Replay runs that say which process ran them (picklable: module level)."""
+
+    def summary(self, run):
+        import os
+
+        return {"pid": os.getpid()}
+
+    def label(self, run):
+        return str(run)
+
+
+def test_a_pool_held_open_serves_every_call_with_the_workers_it_started_once():
+    from hetplan.codesign.engines import ProcessPool, held_open
+
+    runs, which = _Pids(), [(i, 0) for i in range(6)]
+    pool = ProcessPool(2)
+    with held_open(pool, warm=True):
+        assert pool.started
+        with held_open(pool):  # nested: the inner block leaves the workers to the outer one
+            first = {s["pid"] for s in pool.summaries(runs, which).values()}
+        second = {s["pid"] for s in pool.summaries(runs, which).values()}
+        assert pool.started
+    assert not pool.started
+    assert len(first | second) <= 2 and os.getpid() not in first  # two workers, both calls, not this process
+    third = {s["pid"] for s in pool.summaries(runs, which).values()}  # not held: a pool of its own
+    assert not third & (first | second) and not pool.started
 
 
 class _Sleeper:
