@@ -118,9 +118,11 @@ def evaluate_long(args, curves, truth: TruthCurves, curves_from: str) -> list[st
     screen = plan.result.plan.planning["screen"]
     rows = result.summary[["setup", "avg_jct_h", "jct_speedup"]].to_string(index=False)
     load = f"rho {args.rho:g}" if rhos else "the traced arrivals (20 jobs/h)"
+    every = int(result.summary["replayed_one_in"].max())
+    replayed = f"{len(trace):,}-job" if every == 1 else f"{int(result.summary['jobs'].max()):,}-job (1 in {every})"
     line = (f"- {args.evaluate_jobs:,} jobs (**synthetic**, `synthetic_philly_{args.evaluate_jobs}_seed0.csv`), "
             f"{load}, 400 $/h: **{total:.0f} s** wall, {cpu:.0f} CPU s in all (the plan and four "
-            f"{len(trace):,}-job truth replays); "
+            f"{replayed} truth replays); "
             f"winner {plan.winner}; screen sample {screen['screen_sample']}, replay sample {screen['replay_sample']}, "
             f"confidence {screen['confidence']}; overloaded: {screen.get('overloaded')}.")
     print(line, rows, sep="\n", flush=True)
