@@ -32,6 +32,7 @@ TINY = {  # 2 models x 3 GPU types; this host's CPU and L4 profiled at 1 and 2 c
     "time_limit": 20.0,
 }
 RUN_KEY = "20260102T000000"
+NIGHTLY_JOBS = 150  # the nightly run plans the default trace's first jobs: still 5 replay runs and 30 held-back jobs
 TARGET = {"image": "registry.example/hetplan:0.1", "workspace_claim": "hetplan-workspace", "namespace": "gpu",
           "gpu_types": ["L4"]}
 
@@ -281,7 +282,12 @@ def test_publish_dag_is_scheduled_on_the_hints_asset(dagbag):
 def test_nightly_run_publishes_hints_and_marks_failed_profiling_stale(dagbag, airflow_home, tmp_path, monkeypatch):
     """The nightly DAG publishes (one GPU type stale); the publish DAG exports Kueue YAML and makes a real
     allocator on loopback reload the new hints."""
+    from hetplan.contracts import TRACE
+    from hetplan.workspace import init_workspace
+
     workspace = tmp_path / "ws"
+    init_workspace(workspace)  # seeded here (`resolve` keeps a seeded workspace) to plan a smaller workload
+    TRACE.write(TRACE.load(workspace / "trace.csv").iloc[:NIGHTLY_JOBS], workspace / "trace.csv")
     (workspace / "hints").mkdir(parents=True)
     # a running allocator on the (still empty) store, polling it too rarely to notice a publish by itself
     allocator = Server(tmp_path, workspace / "hints", extra=("--hint-poll", "3600")).start()

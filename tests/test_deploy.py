@@ -19,6 +19,7 @@ import shutil
 import subprocess
 import time
 import tomllib
+from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -26,7 +27,7 @@ import httpx
 import pytest
 import yaml
 from servers import free_port
-from venvs import REPO, build_wheel, clean_env, make_venv
+from venvs import REPO, build_wheel, clean_env, download_pip, make_venv
 
 SECRETS = {"AIRFLOW_JWT_SECRET": "jwt-test", "AIRFLOW_FERNET_KEY": "fernet-test", "HETPLAN_ADMIN_TOKEN": "token-test"}
 UID = "4242"
@@ -176,14 +177,20 @@ def _image_pip_args(dockerfile: str) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def wheel(tmp_path_factory) -> Path:
-    return build_wheel(tmp_path_factory.mktemp("wheel"))
+def pip(tmp_path_factory) -> Path:
+    """The pip every virtualenv here is given (a wheel of it)."""
+    return download_pip(tmp_path_factory.mktemp("pip"))
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory, pip) -> Path:
+    return build_wheel(tmp_path_factory.mktemp("wheel"), pip)
 
 
 @pytest.mark.slow
-def test_the_wheel_alone_imports_every_module_and_serves_a_plan(wheel, tmp_path):
+def test_the_wheel_alone_imports_every_module_and_serves_a_plan(pip, wheel, tmp_path):
     """`pip install <wheel>` in a clean virtualenv: every module imports, `hetplan serve --from-plan` places a job."""
-    bin_dir = make_venv(tmp_path / "venv", str(wheel))
+    bin_dir = make_venv(tmp_path / "venv", str(wheel), pip=pip)
     code = ("import importlib, json, pkgutil, hetplan\nfailed = {}\n"
             "for m in ['hetplan_estimators', *(i.name for i in pkgutil.walk_packages(hetplan.__path__, 'hetplan.'))]:\n"
             "    try:\n        importlib.import_module(m)\n"
@@ -257,17 +264,17 @@ def _serve_and_allocate(hetplan: Path, tmp_path: Path, plan: Path, store: Path, 
 
 @compose
 @pytest.mark.slow
-def test_every_service_command_runs_in_the_images_python_environment(config, wheel, tmp_path):
+def test_every_service_command_runs_in_the_images_python_environment(config, pip, wheel, tmp_path):
     """The image's environment rebuilt from its requirement set (the Dockerfile's own `pip install` arguments):
     each service's command, and each health check's, answers `--help` there; no test tool is installed."""
     args = [a.replace("/opt/hetplan/src[airflow]", f"{wheel}[airflow]").replace("/opt/hetplan/src/", f"{REPO}/")
             for a in _image_pip_args((REPO / "Dockerfile").read_text())]
-    bin_dir = make_venv(tmp_path / "image", *args, pinned=False)  # the Dockerfile's own -c requirements.txt
+    bin_dir = make_venv(tmp_path / "image", *args, pip=pip, pinned=False)  # the Dockerfile's own -c requirements.txt
     listed = subprocess.run([str(bin_dir / "python"), "-m", "pip", "list", "--format", "json"], capture_output=True,
                             text=True, timeout=120, env=clean_env())
     assert not {p["name"].lower() for p in json.loads(listed.stdout)} & TEST_ONLY
 
-    checked = []
+    commands = []  # (service, argv, env): what each service runs and its health check, as `--help` / compile
     for name, service in config["services"].items():
         if service.get("image") != HETPLAN_IMAGE and name != "mlflow":
             continue
@@ -276,11 +283,11 @@ def test_every_service_command_runs_in_the_images_python_environment(config, whe
                         AIRFLOW__CORE__DAGS_FOLDER=str(REPO / "dags"),
                         AIRFLOW__CORE__PLUGINS_FOLDER=str(REPO / "plugins"))
         env["PATH"] = f"{bin_dir}{os.pathsep}{env['PATH']}"
-        commands = [_service_argv(service)]
+        service_argvs = [_service_argv(service)]
         test = service.get("healthcheck", {}).get("test") or []
         if test and test[0] in ("CMD", "CMD-SHELL"):
-            commands.append(test[1:] if test[0] == "CMD" else shlex.split(test[1].replace("$${", "${")))
-        for argv in commands:
+            service_argvs.append(test[1:] if test[0] == "CMD" else shlex.split(test[1].replace("$${", "${")))
+        for argv in service_argvs:
             if argv[0] in IMAGE_TOOLS:
                 continue
             assert (bin_dir / argv[0]).is_file(), f"{name}: {argv[0]} is not in the image's environment"
@@ -288,10 +295,20 @@ def test_every_service_command_runs_in_the_images_python_environment(config, whe
                 argv = [argv[0], "-c", f"compile({argv[2]!r}, 'healthcheck', 'exec')"]
             else:
                 argv = [*argv, "--help"]
-            done = subprocess.run([str(bin_dir / argv[0]), *argv[1:]], capture_output=True, text=True,
-                                  timeout=300, cwd=tmp_path, env=env)
-            assert done.returncode == 0, f"{name}: {' '.join(argv)}\n{done.stdout[-2000:]}{done.stderr[-3000:]}"
-            checked.append((name, argv[0], argv[1] if len(argv) > 1 else ""))
+            commands.append((name, argv, env))
+
+    def check(command: tuple[str, list[str], dict[str, str]]) -> tuple[str, str, str]:
+        name, argv, env = command
+        done = subprocess.run([str(bin_dir / argv[0]), *argv[1:]], capture_output=True, text=True,
+                              timeout=300, cwd=tmp_path, env=env)
+        assert done.returncode == 0, f"{name}: {' '.join(argv)}\n{done.stdout[-2000:]}{done.stderr[-3000:]}"
+        return name, argv[0], argv[1] if len(argv) > 1 else ""
+
+    # The first command alone (it writes AIRFLOW_HOME's config and the bytecode the others import), then the
+    # rest two at a time: each is a separate process, as each service is a separate container.
+    checked = [check(commands[0])]
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        checked += pool.map(check, commands[1:])
     assert {c[0] for c in checked} >= {"allocator", "airflow-apiserver", "airflow-scheduler", "airflow-worker",
                                       "airflow-dag-processor", "airflow-triggerer", INIT, "mlflow"}
     imports = subprocess.run([str(bin_dir / "python"), "-c", "import psycopg2, hetplan.allocator.metrics"],
