@@ -115,7 +115,7 @@ def evaluate_long(args, curves, truth: TruthCurves, curves_from: str) -> list[st
     result = evaluate(trace, ProblemInputs(curves, load_default_catalog(), 400.0), truth, rhos=rhos)
     total, cpu = time.perf_counter() - start, cpu_s() - cpu
     (plan,) = result.plans.values()
-    screen = plan.result.plan.planning["screen"]
+    screen = plan.screen
     rows = result.summary[["setup", "avg_jct_h", "jct_speedup"]].to_string(index=False)
     load = f"rho {args.rho:g}" if rhos else "the traced arrivals (20 jobs/h)"
     every = int(result.summary["replayed_one_in"].max())
@@ -163,7 +163,7 @@ def main() -> None:
         small, t_small = timed(problem, workload, screen_jobs=args.sample_jobs) if args.sample_jobs else (None, 0.0)
         agree = full.winner == screened.winner == (small.winner if small else screened.winner)
         same, differ = same + agree, differ + (not agree)
-        lead = screened.result.plan.planning["screen"]["confidence"].get("lead_over_2se")
+        lead = screened.screen["confidence"].get("lead_over_2se")
         mark = "" if agree else f" **differs** (regret {regret(full, screened.winner):.1%})"
         rows.append(f"| {label} | {workload.summary['jobs']:,} | {full.winner} | {t_full:.1f} s | "
                     f"{screened.winner}{mark} | {t_screen:.1f} s | {'-' if lead is None else f'{lead:.2f}'} | "

@@ -58,6 +58,12 @@ class WorkloadPlan:
     def candidate(self, name: str) -> Candidate | None:
         return next((r.candidate for r in self.replayed if r.candidate.name == name), None)
 
+    @property
+    def screen(self) -> dict:
+        """How the candidates were screened and sampled (`hetplan.codesign.screen`; plan.json's
+        `planning.screen`): the samples, `overloaded` and the confidence."""
+        return (self.result.plan.planning or {}).get("screen") or {}
+
     def row(self, name: str) -> pd.Series | None:
         rows = self.candidates[self.candidates["candidate"] == name]
         return rows.iloc[0] if len(rows) else None

@@ -20,7 +20,7 @@ from hetplan.hints import HintSet
 from hetplan.planner.problem import PlanningProblem
 from hetplan.planning.mix import NodeMix
 from hetplan.progress import Progress
-from hetplan.sim.engine import SimConfig, simulate
+from hetplan.sim.engine import SimConfig, SimResult, simulate
 from hetplan.sim.metrics import summarize
 from hetplan.sim.truth import TruthCurves
 
@@ -91,13 +91,18 @@ class Runs:
     def __post_init__(self) -> None:  # once, here: workers receive it with the runs
         object.__setattr__(self, "truth", planner_truth(self.problem))
 
-    def summary(self, run: tuple[int, int]) -> dict:
-        """Simulate one run with the planner's truth and summarise it (`hetplan.sim.metrics.summarize`)."""
+    def simulated(self, run: tuple[int, int]) -> SimResult:
+        """Simulate one run: candidate i's cluster and hints on draw d, with the planner's truth."""
         candidate, jobs = self.candidates[run[0]], self.draws[run[1]]
         hints = HintSet.from_frame(candidate.result.hints) if len(candidate.result.hints) else HintSet.empty()
-        result = simulate(jobs, candidate_nodes(self.problem, candidate), self.truth, candidate.policy, hints,
-                          self.config)
-        return {**summarize(result, candidate.cost_per_hour), "avg_jct_se_h": batch_means_se(result.jobs)}
+        return simulate(jobs, candidate_nodes(self.problem, candidate), self.truth, candidate.policy, hints,
+                        self.config)
+
+    def summary(self, run: tuple[int, int]) -> dict:
+        """Simulate one run and summarise it (`hetplan.sim.metrics.summarize`)."""
+        result = self.simulated(run)
+        return {**summarize(result, self.candidates[run[0]].cost_per_hour),
+                "avg_jct_se_h": batch_means_se(result.jobs)}
 
     def label(self, run: tuple[int, int]) -> str:
         """What the progress line says of a run: `replaying <candidate>, draw <d>` (draws from 1)."""

@@ -185,9 +185,9 @@ def _sampled_if_overloaded(jobs: pd.DataFrame, outcome: PlanOutcome, label: str,
     trace's length, and the truth replays sample as many jobs as the plan's replays did (`--replay-jobs`, capped
     at the screen's size) by the planner's rule (`screen.sampled`: 1 job in m, at the same rate and mix), saying
     so."""
-    screen = outcome.workload_plan.result.plan.planning.get("screen") if outcome.workload_plan is not None else None
-    sample = ((screen or {}).get("replay_sample") or {}).get("jobs")
-    if not (screen or {}).get("overloaded") or not sample or len(jobs) <= sample:
+    screen = outcome.workload_plan.screen if outcome.workload_plan is not None else {}
+    sample = (screen.get("replay_sample") or {}).get("jobs")
+    if not screen.get("overloaded") or not sample or len(jobs) <= sample:
         return jobs, 1
     (out,), every = sampled((jobs,), sample)
     warnings.append(f"{label}: every candidate is overloaded, so the setups' truth replays sample {len(out):,} of "

@@ -144,7 +144,7 @@ def _plan_workload(problem: PlanningProblem, request: PlanRequest, objective: Ob
 def _prediction(problem: PlanningProblem, request: PlanRequest, objective: Objective, workload: Workload,
                 planned: WorkloadPlan) -> Prediction:
     """The interval of `planned`'s prediction, with the held-back check where the workload allows one."""
-    replay_sample = (planned.result.plan.planning or {}).get("screen", {}).get("replay_sample") or {}
+    replay_sample = planned.screen.get("replay_sample") or {}
     recent = _recent(planned.workload.jobs, int(replay_sample.get("jobs", REPLAY_JOBS)))
     parts = split(recent, request.holdout)
     if parts is None:

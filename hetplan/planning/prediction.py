@@ -30,15 +30,13 @@ import numpy as np
 import pandas as pd
 
 from hetplan.codesign import WorkloadPlan
-from hetplan.codesign.candidates import STATUS_QUO, Candidate
+from hetplan.codesign.candidates import STATUS_QUO
 from hetplan.codesign.engines import Engine, Serial
-from hetplan.codesign.replay import candidate_nodes, planner_truth
+from hetplan.codesign.replay import Runs
 from hetplan.codesign.workload import Workload
-from hetplan.hints import HintSet
-from hetplan.planner.problem import PlanningProblem
 from hetplan.planning.calibration import Calibration
 from hetplan.progress import Progress
-from hetplan.sim.engine import SimConfig, simulate
+from hetplan.sim.engine import SimConfig
 
 NOMINAL = 0.90
 Z = 1.6449  # the standard normal's 95th percentile: a two-sided 90 % interval
@@ -208,15 +206,15 @@ def held_back_check(first: WorkloadPlan, workload: Workload, held_back_ids: set[
     `workload` (on `engine`; default: this process); compare their figures on the held-back jobs with `first`'s
     prediction."""
     names = [n for n in dict.fromkeys((first.winner, STATUS_QUO)) if first.candidate(n) is not None]
-    runs = _HeldBackRuns(first.problem, tuple(first.candidate(n) for n in names), tuple(workload.draws),
-                         frozenset(held_back_ids), config)
+    runs = _HeldBackRuns(Runs(first.problem, tuple(first.candidate(n) for n in names), tuple(workload.draws),
+                              config), frozenset(held_back_ids))
     out = (engine or Serial()).summaries(runs, runs.every(), progress)
 
     def held_back_jct(name: str) -> float:
         if name not in names:
             return float("nan")
         i = names.index(name)
-        return float(np.mean([out[(i, d)]["held_back_jct_h"] for d in range(len(runs.draws))]))
+        return float(np.mean([out[(i, d)]["held_back_jct_h"] for d in range(len(workload.draws))]))
 
     chosen, status_quo = first.row(first.winner), first.row(STATUS_QUO)
     realised, realised_quo = held_back_jct(first.winner), held_back_jct(STATUS_QUO)
@@ -228,32 +226,22 @@ def held_back_check(first: WorkloadPlan, workload: Workload, held_back_ids: set[
 
 @dataclass(frozen=True)
 class _HeldBackRuns:
-    """The held-back check's replays as an engine runs them (`hetplan.codesign.engines`): candidate i on draw d ->
-    the average JCT (hours) of the held-back jobs it completed."""
+    """The held-back check's replays as an engine runs them (`hetplan.codesign.engines`): the plan's runs, each
+    summarised by the average JCT (hours) of the held-back jobs it completed."""
 
-    problem: PlanningProblem
-    candidates: tuple[Candidate, ...]
-    draws: tuple[pd.DataFrame, ...]
+    runs: Runs
     held_back_ids: frozenset[str]
-    config: SimConfig
 
     def every(self) -> list[tuple[int, int]]:
-        return [(i, d) for i in range(len(self.candidates)) for d in range(len(self.draws))]
+        return self.runs.every()
 
     def label(self, run: tuple[int, int]) -> str:
-        return f"held-back check: replaying {self.candidates[run[0]].name}, draw {run[1] + 1}"
+        return f"held-back check: {self.runs.label(run)}"
 
     def summary(self, run: tuple[int, int]) -> dict:
-        candidate = self.candidates[run[0]]
-        ran = simulate(self.draws[run[1]], candidate_nodes(self.problem, candidate), planner_truth(self.problem),
-                       candidate.policy, _hints(candidate), self.config).jobs
+        ran = self.runs.simulated(run).jobs
         done = ran[(ran["status"] == "completed") & ran["job_id"].astype(str).isin(self.held_back_ids)]
         return {"held_back_jct_h": float(done["jct_s"].mean()) / HOUR if len(done) else float("nan")}
-
-
-def _hints(candidate: Candidate) -> HintSet:
-    hints = candidate.result.hints
-    return HintSet.from_frame(hints) if len(hints) else HintSet.empty()
 
 
 def _by_draw(planned: WorkloadPlan, name: str) -> tuple[float, ...]:
