@@ -376,21 +376,31 @@ def with_ratios(summary: pd.DataFrame, jobs: pd.DataFrame | None = None) -> pd.D
 
     With `jobs` (the per-job frames), the speedup compares average JCTs over the jobs *every* setup of the run
     completed (`common_jobs`): a setup that could not run some jobs (larger than all its GPUs of one type) is
-    not credited with the JCT of jobs it never ran.
+    not credited with the JCT of jobs it never ran. The jobs only some setups ran are counted apart: per setup,
+    `refused_quo_jobs` (the status quo completed them, the setup did not), `extra_jobs` (the setup completed
+    them, the status quo did not) and their average JCT `extra_avg_jct_h`.
     """
     keys = list(zip(summary["rho"].fillna(-1.0), summary["load_jobs_per_h"].fillna(-1.0), summary["scheduler"]))
     jct = summary["avg_jct_h"].to_numpy(float).copy()
     common = np.full(len(summary), -1)
+    refused, extra = np.full(len(summary), -1), np.full(len(summary), -1)
+    extra_jct = np.full(len(summary), np.nan)
     if jobs is not None and len(jobs):
         done = jobs[jobs["status"] == "completed"]
         done = done.assign(_run=list(zip(done["rho"].fillna(-1.0), done["load_jobs_per_h"].fillna(-1.0),
                                          done["scheduler"])))
         for run, group in done.groupby("_run", sort=False):
-            shared = set.intersection(*(set(g["job_id"]) for _, g in group.groupby("setup", sort=False)))
+            ran = {name: set(g["job_id"]) for name, g in group.groupby("setup", sort=False)}
+            shared = set.intersection(*ran.values())
+            quo_ran = ran.get(STATUS_QUO, set())
             means = group[group["job_id"].isin(shared)].groupby("setup")["jct_s"].mean() / 3600
             for i, (key, name) in enumerate(zip(keys, summary["setup"])):
                 if key == run and name in means:
                     jct[i], common[i] = float(means[name]), len(shared)
+                    refused[i], only = len(quo_ran - ran[name]), ran[name] - quo_ran
+                    extra[i] = len(only)
+                    mine = group[(group["setup"] == name) & group["job_id"].isin(only)]
+                    extra_jct[i] = float(mine["jct_s"].mean()) / 3600 if len(mine) else np.nan
     base = {k: (j, wpd) for k, j, wpd, name in zip(keys, jct, summary["work_per_dollar"], summary["setup"])
             if name == STATUS_QUO}
     nan = (float("nan"), float("nan"))
@@ -398,4 +408,6 @@ def with_ratios(summary: pd.DataFrame, jobs: pd.DataFrame | None = None) -> pd.D
         jct_speedup=[base.get(k, nan)[0] / j for k, j in zip(keys, jct)],
         work_per_dollar_ratio=[wpd / base.get(k, nan)[1] if base.get(k, nan)[1] > 0 else float("nan")
                                for k, wpd in zip(keys, summary["work_per_dollar"])])
-    return out.assign(common_jobs=common) if jobs is not None else out
+    if jobs is None:
+        return out
+    return out.assign(common_jobs=common, refused_quo_jobs=refused, extra_jobs=extra, extra_avg_jct_h=extra_jct)

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field, replace
 import pandas as pd
 
 from hetplan.codesign import WorkloadPlan, plan_workload, workload_from_trace
-from hetplan.codesign.candidates import HINT
+from hetplan.codesign.candidates import HINT, STATUS_QUO
 from hetplan.codesign.engines import ProcessPool, held_open
 from hetplan.codesign.screen import REPLAY_JOBS
 from hetplan.codesign.workload import Workload
@@ -28,13 +28,15 @@ from hetplan.planner.planner import PlanResult
 from hetplan.planner.problem import PlanningProblem, with_budget
 from hetplan.planning.mix import NodeMix
 from hetplan.planning.objective import Objective
-from hetplan.planning.prediction import Prediction, held_back_check, predict, split
+from hetplan.codesign.objectives import figure_column, passes_floor
+from hetplan.planning.prediction import HeldBack, Prediction, held_back_check, mix_shift, predict, split
 from hetplan.planning.request import PlanRequest
 from hetplan.progress import prefixed
 from hetplan.sim.engine import SimConfig
 from hetplan.sim.setups import Setup
 
 PREDICTION_SEED = 7  # the held-back plan's Poisson draws: other arrivals than the plan's own
+CHECK_DRAWS = 2  # the held-back check's draws: the traced arrivals and one Poisson redraw
 
 
 @dataclass
@@ -119,8 +121,11 @@ def outcome_of(problem: PlanningProblem, request: PlanRequest, workload: Workloa
             warnings.append(f"--sweep {budget:g}: {'; '.join(p.message for p in exc.problems)}")
     frontier = pd.concat([p.candidates.assign(budget=p.problem.budget) for p in [*plans, planned]],
                          ignore_index=True)
-    prediction = _prediction(problem, request, objective, workload, planned).calibrate(request.calibration)
+    planned, prediction = _checked(problem, request, objective, workload, planned)
+    prediction = prediction.calibrate(request.calibration)
     warnings += prediction.warnings
+    if planned.decision is not None and planned.decision.declined:
+        warnings.append(f"{planned.winner} {planned.decision.declined}")
     plan_record = {**(planned.result.plan.planning or {}), "prediction": prediction.to_dict()}
     result = replace(planned.result, plan=planned.result.plan.model_copy(update={"planning": plan_record}))
     winner = planned.candidate(planned.winner)
@@ -141,28 +146,59 @@ def _plan_workload(problem: PlanningProblem, request: PlanRequest, objective: Ob
                          workers=request.workers, engine=request.engine, **request.sizes.options())
 
 
-def _prediction(problem: PlanningProblem, request: PlanRequest, objective: Objective, workload: Workload,
-                planned: WorkloadPlan) -> Prediction:
-    """The interval of `planned`'s prediction, with the held-back check where the workload allows one."""
+def _checked(problem: PlanningProblem, request: PlanRequest, objective: Objective, workload: Workload,
+             planned: WorkloadPlan) -> tuple[WorkloadPlan, Prediction]:
+    """`planned` after the held-back check, and the interval of its prediction.
+
+    The check plans again on the first part of the workload and replays that plan's winner, the status quo, the
+    whole plan's winner and the status quo with hints on the whole workload, judged on the held-back jobs. The
+    floor holds there too: a winner that does not beat the status quo on the held-back jobs by more than the
+    margin and their noise (`HeldBack.verdict`) is overruled by the status quo with hints where that wins on
+    both the replays and the held-back jobs, else by the status quo, and the plan says why."""
+    held = _held_back(problem, request, objective, workload, planned)
+    if isinstance(held, str):  # the check could not run: the interval without it, and why
+        out = predict(planned, None, request.holdout)
+        return planned, replace(out, warnings=[*out.warnings, held]) if held else out
+    against = held.verdict(planned.winner) if objective is not Objective.cost else None
+    if against is not None:
+        planned = planned.with_winner(*_fallback(planned, held, against))
+    return planned, predict(planned, held, request.holdout)
+
+
+def _fallback(planned: WorkloadPlan, held: HeldBack, against: str) -> tuple[str, str]:
+    """The candidate that stands in for an overruled winner, and the reason the plan records."""
+    hinted = f"{STATUS_QUO} + hints"
+    row = planned.row(hinted)
+    quo = planned.row(STATUS_QUO)
+    if row is not None and quo is not None and hinted != planned.winner and held.verdict(hinted) is None \
+            and passes_floor(row, quo, figure_column(planned.candidates, Objective.parse(planned.objective))):
+        return hinted, f"{hinted}: {planned.winner} was overruled by the held-back check ({against})"
+    return STATUS_QUO, (f"the status quo: {planned.winner} was overruled by the held-back check ({against}), and "
+                        f"the status quo with hints does not beat it on both the replays and the held-back jobs")
+
+
+def _held_back(problem: PlanningProblem, request: PlanRequest, objective: Objective, workload: Workload,
+               planned: WorkloadPlan) -> HeldBack | str:
+    """The held-back check of `planned` (see `_checked`), or why it could not run ("": the workload is too
+    small to hold any back, which the interval's own warning says)."""
     replay_sample = planned.screen.get("replay_sample") or {}
     recent = _recent(planned.workload.jobs, int(replay_sample.get("jobs", REPLAY_JOBS)))
     parts = split(recent, request.holdout)
     if parts is None:
-        return predict(planned, None, request.holdout)
+        return ""
     first, rest = parts
-    draws = len(workload.draws)
-    first_workload = workload_from_trace(first, draws=draws, seed=PREDICTION_SEED, source="<held-back check>")
-    checked = planned.workload if len(recent) == len(planned.workload.jobs) else \
-        workload_from_trace(recent, draws=draws, seed=PREDICTION_SEED, source="<held-back check>")
+    first_workload = workload_from_trace(first, draws=CHECK_DRAWS, seed=PREDICTION_SEED, source="<held-back check>")
+    # the replays judged on the held-back jobs: those jobs themselves, never a bootstrap of them
+    checked = workload_from_trace(recent, draws=CHECK_DRAWS, seed=PREDICTION_SEED, source="<held-back check>",
+                                  stress=0)
     try:
         first_plan = _plan_workload(problem, request, objective, first_workload, None, "held-back check")
     except ContractError as exc:  # e.g. no candidate meets the JCT target on the first part alone
-        out = predict(planned, None, request.holdout)
-        return replace(out, warnings=[*out.warnings, "the held-back check could not plan on the first part: "
-                                      + "; ".join(p.message for p in exc.problems)])
-    held = held_back_check(first_plan, checked, set(rest["job_id"].astype(str)),
-                           SimConfig(request.scheduler, request.round_s), request.engine, request.progress)
-    return predict(planned, held, request.holdout)
+        return "the held-back check could not plan on the first part: " + "; ".join(p.message for p in exc.problems)
+    also = [c for c in (planned.candidate(planned.winner), planned.candidate(f"{STATUS_QUO} + hints")) if c]
+    return held_back_check(first_plan, checked, set(rest["job_id"].astype(str)),
+                           SimConfig(request.scheduler, request.round_s), request.engine, request.progress, also,
+                           mix_shift(first, rest))
 
 
 def _recent(jobs: pd.DataFrame, limit: int) -> pd.DataFrame:
