@@ -165,7 +165,8 @@ def evaluate(trace: pd.DataFrame, problem_inputs: ProblemInputs, truth: TruthCur
             key = {**point.key, "scheduler": scheduler, "setup": setup.name}
             rows.append({**key, "replayed_one_in": sampled_every[run[0]], "policy": setup.policy, "gpus": setup.gpus,
                          "cost_per_hour": setup.cost_per_hour,
-                         "predicted_mix": setup.predicted_mix, **results[run]["summary"],
+                         "predicted_mix": setup.predicted_mix, "winner": _winner(setup.name, plans.get(_label(point))),
+                         **results[run]["summary"],
                          **_predicted(setup.name, predictions.get(_label(point)))})
             job_frames.append(results[run]["jobs"].assign(**key))
             timelines.append(results[run]["timeline"].assign(**key))
@@ -303,6 +304,12 @@ def _workload_at(plan_trace: pd.DataFrame, point: LoadPoint, seed: int) -> Workl
     """The workload the planner sees at `point`: the plan trace at its rate (as traced when None)."""
     jobs = plan_trace if point.plan_rate is None else with_load(plan_trace, point.plan_rate, seed + PLAN_SEED_OFFSET)
     return workload_from_trace(jobs, seed=seed)
+
+
+def _winner(setup: str, planned: WorkloadPlan | None) -> str:
+    """The candidate a workload plan chose, on hetplan's row (what `--calibration` reads: a plan that kept the
+    status quo predicts 1x exactly); empty elsewhere."""
+    return planned.winner if setup == HETPLAN and planned is not None else ""
 
 
 PREDICTED = ("predicted_jct_speedup", "predicted_low", "predicted_high", "calibrated_low", "calibrated_high")

@@ -113,9 +113,10 @@ class MixShift:
 
     @property
     def log_error(self) -> float:
-        """What the shift adds to the interval's sigma: the distance and the log of the load ratio, in quadrature."""
+        """What the shift adds to the interval's sigma: how far the distance and the log of the load ratio go past
+        what `differs` allows (sampling alone moves a small window's mix that far), in quadrature; 0 within."""
         load = abs(math.log(self.load_ratio)) if self.load_ratio > 0 and math.isfinite(self.load_ratio) else 0.0
-        return math.hypot(self.distance, load)
+        return math.hypot(max(0.0, self.distance - SHIFT_DISTANCE), max(0.0, load - math.log(SHIFT_LOAD)))
 
     @property
     def differs(self) -> bool:
@@ -159,13 +160,17 @@ class Prediction:
     warnings: list[str] = field(default_factory=list)
     calibration: Calibration | None = None
     calibrated: Interval | None = None  # the speedup's interval calibrated on evaluated predictions
+    kept: bool = False  # the plan is the status quo itself: 1x by definition, nothing to calibrate
 
     def calibrate(self, calibration: Calibration | None) -> Prediction:
         """This prediction with its speedup's interval calibrated (`hetplan.planning.calibration`)."""
         if calibration is None or not math.isfinite(self.speedup.point):  # no prediction: nothing to calibrate
             return replace(self, calibration=None, calibrated=None)
+        if self.kept:
+            return replace(self, calibration=calibration, calibrated=Interval(1.0, 1.0, 1.0))
         return replace(self, calibration=calibration,
-                       calibrated=Interval(*calibration.applied(self.speedup.point)))
+                       calibrated=Interval(*calibration.applied(self.speedup.point, self.speedup.low,
+                                                                  self.speedup.high)))
 
     @property
     def method(self) -> str:
@@ -245,7 +250,7 @@ def predict(planned: WorkloadPlan, held_back: HeldBack | None, holdout: float) -
         warnings.append(f"too few jobs to trust the prediction interval: {jobs} jobs (trusted from {MIN_JOBS}), "
                         f"{held} held back (trusted from {MIN_HELD_BACK})")
     return Prediction(interval(speedup, by_draw, e_speedup), interval(jct, winner, e_jct), by_draw, held_back, jobs,
-                      not small and holdout > 0, warnings)
+                      not small and holdout > 0, warnings, kept=planned.winner == STATUS_QUO)
 
 
 def interval(point: float, by_draw: Sequence[float], error: float) -> Interval:
