@@ -29,9 +29,8 @@ import numpy as np
 import pandas as pd
 
 from hetplan.codesign.candidates import STATUS_QUO
-from hetplan.contracts import ContractError
 from hetplan.evaluation import ProblemInputs, evaluate
-from hetplan.planning.calibration import COVERAGE, Calibration, coverage_by_group
+from hetplan.planning.calibration import coverage_by_group
 from hetplan.reference import default_profiles
 from hetplan.sim.truth import TruthCurves
 from common import fitted_curves, machine, record

@@ -140,8 +140,8 @@ def main() -> None:
                                            f"{'yes' if within else 'no'} |")
                 giants.extend(giant_lines(result.jobs, short, label, budget, int(catalog["gpus"].max())))
                 for plan_label, plan in result.plans.items():
-                    winner = plan.candidate(plan.winner)
-                    counts = {str(plan.problem.shapes.loc[s, "name"]): n for s, n in winner.counts.items()}
+                    winner = plan.weighing.candidate(plan.winner)
+                    counts = {str(plan.weighing.problem.shapes.loc[s, "name"]): n for s, n in winner.counts.items()}
                     decision = (plan.result.plan.planning or {}).get("decision") or {}
                     mixes.append(f"- {file}, {label}, {budget:g} $/h, {plan_label}: **{plan.winner}** "
                                  f"({nodes_text(counts) or 'no node added'}; {winner.policy}): "
@@ -253,7 +253,7 @@ def cost_objective(curves: pd.DataFrame, truth: TruthCurves, seed: int) -> list[
         result = evaluate(replay_half, ProblemInputs(curves, full, 400.0), truth, plan_trace=plan_half, rhos=(0.8,),
                           relabel_unknown=True, seed=seed)
         quo = result.summary[result.summary["setup"] == STATUS_QUO].iloc[0]
-        jct_plan = result.plans["rho 0.8"]
+        jct_plan = result.plans["rho 0.8"].weighing
         target = float(jct_plan.row(STATUS_QUO)["avg_jct_h"])
         cheap = plan_workload(jct_plan.problem, jct_plan.workload, objective="cost", max_avg_jct=target)
         winner = cheap.candidate(cheap.winner)

@@ -56,12 +56,12 @@ def test_four_setups_replay_the_unseen_trace_at_each_rho(result):
     assert (summary["cost_per_hour"] <= 60.0 + 1e-6).all()
     assert (summary["completed"] + summary["rejected_too_big"] == 30).all() and (summary["replayed_one_in"] == 1).all()
     assert set(result.jobs["job_id"]) == {f"j{i}" for i in range(30, 60)}  # the replayed trace, not the planner's
-    assert set(result.plans) == {"rho 0.5", "rho 1.3"} and set(result.predictions) == set(result.plans)
+    assert set(result.plans) == {"rho 0.5", "rho 1.3"} and all(p.prediction for p in result.plans.values())
     assert not any(w.startswith("in-sample") for w in result.warnings)
     for label, setups in result.setups.items():
         by_name = {s.name: s for s in setups}
         assert by_name["status quo + sensitivity-aware"].nodes == by_name["status quo"].nodes
-        winner = result.plans[label].candidate(result.plans[label].winner)
+        winner = result.plans[label].weighing.candidate(result.plans[label].winner)
         assert by_name["hetplan"].policy == winner.policy
 
 
@@ -69,7 +69,7 @@ def test_each_row_puts_the_planners_predicted_speedup_beside_the_realised_one(re
     summary = result.summary.set_index(["rho", "setup"])
     for label, rho in (("rho 0.5", 0.5), ("rho 1.3", 1.3)):
         hetplan, quo = summary.loc[(rho, "hetplan")], summary.loc[(rho, "status quo")]
-        predicted = result.predictions[label].speedup
+        predicted = result.plans[label].prediction.speedup
         assert hetplan["predicted_jct_speedup"] == pytest.approx(predicted.point)
         assert hetplan["predicted_low"] <= hetplan["predicted_jct_speedup"] <= hetplan["predicted_high"]
         assert hetplan["realised_over_predicted"] == pytest.approx(hetplan["jct_speedup"] / predicted.point)

@@ -181,8 +181,9 @@ def _write(result: EvaluationResult, report: dict, warnings: list[str], out_dir:
     setups = {label: [{"name": s.name, "policy": s.policy, "hints": s.hints.version, "node_counts": s.node_counts,
                        "gpus": s.gpus, "cost_per_hour": s.cost_per_hour} for s in setups]
               for label, setups in result.setups.items()}
-    chosen = {label: {"winner": plan.winner, "objective": plan.objective,
-                      "prediction": result.predictions[label].to_dict() if label in result.predictions else None}
+    chosen = {label: {"winner": plan.winner, "objective": str(plan.objective),
+                      "decision": (plan.result.plan.planning or {}).get("decision"),
+                      "prediction": plan.prediction.to_dict() if plan.prediction is not None else None}
               for label, plan in result.plans.items()}
     atomic_write_bytes(files[2], json.dumps({"report": report, "warnings": warnings, "setups": setups,
                                              "plans": chosen}, indent=2).encode())
@@ -238,8 +239,8 @@ def _print(result: EvaluationResult) -> None:
         for line in (decision.get("reason"), decision.get("declined")):
             if line:
                 console.print(f"  {line}", highlight=False, soft_wrap=True)
-        if label in result.predictions:
-            console.print(f"  planner's {result.predictions[label].line()}", highlight=False, soft_wrap=True)
+        if plan.prediction is not None:
+            console.print(f"  planner's {plan.prediction.line()}", highlight=False, soft_wrap=True)
     console.print("JCT speedup = status quo avg JCT / setup avg JCT, over the jobs every setup ran; too big = jobs "
                   "a setup refused (larger than it hosts); only it ran = jobs a setup ran that the status quo did not, "
                   "and their avg JCT; work/$ = reference GPU-hours completed per "

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 from hetplan.codesign.candidates import Candidate, propose
 from hetplan.codesign.objectives import WORKLOAD_OBJECTIVES, Decision, WorkloadObjective, choose, decide
-from hetplan.codesign.plan import WorkloadPlan, chosen, plan_workload, shortlist_for
+from hetplan.codesign.plan import Weighing, chosen, plan_workload, shortlist_for
 from hetplan.codesign.workload import Workload, workload_from_trace
 
 __all__ = [
-    "WORKLOAD_OBJECTIVES", "Candidate", "Decision", "Workload", "WorkloadObjective", "WorkloadPlan", "choose", "chosen", "decide",
+    "WORKLOAD_OBJECTIVES", "Candidate", "Decision", "Workload", "WorkloadObjective", "Weighing", "choose", "chosen", "decide",
     "plan_workload", "propose", "shortlist_for", "workload_from_trace",
 ]

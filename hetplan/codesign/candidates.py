@@ -31,7 +31,7 @@ import numpy as np
 
 from hetplan.planner.baselines import gpu_only_counts, status_quo_counts, value_of
 from hetplan.planner.model import MilpModel, build_model
-from hetplan.planner.planner import EPSILON, PlanResult, trim_idle_nodes
+from hetplan.planner.planner import EPSILON, MilpPlan, trim_idle_nodes
 from hetplan.planner.problem import PlanningProblem, hosting_at_most, with_budget
 from hetplan.planner.solvers import SolveError, SolverName, solve
 from hetplan.progress import Progress
@@ -50,7 +50,7 @@ class Candidate:
     name: str
     counts: dict[int, int]  # added nodes by shape index
     policy: str  # HINT or PROPORTIONAL
-    result: PlanResult
+    result: MilpPlan
     declines_above: int | None = None  # planned without the classes larger than this many GPUs (None: all kept)
 
     @property

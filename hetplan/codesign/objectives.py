@@ -1,4 +1,10 @@
-"""What a workload plan is chosen for, and the rule that chooses it among simulated candidates.
+"""What a plan is chosen for (`Objective`, the one vocabulary of the CLI, the nightly DAG and the evaluation), and
+the rule that chooses a workload plan among simulated candidates.
+
+Workload objectives are judged on simulated replays of the workload's jobs; steady objectives are the MILP's own
+(`hetplan.planner`, its `mix` / `sum` / `cost` kinds). `cost` is both: with a workload and a JCT target it is the
+cheapest replayed candidate reaching the target; without a workload it is the MILP's cheapest plan serving a
+target of the demand mix.
 
 - `jct`: the least average job completion time; `p95-jct`: the least 95th-percentile JCT; `makespan`: the
   soonest the whole workload is done (each the mean over arrival draws);
@@ -25,21 +31,71 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from enum import Enum
 
 import pandas as pd
 
 from hetplan.codesign.candidates import STATUS_QUO
 from hetplan.codesign.versus import Versus
 from hetplan.contracts.table import ContractError, Problem
-from hetplan.planning.objective import WORKLOAD_OBJECTIVES, Objective
+from hetplan.planner.model import Objective as MilpObjective
+
+class Objective(str, Enum):
+    """An objective by its CLI/DAG name (the string values are the options' values)."""
+
+    jct = "jct"  # least average job completion time over the replays (workload)
+    p95_jct = "p95-jct"  # least 95th-percentile JCT (workload)
+    makespan = "makespan"  # soonest the whole workload is done (workload)
+    cost = "cost"  # cheapest plan meeting a target: --max-avg-jct with a workload, --target without
+    throughput = "throughput"  # most of the demand mix served per hour (steady, MILP `mix`)
+    throughput_sum = "throughput-sum"  # most normalised throughput summed over classes (steady, MILP `sum`)
+
+    def __str__(self) -> str:
+        return self.value
+
+    @classmethod
+    def parse(cls, value: str | Objective) -> Objective:
+        """The objective named `value`; `ValueError` naming the allowed values otherwise."""
+        try:
+            return cls(value)
+        except ValueError:
+            raise ValueError(f"must be one of {', '.join(o.value for o in cls)}, got {value!r}") from None
+
+    @property
+    def needs_workload(self) -> bool:
+        """Judged only on replays of a workload's jobs."""
+        return self in (Objective.jct, Objective.p95_jct, Objective.makespan)
+
+    @property
+    def for_workload(self) -> bool:
+        """Judged on replays when a workload is given (the workload-only ones and `cost`)."""
+        return self.needs_workload or self is Objective.cost
+
+    @property
+    def milp(self) -> MilpObjective:
+        """The MILP objective kind of a steady plan (and the proposer's for a workload plan)."""
+        if self is Objective.throughput_sum:
+            return "sum"
+        return "cost" if self is Objective.cost else "mix"
+
+    @property
+    def metric(self) -> str:
+        """The column of a candidate table (`hetplan.codesign.replay.table`) this objective ranks by."""
+        return {Objective.jct: "avg_jct_h", Objective.p95_jct: "p95_jct_h", Objective.makespan: "makespan_h",
+                Objective.cost: "cost_per_hour"}.get(self, "mix_served")
+
+
+WORKLOAD_OBJECTIVES: tuple[Objective, ...] = tuple(o for o in Objective if o.for_workload)
+
 
 WorkloadObjective = Objective | str
-"""A workload objective (`WORKLOAD_OBJECTIVES`) or its name; the vocabulary is `hetplan.planning.Objective`."""
+"""A workload objective (`WORKLOAD_OBJECTIVES`) or its name."""
 MARGIN = 0.02
 FLOOR = 0.97
 NOISE_Z = 2.0
 HOST_SLACK = 0.03
-__all__ = ["FLOOR", "HOST_SLACK", "MARGIN", "NOISE_Z", "WORKLOAD_OBJECTIVES", "Decision", "WorkloadObjective",
+__all__ = ["FLOOR", "HOST_SLACK", "MARGIN", "NOISE_Z", "WORKLOAD_OBJECTIVES", "Decision", "Objective",
+           "WorkloadObjective",
            "beats", "choose", "decide", "declined", "workload_objective"]
 
 

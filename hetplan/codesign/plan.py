@@ -34,7 +34,7 @@ from hetplan.codesign.screen import (
 from hetplan.codesign.workload import Workload, without_classes
 from hetplan.contracts.table import ContractError, Problem
 from hetplan.planner.baselines import GPU_ONLY, HETPLAN, Evaluation
-from hetplan.planner.planner import PlanResult, plan_id
+from hetplan.planner.planner import MilpPlan, plan_id
 from hetplan.planner.problem import PlanningProblem
 from hetplan.planner.sizes import hosting_of
 from hetplan.planner.solvers import SolverName
@@ -43,15 +43,16 @@ from hetplan.sim.engine import SimConfig
 
 COST_FRACTIONS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
 PRUNE_LOAD = 1.25
-__all__ = ["WorkloadPlan", "chosen", "fastest_first", "fluid_load", "plan_workload", "ranks_steer", "shortlist_for"]
+__all__ = ["Weighing", "chosen", "fastest_first", "fluid_load", "plan_workload", "ranks_steer", "shortlist_for"]
 
 
 @dataclass
-class WorkloadPlan:
-    """The chosen plan, every candidate weighed, and the workload they were weighed on."""
+class Weighing:
+    """A workload plan's weighing: every candidate replayed, the one chosen and why, and the workload they were
+    weighed on (inside `hetplan.planning.PlanOutcome`)."""
 
     problem: PlanningProblem
-    result: PlanResult
+    result: MilpPlan
     winner: str
     candidates: pd.DataFrame  # hetplan.codesign.replay.table plus `chosen`
     replayed: list[Replayed]
@@ -105,7 +106,7 @@ class WorkloadPlan:
             line += f"; {self.decision.reason}"
         return line + " (the planner's curves, simulated; not measured)"
 
-    def with_winner(self, name: str, reason: str) -> WorkloadPlan:
+    def with_winner(self, name: str, reason: str) -> Weighing:
         """This plan with candidate `name` as the winner instead, `reason` saying why (the held-back check
         overruling the replays' choice); the plan record and the table say so."""
         candidate = self.candidate(name)
@@ -139,7 +140,7 @@ def plan_workload(problem: PlanningProblem, workload: Workload, *, objective: Wo
                   solver: SolverName = "auto", time_limit: float = 60.0, inputs: dict[str, str] | None = None,
                   prune_load: float | None = PRUNE_LOAD, progress: Progress | None = None,
                   workers: int | None = None, screen: int | None = SCREEN, screen_jobs: int = SCREEN_JOBS,
-                  replay_jobs: int | None = REPLAY_JOBS, engine: Engine | None = None) -> WorkloadPlan:
+                  replay_jobs: int | None = REPLAY_JOBS, engine: Engine | None = None) -> Weighing:
     """Choose the cluster and hints for `workload` under `problem`'s budget by `objective` (see the module).
 
     A candidate whose fluid load (the workload's offered work per hour over the mix the MILP says it serves)
@@ -185,7 +186,7 @@ def shortlist_for(problem: PlanningProblem, workload: Workload, *, objective: Wo
 
 def chosen(problem: PlanningProblem, listed: Shortlist, summaries: dict[Run, dict], *,
            objective: WorkloadObjective = "jct", max_avg_jct: float | None = None,
-           inputs: dict[str, str] | None = None, prune_load: float | None = PRUNE_LOAD) -> WorkloadPlan:
+           inputs: dict[str, str] | None = None, prune_load: float | None = PRUNE_LOAD) -> Weighing:
     """Stage 3: the plan the objective chooses from the shortlist and its replay runs' summaries (`pending`)."""
     replayed = listed.replayed(summaries)
     host_gpus = problem.host.requested if problem.host is not None else None  # --max-job-gpus: insisted on
@@ -208,7 +209,7 @@ def chosen(problem: PlanningProblem, listed: Shortlist, summaries: dict[Run, dic
     }
     result = _stamped(winner.result, inputs or {}, planning)
     warnings = [*problem.warnings, *listed.workload.warnings, *listed.warnings]
-    return WorkloadPlan(problem, result, winner.name, weighed, replayed, listed.workload, objective, warnings,
+    return Weighing(problem, result, winner.name, weighed, replayed, listed.workload, objective, warnings,
                         decision)
 
 
@@ -254,14 +255,14 @@ def _finite(value: float) -> float | None:
     return value if math.isfinite(value) else None
 
 
-def _stamped(result: PlanResult, inputs: dict[str, str], planning: dict) -> PlanResult:
+def _stamped(result: MilpPlan, inputs: dict[str, str], planning: dict) -> MilpPlan:
     """The winner's plan with its own id, the inputs' fingerprints and the record of the choice."""
     plan = result.plan
     pid = plan_id(inputs, plan.budget_per_hour, plan.created_at)
     hints = result.hints.assign(plan_id=pid) if len(result.hints) else result.hints
     stamped = plan.model_copy(update={"plan_id": pid, "inputs": inputs, "planning": {**(plan.planning or {}),
                                                                                    **planning}})
-    return PlanResult(stamped, hints, result.allocation, result.nodes, result.solution, result.warnings)
+    return MilpPlan(stamped, hints, result.allocation, result.nodes, result.solution, result.warnings)
 
 
 def _records(frame: pd.DataFrame) -> list[dict]:

@@ -18,7 +18,7 @@ from hetplan.allocator.spec import Node
 from hetplan.codesign.engines import START_METHOD, Engine, ProcessPool, usable_cpus
 from hetplan.hints import HintSet
 from hetplan.planner.problem import PlanningProblem
-from hetplan.planning.mix import NodeMix
+from hetplan.sim.setups import NodeMix
 from hetplan.progress import Progress
 from hetplan.sim.engine import SimConfig, SimResult, simulate
 from hetplan.sim.metrics import summarize
@@ -65,7 +65,7 @@ def planner_truth(problem: PlanningProblem) -> TruthCurves:
 
 
 def candidate_nodes(problem: PlanningProblem, candidate: Candidate) -> tuple[Node, ...]:
-    """The nodes of a candidate: the owned fleet plus its added nodes (`hetplan.planning.NodeMix`)."""
+    """The nodes of a candidate: the owned fleet plus its added nodes (`hetplan.sim.setups.NodeMix`)."""
     return NodeMix.by_index(problem.shapes, candidate.counts).nodes(problem.shapes)
 
 

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 import pandas as pd
 
-from hetplan.codesign import WorkloadPlan
+from hetplan.codesign import Weighing
 from hetplan.codesign.candidates import STATUS_QUO, Candidate
 from hetplan.codesign.engines import Engine, Serial
 from hetplan.codesign.objectives import FLOOR, beats
@@ -220,7 +220,7 @@ class Prediction:
                 "calibration": self.calibration.to_dict() if self.calibration else None}
 
 
-def predict(planned: WorkloadPlan, held_back: HeldBack | None, holdout: float) -> Prediction:
+def predict(planned: Weighing, held_back: HeldBack | None, holdout: float) -> Prediction:
     """The interval of `planned`'s prediction (see the module), widened by `held_back`'s error and by the mix
     shift between the held-back jobs and the rest when given. The speedup is on the status quo's jobs."""
     winner = _by_draw(planned, planned.winner)
@@ -276,7 +276,7 @@ def split(jobs: pd.DataFrame, holdout: float) -> tuple[pd.DataFrame, pd.DataFram
     return ordered.iloc[:cut].reset_index(drop=True), ordered.iloc[cut:].reset_index(drop=True)
 
 
-def held_back_check(first: WorkloadPlan, workload: Workload, held_back_ids: set[str], config: SimConfig,
+def held_back_check(first: Weighing, workload: Workload, held_back_ids: set[str], config: SimConfig,
                     engine: Engine | None = None, progress: Progress | None = None,
                     also: Sequence[Candidate] = (), shift: MixShift | None = None) -> HeldBack:
     """Replay the winner and the status quo of `first` (planned on the first part), and the candidates `also`
@@ -332,7 +332,7 @@ class _HeldBackRuns:
         return {JCT_BY_JOB: jct_by_job(self.runs.simulated(run).jobs)}
 
 
-def _paired(planned: WorkloadPlan, name: str) -> Versus | None:
+def _paired(planned: Weighing, name: str) -> Versus | None:
     """`name`'s replays paired with the status quo's (None: no status quo, or not replayed)."""
     mine = next((r for r in planned.replayed if r.candidate.name == name), None)
     quo = next((r for r in planned.replayed if r.candidate.name == STATUS_QUO), None)
@@ -341,7 +341,7 @@ def _paired(planned: WorkloadPlan, name: str) -> Versus | None:
     return versus(mine.jct_by_job, quo.jct_by_job)
 
 
-def _by_draw(planned: WorkloadPlan, name: str) -> tuple[float, ...]:
+def _by_draw(planned: Weighing, name: str) -> tuple[float, ...]:
     return next((r.avg_jct_by_draw for r in planned.replayed if r.candidate.name == name), ())
 
 
