@@ -184,23 +184,28 @@ class Prediction:
                 "keeps the whole workload's demand mix: only its jobs and arrivals are held back)")
 
     def line(self) -> str:
-        """One line for the CLI."""
+        """One line for the CLI: the interval to go by first (the calibrated one where there is one), then the
+        planner's own and what it is made of."""
         s, j = self.speedup, self.avg_jct_h
-        gain = (f"speedup over the status quo {s.point:.2f}x [{s.low:.2f}x, {s.high:.2f}x], " if math.isfinite(s.point)
-                else "no speedup over the status quo (its nodes cannot host the workload's largest job, so it is no "
-                     "candidate), ")
-        text = (f"predicted {gain}avg JCT {j.point:.3g} h [{j.low:.3g}, {j.high:.3g}] h (nominal {NOMINAL:.0%} "
-                f"interval: {len(self.speedup_by_draw) or 'its'} arrival draws")
+        if self.kept:
+            return (f"the plan keeps the status quo: 1x its speed by definition; predicted avg JCT {j.point:.3g} h "
+                    f"[{j.low:.3g}, {j.high:.3g}] h")
+        if not math.isfinite(s.point):
+            gain = ("no speedup over the status quo (no status quo among the candidates), predicted avg JCT "
+                    f"{j.point:.3g} h [{j.low:.3g}, {j.high:.3g}] h")
+            return gain + ("" if self.trusted else "; too little data to trust it")
+        text = "predicted speedup over the status quo on its jobs "
+        if self.calibrated is not None and self.calibration is not None:
+            c, k = self.calibrated, self.calibration
+            text += (f"{c.point:.2f}x [{c.low:.2f}x, {c.high:.2f}x] ({k.coverage:.0%} interval calibrated on "
+                     f"{k.rows} evaluated predictions, {k.source}); the planner's own: ")
+        text += (f"{s.point:.2f}x [{s.low:.2f}x, {s.high:.2f}x], avg JCT {j.point:.3g} h [{j.low:.3g}, {j.high:.3g}] h "
+                 f"(nominal {NOMINAL:.0%} interval: {len(self.speedup_by_draw) or 'its'} arrival draws")
         if self.held_back:
             h = self.held_back
             text += (f" + {h.jobs} held-back jobs, where the plan on the rest predicted {h.predicted_speedup:.2f}x "
                      f"and replayed {h.realised_speedup:.2f}x")
-        text += ")" + ("" if self.trusted else "; too little data to trust it")
-        if self.calibrated is not None and self.calibration is not None:
-            c, k = self.calibrated, self.calibration
-            text += (f"; calibrated on {k.rows} evaluated predictions ({k.source}): {c.point:.2f}x "
-                     f"[{c.low:.2f}x, {c.high:.2f}x] ({k.coverage:.0%} conformal)")
-        return text
+        return text + ")" + ("" if self.trusted else "; too little data to trust it")
 
     def to_dict(self) -> dict:
         """For plan.json's `planning.prediction`."""
