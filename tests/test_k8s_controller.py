@@ -32,9 +32,9 @@ def no_proxy(monkeypatch):
 class Rig:
     """The stand-in, an allocator service in process, the webhook, and controllers on them."""
 
-    def __init__(self, tmp_path, allocator: Allocator) -> None:
+    def __init__(self, tmp_path, allocator: Allocator, **standin) -> None:
         self.allocator = allocator
-        self.api = FakeApiServer().start()
+        self.api = FakeApiServer(**standin).start()
         self.api.nodes = {n.name: k8s_node(n.name, gpus=str(n.gpus), cpu=str(int(n.cpus)), memory=f"{int(n.mem_gb)}Gi")
                           for n in allocator.cluster.nodes()}
         self.http = TestClient(create_app(ServiceSettings(tick_seconds=0), allocator=allocator)).__enter__()
