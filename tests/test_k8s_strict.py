@@ -217,3 +217,20 @@ def test_every_planned_resize_passes_the_versions_validation(version, form, befo
     kept = version == "1.33" and form == "Guaranteed" and after[1] < before[1]
     assert plan.memory_kept == kept
     assert pods.requests(resized) == (after[0], before[1] if kept else after[1])
+
+
+def test_a_pod_that_took_the_default_path_is_adopted_where_it_runs(rig):
+    """Bug: pods that fell to the default scheduler (fail-open, allocator not reached, no capacity) were never
+    adopted: invisible to the allocator, which then placed others on their room."""
+    c = leading(rig)
+    rig.api.webhook_url = None  # the webhook is down: failurePolicy Ignore admits the pod unchanged
+    rig.api.create_pod("ml", k8s_pod("fell", gpus=2, cpu="3", memory="10Gi"))
+    fell = rig.api.pod("ml", "fell")
+    assert pods.job_id(fell) is None and fell["status"]["phase"] == "Running"
+    eventually(lambda: pods.job_id(rig.api.pod("ml", "fell")) == "ml/fell")
+    a = allocation(rig.allocator, "ml/fell")
+    assert a.node == fell["spec"]["nodeName"] and (a.cpu_m, a.mem_mib) == (3000, 10240)  # where it runs, as it runs
+    assert pods.annotations(rig.api.pod("ml", "fell"))[pods.REQUESTED_CPU_KEY] == "3000"
+    assert c.stats.counts["adopted"] == 1 and rig.api.evictions[("ml", "fell")] == 0
+    rig.api.finish("ml", "fell")  # its end releases it as any served pod's
+    eventually(lambda: "ml/fell" not in rig.allocator.running())

@@ -41,7 +41,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from hetplan.allocator.k8s import pods
+from hetplan.allocator.k8s import adoption, pods
 from hetplan.allocator.k8s.cursor import CursorStore
 from hetplan.allocator.k8s.lease import LeaseElector
 from hetplan.allocator.k8s.moves import Migration, next_step
@@ -126,7 +126,7 @@ class Controller:
                  name: str = "hetplan-controller", identity: str = "controller", poll: float = 0.2,
                  reconcile_seconds: float = 30.0, orphan_grace: float = 30.0, checkpoint_grace: float = 30.0,
                  lease_seconds: float = 15.0, watch_seconds: int = 300, request_timeout: float = 10.0,
-                 workers: int = 8, deferred_backoff_max: float = 60.0) -> None:
+                 workers: int = 8, deferred_backoff_max: float = 60.0, adopt_every: float = 2.0) -> None:
         from kubernetes.client import CoordinationV1Api, CoreV1Api
 
         self.core = CoreV1Api(api)
@@ -164,6 +164,8 @@ class Controller:
         self._retries: dict[str, RetryResize] = {}  # job -> a resize to send again (429, 5xx, no answer)
         self._refused: dict[str, pods.Target] = {}  # pod uid -> the target the API server refused (422): not resent
         self._kept: dict[str, pods.Target] = {}  # pod uid -> the target whose memory shrink was left out (1.33)
+        self.adopt_every = adopt_every
+        self._adopt_tries: dict[str, float] = {}  # pod uid -> when to try adopting it again (the default path)
 
     # ------------------------------------------------------------------ threads
 
@@ -330,7 +332,8 @@ class Controller:
         ok = self._phase("actions", self._follow_log)
         for name, part in (("releases", self._release_ended), ("moves", self._advance_migrations),
                            ("after-moves", self._converge_after_moves), ("retries", self._retry_resizes),
-                           ("kubelet", self._report_kubelet), ("reconcile", self._reconcile_when_due)):
+                           ("kubelet", self._report_kubelet), ("adopt", self._adopt_default_path),
+                           ("reconcile", self._reconcile_when_due)):
             ok = self._phase(name, part) and ok
         if ok:
             self._last_progress = time.monotonic()
@@ -794,31 +797,54 @@ class Controller:
             self._save_cursor(latest)
         self.stats.count("reconciles")
 
-    def _adopt(self, job: str, pod: dict) -> None:
-        """A pod with a job id and no allocation (the allocator lost it, or released it meanwhile): allocate again."""
-        notes = pods.annotations(pod)
-        model = pods.model(pod)
-        if model is None:
-            return
-        body: dict[str, Any] = {"job_id": job, "model": model}
-        try:
-            from hetplan.allocator.k8s.extender import Pod, pod_class
+    def _adopt(self, job: str, pod: dict) -> bool:
+        """A pod without an allocation (`adoption`): adopted where it runs (or allocated anew when not bound), then
+        re-sized or moved toward its allocation; a default-path pod gets its job id. Whether it was adopted."""
+        from kubernetes.client.exceptions import ApiException
 
-            body["num_gpus"] = pod_class(Pod.model_validate(pod)).gpus
-            if notes.get(pods.REQUESTED_CPU_KEY, "").isdigit():
-                body["cpus"] = int(notes[pods.REQUESTED_CPU_KEY]) / 1000
-            if notes.get(pods.REQUESTED_MEMORY_KEY, "").isdigit():
-                body["mem_gb"] = int(notes[pods.REQUESTED_MEMORY_KEY]) / 1024
+        try:
+            body = adoption.request(pod)
         except ValueError as exc:
             log.warning("controller: pod %s/%s has no allocation and cannot be read: %s", *pods.key(pod), exc)
-            return
-        answer = self.service.allocate(body)
+            return False
+        answer = self.service.adopt(body) if "node" in body else \
+            self.service.allocate({k: v for k, v in body.items() if k != "node"})
         if answer.get("status") != "allocated" or len(answer.get("parts") or []) > 1:
             if answer.get("status") == "allocated":
                 self.service.release(job)
             self.stats.count("adopt-refused")
-            log.warning("controller: pod %s/%s has no allocation and the allocator refuses it again (%s); left as "
-                        "it runs", *pods.key(pod), answer.get("reason") or "a gang")
-            return
+            log.info("controller: pod %s/%s has no allocation and the allocator refuses it (%s: %s); left as it "
+                     "runs, asked again later", *pods.key(pod), answer.get("reason") or "a gang", answer.get("message"))
+            return False
+        if pods.job_id(pod) is None:
+            ns, name = pods.key(pod)
+            try:
+                self.core.patch_namespaced_pod(name, ns, {"metadata": {"annotations": adoption.annotations(body)}},
+                                               _content_type=MERGE, _preload_content=False,
+                                               _request_timeout=self.timeout)
+            except ApiException as exc:
+                if exc.status == 404:  # gone meanwhile: its allocation is an orphan, released by its rule
+                    return False
+                raise
+            pod = {**pod, "metadata": {**pods.meta(pod), "annotations": {**pods.annotations(pod),
+                                                                          **adoption.annotations(body)}}}
+            with self._lock:
+                if pods.uid(self.pods.get(pods.key(pod), {})) == pods.uid(pod):
+                    self.pods[pods.key(pod)] = pod
         self.stats.count("adopted")
         self.converge(job, pods.Target.of(answer["allocation"]), self.cursor or 0)
+        return True
+
+    def _adopt_default_path(self) -> None:
+        """Opted-in pods the webhook left to the default path, now running: adopted (`adoption`), each tried again
+        no sooner than `adopt_every` seconds after a refusal (the allocator had no room for it there)."""
+        now = time.monotonic()
+        with self._lock:
+            due = [p for p in self.pods.values() if adoption.default_path(p)
+                   and self._adopt_tries.get(pods.uid(p), 0.0) <= now]
+        for pod in due:
+            if not self._adopt("/".join(pods.key(pod)), pod):
+                self._adopt_tries[pods.uid(pod)] = now + self.adopt_every
+        live = {pods.uid(p) for p in due}
+        for uid in [u for u, t in self._adopt_tries.items() if t < now and u not in live]:
+            del self._adopt_tries[uid]

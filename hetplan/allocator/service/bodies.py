@@ -292,6 +292,12 @@ ADMIN_RESPONSES: Responses = {
 }
 """The answers of an admin route's token check (`ServiceContext.admin`)."""
 
+WRITE_RESPONSES: Responses = {
+    401: _error("missing or wrong bearer token: with a write or admin token configured, allocator writes need one",
+                headers={"WWW-Authenticate": {"description": "the scheme to use: Bearer", "schema": {"type": "string"}}}),
+}
+"""The answers of a write route's token check (`ServiceContext.writer`)."""
+
 REFUSED: Responses = {409: _error("a change was refused (all or nothing: nothing changed)")}
 
 
