@@ -475,6 +475,24 @@ class FakeApiServer:
         threading.Thread(target=self._kubelet_loop, name="standin-kubelet", daemon=True).start()
         return self
 
+    def configure_webhook(self, manifest: Path, url: str | list[str], ca_file: Path | None = None) -> dict:
+        """Call the webhook as the MutatingWebhookConfiguration in `manifest` says: its failurePolicy, timeoutSeconds
+        and objectSelector (a label that must exist); HTTPS trusting `ca_file` when given (the API server calls
+        webhooks over TLS only). Returns the webhook's entry."""
+        import ssl
+
+        import yaml
+
+        config = next(d for d in yaml.safe_load_all(manifest.read_text()) if d and
+                      d.get("kind") == "MutatingWebhookConfiguration")["webhooks"][0]
+        self.webhook_url = url
+        self.webhook_failure_policy = config.get("failurePolicy", "Fail")
+        self.webhook_timeout = float(config.get("timeoutSeconds", 10))
+        self.webhook_selector = ",".join(e["key"] for e in config["objectSelector"]["matchExpressions"]
+                                         if e["operator"] == "Exists")
+        self.webhook_context = ssl.create_default_context(cafile=str(ca_file)) if ca_file else None
+        return config
+
     # ------------------------------------------------------------------ faults
 
     def fault(self, method: str, path: str) -> Fault | None:

@@ -234,3 +234,38 @@ def test_a_pod_that_took_the_default_path_is_adopted_where_it_runs(rig):
     assert c.stats.counts["adopted"] == 1 and rig.api.evictions[("ml", "fell")] == 0
     rig.api.finish("ml", "fell")  # its end releases it as any served pod's
     eventually(lambda: "ml/fell" not in rig.allocator.running())
+
+
+def self_signed(root, host: str = "127.0.0.1"):
+    """A self-signed serving certificate for `host` (openssl), as cert-manager's self-signed Issuer makes one."""
+    import subprocess
+
+    cert, key = root / "tls.crt", root / "tls.key"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", f"/CN={host}",
+                    "-addext", f"subjectAltName=IP:{host}", "-keyout", str(key), "-out", str(cert)],
+                   check=True, capture_output=True, timeout=60)
+    return cert, key
+
+
+def test_the_webhook_is_called_over_https_as_its_manifest_says_and_fails_open_when_unreachable(rig, tmp_path):
+    from pathlib import Path
+
+    from hetplan.allocator.k8s.webhook import WebhookServer
+
+    cert, key = self_signed(tmp_path)
+    hook = WebhookServer(rig.service, host="127.0.0.1", port=0, certfile=str(cert), keyfile=str(key)).start()
+    try:
+        manifest = Path(__file__).parent.parent / "deploy" / "kubernetes" / "40-webhook.yaml"
+        config = rig.api.configure_webhook(manifest, f"https://127.0.0.1:{hook.port}/mutate", ca_file=cert)
+        assert (rig.api.webhook_failure_policy, rig.api.webhook_timeout) == ("Ignore", 10.0) == \
+            (config["failurePolicy"], float(config["timeoutSeconds"]))
+        rig.api.create_pod("ml", k8s_pod("tls"))
+        assert pods.job_id(rig.api.pod("ml", "tls")) == "ml/tls"  # served over HTTPS
+        rig.api.webhook_context = None  # a CA the API server does not trust: no answer, Ignore admits unchanged
+        rig.api.create_pod("ml", k8s_pod("untrusted"))
+        assert pods.job_id(rig.api.pod("ml", "untrusted")) is None and rig.api.webhook_failures == 1
+        rig.api.webhook_failure_policy = "Fail"  # as a Fail policy would: the pod is refused
+        with pytest.raises(ApiError, match="failed calling webhook"):
+            rig.api.create_pod("ml", k8s_pod("refused"))
+    finally:
+        hook.stop()

@@ -176,6 +176,13 @@ class Controller:
             self._threads.append(thread)
         return self
 
+    def healthy(self) -> bool:
+        """For a liveness probe: every thread runs, and a leader's loop made progress within two lease durations
+        (a follower only watches: it is healthy while its threads run)."""
+        if self._stopping.is_set() or not all(t.is_alive() for t in self._threads):
+            return False
+        return not self.elector.leading() or time.monotonic() - self._last_progress < 2 * self.elector.duration
+
     def stop(self, timeout: float = 5.0) -> None:
         self._stopping.set()
         self._wake.set()

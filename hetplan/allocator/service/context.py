@@ -49,17 +49,16 @@ class ServiceContext:
         accepted = [t.get_secret_value().encode() for t in (settings.write_token, settings.token) if t is not None]
 
         def require_writer(credentials: HTTPAuthorizationCredentials | None = Depends(bearer)) -> None:
-            if settings.write_token is None:
-                return  # no write token configured: writes are open (the service logs it at start)
             given = credentials.credentials.encode() if credentials is not None else b""
             if not any(hmac.compare_digest(given, token) for token in accepted):
                 raise HTTPException(401, "missing or wrong bearer token (allocator writes need the write token, "
                                          f"${WRITE_TOKEN_ENV}, or the admin token)",
                                     headers={"WWW-Authenticate": "Bearer"})
 
-        self.writer = [Depends(require_writer)]
+        self.writer = [Depends(require_writer)] if settings.write_token is not None else []
         """The dependencies of a write route (allocate, release, adopt): with a write token configured,
-        `Authorization: Bearer` with it or the admin token (401 otherwise); without one, open."""
+        `Authorization: Bearer` with it or the admin token (401 otherwise, and the OpenAPI document says so);
+        without one, open (`hetplan serve` logs it at start)."""
 
     def alloc(self) -> Allocator:
         assert self.allocator is not None, "the allocator is opened at start-up"
