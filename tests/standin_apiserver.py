@@ -279,6 +279,8 @@ class FakeApiServer:
         self._unbound: dict[tuple[str, str], float] = {}
         self.call_times: list[float] = []  # when each of `calls` arrived (time.time())
         self.static_cpu_nodes: set[str] = set()  # kubelets with the static CPU manager policy
+        self.created_at: dict[tuple[str, str], float] = {}  # time.monotonic() each pod was created
+        self.running_at: dict[tuple[str, str], float] = {}  # and first bound (Running)
         self.evictions: Counter[tuple[str, str]] = Counter()  # eviction calls per pod (a terminating one included)
         self.refused: list[tuple[str, str, int]] = []  # (method, path, code) of every error answered
         self.faults: list[Fault] = []  # injected faults, matched in order
@@ -587,6 +589,7 @@ current-context: stand-in
             if (namespace, meta["name"]) in self.pods:
                 raise ApiError(409, "AlreadyExists", f'pods "{meta["name"]}" already exists')
             pod["metadata"]["uid"] = str(uuid.uuid4())
+            self.created_at[(namespace, pod["metadata"]["name"])] = time.monotonic()
             pod["metadata"]["creationTimestamp"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
             pod["spec"].setdefault("schedulerName", "default-scheduler")
             pod["status"] = {"phase": "Pending", "qosClass": qos_class(pod["spec"])}
@@ -852,6 +855,7 @@ current-context: stand-in
         key = (pod["metadata"]["namespace"], pod["metadata"]["name"])
         if key in self._unbound:
             self.bind_waits[key] = time.monotonic() - self._unbound.pop(key)
+        self.running_at.setdefault(key, time.monotonic())
         pod["spec"]["nodeName"] = node
         pod["status"] = {**pod["status"], "phase": "Running", "containerStatuses": self._actuated(pod),
                          "conditions": [{"type": "PodScheduled", "status": "True"}]}
