@@ -158,9 +158,9 @@ class Run:
                          "reduced" if exact else "differs"] += 1
 
 
-def run(version: str, count: int, seed: int) -> dict:
+def run(version: str, count: int, seed: int, keep: Path | None = None) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
-        root = Path(tmp)
+        root = Path(tmp) if keep is None else keep
         nodes, static = nodes42(root)
         rig = Rig(root, nodes, root / "store", SERVE, CONTROLLER, standin={"version": version,
                                                                            "termination_seconds": 0.3},
@@ -257,6 +257,7 @@ def measure(rig: Rig, state: Run, actions: list[dict], leaked: list[str], wall: 
         "mem_request_decreases": decreases["request"], "mem_limit_decreases": decreases["limit"],
         "eight_ran": len(eight), "eight_served": len(eight_served), "gangs": sorted(state.gangs),
         "faulted": dict(api.faulted), "actions": Counter(a["kind"] for a in actions),
+        "ended_by_move_jobs": sorted(set(ended_by_move)), "never_jobs": [f"{k[0]}/{k[1]}" for k in never],
     }
 
 
@@ -266,9 +267,10 @@ def main() -> None:
     parser.add_argument("--versions", default="1.33,1.34")
     parser.add_argument("--seed", type=int, default=33)
     parser.add_argument("--no-record", action="store_true")
+    parser.add_argument("--keep", type=Path, help="keep the run's files (logs, database) in this folder")
     args = parser.parse_args()
     started = time.perf_counter()
-    results = {v: run(v, args.pods, args.seed) for v in args.versions.split(",")}
+    results = {v: run(v, args.pods, args.seed, args.keep) for v in args.versions.split(",")}
     for v, r in results.items():
         print(v, r, flush=True)
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=REPO).stdout

@@ -329,8 +329,8 @@ class FakeApiServer:
             def _dispatch(self, method: str, url: Any, query: dict, body: Any) -> None:
                 if url.path.rstrip("/") == "/version" and method == "GET":
                     major, minor = outer.version
-                    return self._json(200, {"major": str(major), "minor": str(minor), "gitVersion": f"v{major}.{minor}.2",
-                                            "gitCommit": "stand-in", "gitTreeState": "clean",
+                    return self._json(200, {"major": str(major), "minor": str(minor),
+                                            "gitVersion": f"v{major}.{minor}.2", "gitCommit": "stand-in", "gitTreeState": "clean",
                                             "buildDate": "2026-11-01T00:00:00Z", "goVersion": "go1.24.4",
                                             "compiler": "gc", "platform": "linux/amd64"})
                 if url.path == "/api/v1/nodes" and method == "GET":

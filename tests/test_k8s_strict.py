@@ -44,7 +44,8 @@ def test_an_evicted_pod_that_reports_a_terminal_phase_before_removal_still_moves
         rig.api.create_pod("ml", k8s_pod("p1", annotations={pods.GRACE_KEY: "30" if checkpointed else "0.5"}))
         other, seq, new = start_move(rig)
         if checkpointed:
-            eventually(lambda: pods.annotations(rig.api.pod("ml", "p1")).get(pods.CHECKPOINT_KEY) == str(seq))  # the trainer answers; on SIGTERM it then exits 0 (Succeeded)
+            # the trainer answers; on SIGTERM it then exits 0 (Succeeded)
+            eventually(lambda: pods.annotations(rig.api.pod("ml", "p1")).get(pods.CHECKPOINT_KEY) == str(seq))
             rig.api.pod_call("PATCH", "ml", "p1", None, {"metadata": {"annotations": {
                 pods.CHECKPOINTED_KEY: str(seq)}}}, "application/merge-patch+json")
         phases = []
@@ -269,3 +270,19 @@ def test_the_webhook_is_called_over_https_as_its_manifest_says_and_fails_open_wh
             rig.api.create_pod("ml", k8s_pod("refused"))
     finally:
         hook.stop()
+
+
+def test_an_eviction_whose_answer_is_lost_still_moves_the_job(tmp_path):
+    """An eviction committed but answered 500 (ambiguous), and the pod gone before the next look: the move goes on
+    (found in the bench: the replacement was deleted as if the job had ended)."""
+    rig = Rig(tmp_path, Allocator(NODES, "first-fit"), termination_seconds=0.05)
+    try:
+        c = leading(rig)
+        rig.api.create_pod("ml", k8s_pod("p1", annotations={pods.GRACE_KEY: "0"}))
+        rig.api.faults.append(Fault("POST", r"/pods/p1/eviction$", 500, commit=True))
+        _, _, new = start_move(rig)
+        eventually(lambda: (rig.api.pod("ml", new) or {}).get("status", {}).get("phase") == "Running", 10)
+        assert rig.api.faulted[500] == 1 and rig.api.evictions[("ml", "p1")] == 1
+        assert c.stats.counts["migrate-cancelled"] == 0 and "ml/p1" in rig.allocator.running()
+    finally:
+        rig.close()

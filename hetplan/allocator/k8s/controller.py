@@ -142,6 +142,7 @@ class Controller:
         self.pods: dict[tuple[str, str], dict] = {}  # the opted-in pods, from the watch
         self.synced = threading.Event()
         self._ended: deque[dict] = deque()  # pods that ended or were deleted, to release
+        self._departed: dict[tuple[str, str], dict] = {}  # removed pods' last state, while a move may need it
         self._wake = threading.Event()
         self._stopping = threading.Event()
         self._lock = threading.Lock()
@@ -247,6 +248,7 @@ class Controller:
         fresh = {pods.key(p): p for p in body.get("items") or []}
         with self._lock:
             gone = [p for k, p in self.pods.items() if k not in fresh]
+            self._departed.update((pods.key(p), p) for p in gone)
             self.pods = fresh
             self._ended.extend(gone + [p for p in fresh.values() if pods.ended(p)])
         self._resource_version = str((body.get("metadata") or {}).get("resourceVersion") or "") or None
@@ -259,6 +261,7 @@ class Controller:
             if kind == "DELETED":
                 self.pods.pop(k, None)
                 self._ended.append(pod)
+                self._departed[k] = pod
             else:
                 self.pods[k] = pod
                 if pods.ended(pod):
@@ -601,7 +604,9 @@ class Controller:
                 continue
             with self._lock:
                 old, new = self.pods.get(m.old), self.pods.get(m.new)
-            step = next_step(m, old, new, now)
+                gone = old is None and m.old in self._departed
+                old = self._departed.get(m.old) if gone else old
+            step = next_step(m, old, new, now, gone)
             try:
                 if step == "ask":
                     if pods.annotations(old or {}).get(pods.CHECKPOINT_KEY) != str(m.seq):
@@ -610,13 +615,14 @@ class Controller:
                             _content_type=MERGE, _preload_content=False, _request_timeout=self.timeout)
                     m.asked_at = now
                 elif step == "evict" and old is not None:
-                    m.evicted = self._evict(old, f"moving to {m.new[1]}")
+                    m.evict_sent = True  # stays so if the answer is lost: the pod may be evicted
+                    m.evicted = m.evict_sent = self._evict(old, f"moving to {m.new[1]}")
                     if not m.evicted:
                         m.next_try = now + 1.0
                 elif step == "ungate":
-                    self.core.patch_namespaced_pod(m.new[1], m.new[0], [{"op": "remove", "path": "/spec/schedulingGates"}],
-                                                   _content_type=JSON_PATCH, _preload_content=False,
-                                                   _request_timeout=self.timeout)
+                    ungate = [{"op": "remove", "path": "/spec/schedulingGates"}]
+                    self.core.patch_namespaced_pod(m.new[1], m.new[0], ungate, _content_type=JSON_PATCH,
+                                                   _preload_content=False, _request_timeout=self.timeout)
                     self.stats.count("migrated")
                     del self._migrations[job]
                 elif step == "cancel":
@@ -633,6 +639,9 @@ class Controller:
                     continue
                 log.warning("controller: move of %s: %s; retrying", job, _one_line(exc))
                 m.next_try = now + 1.0
+        with self._lock:  # the removed pods' last states that no move needs any more
+            olds = {m.old for m in self._migrations.values()}
+            self._departed = {k: p for k, p in self._departed.items() if k in olds}
 
     def _evict(self, pod: dict, why: str) -> bool:
         """Evict through the Eviction API, once: a pod already terminating (deleted or evicted, by anyone) is not

@@ -38,6 +38,7 @@ class Migration:
     asked_at: float | None = None
     grace: float = 30.0
     evicted: bool = False
+    evict_sent: bool = False  # an eviction was sent, its outcome maybe unknown (a 5xx after it was done)
     next_try: float = 0.0
 
 
@@ -46,17 +47,22 @@ def answered(pod: Mapping[str, Any], seq: int) -> bool:
     return pods.annotations(pod).get(pods.CHECKPOINTED_KEY) == str(seq)
 
 
-def next_step(m: Migration, old: Mapping[str, Any] | None, new: Mapping[str, Any] | None, now: float) -> Step:
-    """What to do next for `m`, given the old pod and the replacement as the cache has them (None: gone)."""
+def next_step(m: Migration, old: Mapping[str, Any] | None, new: Mapping[str, Any] | None, now: float,
+              gone: bool = False) -> Step:
+    """What to do next for `m`, given the old pod and the replacement as the cache has them (None: never seen);
+    `gone`: `old` is the last state the watch showed before the pod was removed."""
     if new is None or not pods.gated(new):
         return "done"
-    if old is not None and not pods.ended(old) and not pods.terminating(old):
+    if gone or old is None:  # removed: its containers have stopped; evicted (or disrupted) it moved, else it ended
+        seen = old is not None and (pods.disrupted(old) or answered(old, m.seq))
+        return "ungate" if m.evicted or m.evict_sent or seen else "cancel"
+    if not pods.ended(old) and not pods.terminating(old):
         if m.evicted:
             return "wait"  # the eviction was accepted; the watch has not shown it yet
         if m.asked_at is None:
             return "ask"
         return "evict" if answered(old, m.seq) or now - m.asked_at >= m.grace else "wait"
-    moved = m.evicted or (old is not None and (pods.disrupted(old) or answered(old, m.seq)))
-    if old is not None and pods.terminating(old):
+    moved = m.evicted or pods.disrupted(old) or answered(old, m.seq)
+    if pods.terminating(old):
         return "wait" if moved else "cancel"  # its containers stop first (the checkpoint is final then)
     return "ungate" if moved else "cancel"

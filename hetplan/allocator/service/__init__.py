@@ -15,8 +15,8 @@ With `ServiceSettings.kubeconfig` (`hetplan serve --kubeconfig`), a thread keeps
 cluster's Nodes while the app runs (`hetplan.allocator.k8s.nodes`).
 
 Layout: `create_app` composes one router per concern, each a function of the app's `ServiceContext` (no global
-state): `allocation` (allocate, release, actions, tick, allocations), `adoption` (adopt a running pod), `nodes` (node admin), `hints`, `ops`
-(healthz, metrics) and `extender` (`/filter`, `/prioritize`); `bodies` holds the request and response models,
+state): `allocation` (allocate, release, actions, tick, allocations), `adoption` (adopt a running pod), `nodes`
+(node admin), `hints`, `ops` (healthz, metrics) and `extender` (`/filter`, `/prioritize`); `bodies` holds the request and response models,
 `middleware` the body limit, request metrics and strict JSON bodies, `settings` the `ServiceSettings`.
 """
 

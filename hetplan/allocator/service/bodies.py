@@ -293,8 +293,9 @@ ADMIN_RESPONSES: Responses = {
 """The answers of an admin route's token check (`ServiceContext.admin`)."""
 
 WRITE_RESPONSES: Responses = {
-    401: _error("missing or wrong bearer token: with a write or admin token configured, allocator writes need one",
-                headers={"WWW-Authenticate": {"description": "the scheme to use: Bearer", "schema": {"type": "string"}}}),
+    401: _error("missing or wrong bearer token: with a write token configured, allocator writes need it (or the "
+                "admin token)", headers={"WWW-Authenticate": {"description": "the scheme to use: Bearer",
+                                                             "schema": {"type": "string"}}}),
 }
 """The answers of a write route's token check (`ServiceContext.writer`)."""
 
