@@ -9,13 +9,16 @@ validation, kubelet admission counting daemon pods, static-CPU-manager kubelets,
 replicas (lease 2 s) run as subprocesses, as in `tests/k8s_rig.py`. Per API server version:
 
 - 42 nodes (13 A100 x8, 15 V100 x8, two of them static-CPU-manager kubelets, 14 T4 x4), a daemon pod (0.5 cores,
-  1 GiB) on each; pods of 6 models (**synthetic**: 1, 2, 4 or 8 GPUs, own request 2 cores / 8 GiB) arrive every
-  0.1 s and run 4-15 s; every 20th arrival is a pod hetplan does not manage (1 GPU, 4 cores, 16 GiB);
+  1 GiB) on each; the kube-scheduler extender on (`deploy/kubernetes/scheduler-config.yaml`); pods of 6 models
+  (**synthetic**: 1, 2, 4 or 8 GPUs; two in three with an own request of 2 cores / 8 GiB, the others none: their
+  floor is the GPU-proportional share) arrive every `--gap` s (0.1) and run 4-15 s; every 20th arrival is a pod hetplan does not manage (1 GPU, 4 cores, 16 GiB);
 - the leading controller SIGKILLed at 27% and 73% of the arrivals, the service at 50%;
 - a fault window of 3 s from 33% of the arrivals: resize PATCHes answered 429 (20%) or 500 (10%), evictions and
   cursor writes committed but answered 500 (ambiguous), pod creations and patches answered 500 (10%), the pod watch
   expired (410);
-- a simulated trainer answers each checkpoint request after ~0.1 s.
+- a simulated trainer answers each checkpoint request after ~0.1 s;
+- then a memory-shrink probe (`memory_probe`): the workload seldom makes the allocator shrink memory, so 20 pods on
+  the same version's stand-in are each given a resize with 25 % less RAM, applied by a controller.
 
 Measured: jobs ended by a move (a replacement deleted before its job's end); opted-in pods served by the webhook,
 adopted, or never; the share of samples (every 0.5 s) of running managed pods that hold exactly their allocation
@@ -29,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import io
 import random
 import re
 import subprocess
@@ -38,6 +42,8 @@ import time
 from collections import Counter
 from pathlib import Path
 
+import pandas as pd
+
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests"))
 
@@ -45,7 +51,7 @@ from common import machine, record  # noqa: E402
 from hetplan.allocator.k8s import pods  # noqa: E402
 from hetplan.hints import HintStore  # noqa: E402
 from allocator_helpers import make_plan  # noqa: E402
-from k8s_rig import MODELS, Rig, hints_csv, quantile  # noqa: E402
+from k8s_rig import MODELS, Rig, quantile  # noqa: E402
 from standin_apiserver import ApiError, Fault, actuated_requests, eventually, k8s_node, k8s_pod  # noqa: E402
 
 TYPES = [("NVIDIA-A100-SXM4-80GB", 8, "96", "1000Gi", 13), ("Tesla-V100-SXM2-16GB", 8, "64", "488Gi", 15),
@@ -57,6 +63,23 @@ CONTROLLER = ["--poll", "0.05", "--reconcile", "5", "--orphan-grace", "3", "--ch
 GPUS = [1, 1, 1, 1, 2, 2, 4, 4, 8]
 
 
+def hints() -> pd.DataFrame:
+    """The bench's hint table (**synthetic**): per model 4, 6 or 8 cores and 30 or 50 GiB per GPU, A100 first, then
+    V100, then T4 (no 8-GPU row for the 4-GPU T4): shares the fleet can give where GPUs are free (a T4 node has 48
+    GiB a GPU: the 50 GiB classes get a reduced share there)."""
+    rows = ["model,num_gpus,gpu_type,rank,cpus_per_gpu,mem_gb_per_gpu,expected_throughput,normalized_throughput,"
+            "throughput_per_dollar,plan_id"]
+    for i, model in enumerate(MODELS):
+        for gpus in (1, 2, 4, 8):
+            for rank, gpu in enumerate(("A100-80GB", "V100", "T4"), 1):
+                if gpus > 4 and gpu == "T4":
+                    continue
+                speed = 100 * gpus / rank
+                rows.append(f"{model},{gpus},{gpu},{rank},{4 + 2 * (i % 3)},{30 if i % 2 == 0 else 50},{speed},"
+                            f"{1 / rank:.3f},{speed / 3:.1f},e2e")
+    return pd.read_csv(io.StringIO("\n".join(rows)), dtype=str)
+
+
 def nodes42(root: Path) -> tuple[dict[str, dict], set[str]]:
     """42 nodes of 3 GPU types, as GPU feature discovery labels them; the hint table published; two static-CPU
     V100s."""
@@ -65,7 +88,7 @@ def nodes42(root: Path) -> tuple[dict[str, dict], set[str]]:
         for k in range(count):
             name = f"{product.split('-')[1].lower()}-{k}"
             out[name] = k8s_node(name, product=product, gpus=str(gpus), cpu=cpu, memory=mem)
-    HintStore(root / "store").publish(make_plan("e2e"), hints_csv())
+    HintStore(root / "store").publish(make_plan("e2e"), hints())
     return out, {"v100-0", "v100-1"}
 
 
@@ -100,8 +123,10 @@ class Run:
             self.ends[f"batch/b{i:03d}"] = time.monotonic() + 10
             return
         gpus = self.rng.choice(GPUS)
-        pod = api.create_pod("ml", k8s_pod(f"p{i:03d}", model=MODELS[i % 6], gpus=gpus, cpu="2", memory="8Gi",
-                                           namespace="ml", annotations={pods.GRACE_KEY: "0.5"}))
+        own = i % 3 != 0  # a third state no cores/RAM of their own: their floor is the proportional share
+        pod = api.create_pod("ml", k8s_pod(f"p{i:03d}", model=MODELS[i % 6], gpus=gpus, cpu="2" if own else None,
+                                           memory="8Gi" if own else None, namespace="ml",
+                                           annotations={pods.GRACE_KEY: "0.5"}))
         key = pods.key(pod)
         self.gpus[key] = gpus
         if pods.job_id(pod):
@@ -158,7 +183,7 @@ class Run:
                          "reduced" if exact else "differs"] += 1
 
 
-def run(version: str, count: int, seed: int, keep: Path | None = None) -> dict:
+def run(version: str, count: int, seed: int, keep: Path | None = None, gap: float = 0.1) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp) if keep is None else keep
         nodes, static = nodes42(root)
@@ -173,6 +198,7 @@ def run(version: str, count: int, seed: int, keep: Path | None = None) -> dict:
         started = time.monotonic()
         try:
             rig.start()
+            rig.api.configure_extender(REPO / "deploy" / "kubernetes" / "scheduler-config.yaml", rig.url)
             rig.api.add_daemons(cpu="500m", memory="1Gi")
             last_sample = 0.0
             for i in range(count):
@@ -186,7 +212,7 @@ def run(version: str, count: int, seed: int, keep: Path | None = None) -> dict:
                 if time.monotonic() - last_sample >= 0.5:
                     state.sample()
                     last_sample = time.monotonic()
-                time.sleep(0.1)
+                time.sleep(gap)
             arrived = time.monotonic()
             while time.monotonic() - arrived < 20 and rig.managed():  # the last jobs run out
                 state.tend()
@@ -227,21 +253,7 @@ def measure(rig: Rig, state: Run, actions: list[dict], leaked: list[str], wall: 
     adopted = [k for k in ran if k not in state.served_at_creation and k in state.job_seen]
     never = [k for k in ran if k not in state.served_at_creation and k not in state.job_seen]
     waits = [api.running_at[k] - api.created_at[k] for k in state.served_at_creation if k in api.running_at]
-    limits: dict[str, tuple[float, float]] = {}
-    decreases = Counter()
-    for method, path, body in api.calls:
-        if not path.endswith("/resize") or not body:
-            continue
-        res = body["spec"]["containers"][0]["resources"]
-        from kubernetes.utils.quantity import parse_quantity
-
-        req = parse_quantity(res.get("requests", {}).get("memory", "0"))
-        lim = parse_quantity(res.get("limits", {}).get("memory", "0"))
-        before = limits.get(path)
-        if before is not None:
-            decreases["request"] += req < before[0]
-            decreases["limit"] += 0 < lim < before[1]
-        limits[path] = (req, lim or (before or (0, 0))[1])
+    decreases = Counter(f"{what}-{state}" for _, what, state in api.resize_log)  # memory shrinks the API took
     eight = [k for k in ran if state.gpus[k] == 8]
     eight_served = [k for k in eight if k in state.served_at_creation or k in state.job_seen]
     total = sum(state.samples.values())
@@ -250,15 +262,64 @@ def measure(rig: Rig, state: Run, actions: list[dict], leaked: list[str], wall: 
         "adopted": len(adopted), "never": len(never), "pending_never_ran": len(opted) - len(ran),
         "ended_by_move": len(ended_by_move), "evicted": len(evicted), "replacements_ran": len(replaced),
         "hinted_share": state.samples["hinted"] / total if total else float("nan"), "samples": dict(state.samples),
+        "exact_share": (state.samples["hinted"] + state.samples["reduced"]) / total if total else float("nan"),
         "p50_running": quantile(waits, 0.5), "p90_running": quantile(waits, 0.9), "max_running": max(waits, default=0),
         "overcommits": len(api.overcommits), "leaked": leaked,
         "windows": [round(b - a, 2) for a, b in rig.leaderless()],
         "resize_422": sum(1 for m, p, c in api.refused if p.endswith("/resize") and c == 422),
-        "mem_request_decreases": decreases["request"], "mem_limit_decreases": decreases["limit"],
+        "mem_request_decreases": decreases["request-actuated"], "mem_limit_decreases": decreases["limit-actuated"],
+        "mem_decreases_pending": decreases["request-pending"] + decreases["limit-pending"],
         "eight_ran": len(eight), "eight_served": len(eight_served), "gangs": sorted(state.gangs),
         "faulted": dict(api.faulted), "actions": Counter(a["kind"] for a in actions),
+        "mem_shrinks_decided": sum(1 for a in actions if a["kind"] == "resize" and len(a["after"]) == 1
+                                   and a["after"][0]["mem_gb"] < a["before"][0]["mem_gb"]),
         "ended_by_move_jobs": sorted(set(ended_by_move)), "never_jobs": [f"{k[0]}/{k[1]}" for k in never],
     }
+
+
+def memory_probe(version: str, count: int = 20) -> dict:
+    """Memory shrinks, decided on purpose (the workload above seldom makes the allocator shrink memory): `count`
+    pods on the strict stand-in of `version`, served by the webhook, each then given a resize action with 25 % less
+    RAM and one core less (as Synergy-TUNE decides them), applied by a controller; the allocator and the service in
+    process. How many the kubelet actuated, with the memory limit lowered or kept, and how many were refused."""
+    from dataclasses import replace
+
+    from hetplan.allocator import Allocator, Node
+    from hetplan.allocator.rebalance import Action
+    from test_k8s_controller import Rig as InProcess
+
+    nodes = [Node(f"n{k}", "A100-80GB", 8, 96, 1000) for k in range(3)]
+    with tempfile.TemporaryDirectory() as tmp:
+        rig = InProcess(Path(tmp), Allocator(nodes, "first-fit"), version=version, termination_seconds=0.1)
+        try:
+            c = rig.controller()
+            eventually(lambda: c.elector.leading() and c.cursor is not None)
+            for k in range(count):
+                rig.api.create_pod("ml", k8s_pod(f"s{k:02d}", gpus=1, cpu="8", memory="64Gi", namespace="ml"))
+            targets = {}
+            for k in range(count):
+                a = rig.allocator.running([f"ml/s{k:02d}"])[f"ml/s{k:02d}"][0]
+                targets[f"s{k:02d}"] = replace(a, cpu_m=a.cpu_m - 1000, mem_mib=a.mem_mib * 3 // 4)
+                rig.allocator.apply_actions([Action("resize", a.job_id, (a,), (targets[f"s{k:02d}"],))])
+
+            def actuated() -> list[str]:
+                done = []
+                for name, t in targets.items():
+                    held = actuated_requests(rig.api.pod("ml", name) or {})
+                    if held is not None and round(held.get("memory", 0) / 2**20) == t.mem_mib:
+                        done.append(name)
+                return done
+
+            try:
+                eventually(lambda: len(actuated()) == count, 20)
+            except AssertionError:
+                pass
+            limits = [pods.mem_text(t.mem_mib) == rig.api.pod("ml", n)["spec"]["containers"][0]["resources"]
+                      ["limits"].get("memory") for n, t in targets.items()]
+            return {"decided": count, "actuated": len(actuated()), "limit_lowered": sum(limits),
+                    "refused_422": sum(1 for _, p, code in rig.api.refused if p.endswith("/resize") and code == 422)}
+        finally:
+            rig.close()
 
 
 def main() -> None:
@@ -267,16 +328,20 @@ def main() -> None:
     parser.add_argument("--versions", default="1.33,1.34")
     parser.add_argument("--seed", type=int, default=33)
     parser.add_argument("--no-record", action="store_true")
+    parser.add_argument("--gap", type=float, default=0.1, help="seconds between arrivals (the load)")
     parser.add_argument("--keep", type=Path, help="keep the run's files (logs, database) in this folder")
     args = parser.parse_args()
     started = time.perf_counter()
-    results = {v: run(v, args.pods, args.seed, args.keep) for v in args.versions.split(",")}
+    results = {v: run(v, args.pods, args.seed, args.keep, args.gap) for v in args.versions.split(",")}
+    for v, r in results.items():
+        r["probe"] = memory_probe(v)
     for v, r in results.items():
         print(v, r, flush=True)
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=REPO).stdout
     lines = [f"\n## The controller under Kubernetes' semantics: the strict stand-in (`bench/k8s_strict.py`, issue 33), "
              f"{dt.datetime.now(dt.timezone.utc):%Y-%m-%d %H:%M} UTC\n",
-             f"Run: `.venv/bin/python bench/k8s_strict.py --pods {args.pods} --versions {args.versions}`; {machine()}; "
+             f"Run: `.venv/bin/python bench/k8s_strict.py --pods {args.pods} --versions {args.versions} --gap {args.gap}`; "
+             f"{machine()}; "
              f"commit {commit.strip()}; {time.perf_counter() - started:.0f} s. The STRICT STAND-IN API server on "
              "loopback (not a real kube-apiserver), 42 nodes with daemon pods, pods of 6 models (**synthetic**), "
              "two controller kills, a service kill and a 3 s fault window per run.\n",
@@ -288,15 +353,21 @@ def main() -> None:
                        f"{r['pending_never_ran']} never ran)", "neither 0"),
             ("samples of running pods with exactly their hinted share", lambda r: f"{r['hinted_share']:.1%} "
                                                                                  f"({r['samples']})", ">= 95 %"),
+            ("samples of running pods with exactly their allocation (hinted or reduced)",
+             lambda r: f"{r['exact_share']:.1%}", ""),
             ("time to Running, pods served with room: p50 / p90 / max",
              lambda r: f"{r['p50_running']:.2f} / {r['p90_running']:.2f} / {r['max_running']:.2f} s", "p90 <= 10 s"),
             ("overcommits (actuated above allocatable, any pod change)", lambda r: str(r["overcommits"]), "0"),
             ("allocations left after every job ended", lambda r: str(len(r["leaked"])), "0"),
             ("leaderless windows after controller kills", lambda r: f"{r['windows']} s", f"<= {LEASE + 2:g} s"),
             ("resize requests refused with 422", lambda r: str(r["resize_422"]), "0 (1.33)"),
-            ("memory limit decreases sent (request decreases)", lambda r: f"{r['mem_limit_decreases']} "
-                                                                          f"({r['mem_request_decreases']})",
+            ("memory shrinks actuated: limit lowered / request lowered (pending)",
+             lambda r: f"{r['mem_limit_decreases']} / {r['mem_request_decreases']} ({r['mem_decreases_pending']}); "
+                       f"decided {r['mem_shrinks_decided']}",
              "1.34: actuated"),
+            ("memory-shrink probe: decided / actuated / limit lowered / refused 422",
+             lambda r: "{decided} / {actuated} / {limit_lowered} / {refused_422}".format(**r["probe"]),
+             "1.33: 0 refused; 1.34: actuated"),
             ("8-GPU pods that ran: served on one node", lambda r: f"{r['eight_served']} of {r['eight_ran']}; "
                                                                    f"gangs {len(r['gangs'])}", "100 %"),
             ("faults injected", lambda r: str(r["faulted"]), ""), ("wall", lambda r: f"{r['wall_s']:.0f} s", "")]

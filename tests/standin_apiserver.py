@@ -290,6 +290,11 @@ class FakeApiServer:
         self.webhook_timeout = 10.0  # the webhook configuration's timeoutSeconds
         self.webhook_failure_policy = "Ignore"  # and its failurePolicy: Fail refuses the pod when no answer
         self.webhook_context: Any = None  # an ssl.SSLContext trusting the webhook's CA (HTTPS webhooks)
+        self.extender: dict[str, Any] | None = None  # the scheduler's extender (`configure_extender`)
+        self.extender_calls = 0
+        self.admission_warnings: list[str] = []  # the webhook's warnings, as kubectl would print them
+        self.resize_log: list[tuple[tuple[str, str], str, str]] = []  # (pod, what, "actuated"|"pending") per resize
+        # whose memory went down: what is "request" or "limit"
         outer = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -495,6 +500,45 @@ class FakeApiServer:
         self.webhook_context = ssl.create_default_context(cafile=str(ca_file)) if ca_file else None
         return config
 
+    def configure_extender(self, config: Path, url: str) -> dict:
+        """Let the stand-in scheduler call an extender as the KubeSchedulerConfiguration in `config` says (its first
+        extender, at `url` instead of its urlPrefix): for a pod asking one of its managedResources, `filterVerb` with
+        the nodes that passed the scheduler's own fit check (`NodeNames` when nodeCacheCapable), keeping those it
+        passes; an extender that fails is skipped when `ignorable`, else the pod stays Pending."""
+        import yaml
+
+        extender = yaml.safe_load(config.read_text())["extenders"][0]
+        timeout = str(extender.get("httpTimeout", "30s"))
+        self.extender = {"url": url.rstrip("/"), "filter": extender["filterVerb"],
+                         "cache": bool(extender.get("nodeCacheCapable")), "ignorable": bool(extender.get("ignorable")),
+                         "managed": {m["name"] for m in extender.get("managedResources") or []},
+                         "timeout": float(timeout.rstrip("s")) if timeout.endswith("s") else 30.0}
+        return extender
+
+    def _extend(self, pod: dict, nodes: list[str]) -> list[str]:
+        """The nodes the extender passes for `pod` (see `configure_extender`)."""
+        ext = self.extender
+        if ext is None or not nodes or not set(pod_requests(pod)) & ext["managed"]:
+            return nodes
+        args: dict[str, Any] = {"Pod": pod}
+        if ext["cache"]:
+            args["NodeNames"] = nodes
+        else:
+            args["Nodes"] = {"items": [self.nodes[n] for n in nodes]}
+        self.extender_calls += 1
+        try:
+            request = urllib.request.Request(f"{ext['url']}/{ext['filter']}", json.dumps(args).encode(),
+                                             {"Content-Type": "application/json"})
+            with urllib.request.urlopen(request, timeout=ext["timeout"]) as answer:
+                result = json.loads(answer.read())
+        except (OSError, ValueError):
+            return nodes if ext["ignorable"] else []
+        if result.get("Error"):
+            return nodes if ext["ignorable"] else []
+        if ext["cache"]:
+            return [n for n in nodes if n in set(result.get("NodeNames") or [])]
+        return [n for n in nodes if n in {i["metadata"]["name"] for i in (result.get("Nodes") or {}).get("items", [])}]
+
     # ------------------------------------------------------------------ faults
 
     def fault(self, method: str, path: str) -> Fault | None:
@@ -638,6 +682,7 @@ current-context: stand-in
             return pod
         if not response.get("allowed"):
             raise ApiError(400, "BadRequest", f"admission webhook denied the request: {response.get('status')}")
+        self.admission_warnings += response.get("warnings") or []
         if response.get("patch"):
             import base64
             assert response.get("patchType") == "JSONPatch"
@@ -786,6 +831,9 @@ current-context: stand-in
             raise ApiError(422, "Invalid", "the resize subresource changes spec.containers[*].resources only")
         validate_resize(pod, new, self.version)
         key = (pod["metadata"]["namespace"], pod["metadata"]["name"])
+        shrunk = [what for what, before, after in (
+            ("request", pod_requests(pod).get("memory"), pod_requests(new).get("memory")),
+            ("limit", _limit(pod, "memory"), _limit(new, "memory"))) if before and after and after < before]
         cpu_changed = [pod_requests({"spec": {"containers": [c]}}).get("cpu") for c in pod["spec"]["containers"]] != \
             [pod_requests({"spec": {"containers": [c]}}).get("cpu") for c in new["spec"]["containers"]]
         pod["spec"]["containers"] = new["spec"]["containers"]
@@ -803,6 +851,8 @@ current-context: stand-in
         elif node:
             pod["status"]["containerStatuses"] = self._actuated(pod)
         pod["status"]["conditions"] = conditions
+        state = "pending" if any(c["type"] == "PodResizePending" for c in conditions) or not node else "actuated"
+        self.resize_log += [(key, what, state) for what in shrunk]
         self._emit("MODIFIED", pod)
         return copy.deepcopy(pod)
 
@@ -884,10 +934,10 @@ current-context: stand-in
                         spec.get("schedulerName", "default-scheduler") != "default-scheduler":
                     continue
                 wanted = pinned(pod)
-                for node in ([wanted] if wanted else list(self.nodes)):
-                    if node in self.nodes and self._fits(node, pod):
-                        self._bind(pod, node)
-                        break
+                fit = [n for n in ([wanted] if wanted else list(self.nodes)) if n in self.nodes and self._fits(n, pod)]
+                passed = self._extend(pod, fit)
+                if passed:
+                    self._bind(pod, passed[0])
 
     def add_daemons(self, cpu: str = "500m", memory: str = "1Gi") -> list[dict]:
         """A daemon set's pod on every node (kube-system, bound at creation as the DaemonSet controller binds
@@ -942,6 +992,12 @@ current-context: stand-in
             self.lease_history.append((time.time(), str((obj.get("spec") or {}).get("holderIdentity") or "")))
         self.objects[key] = obj
         return copy.deepcopy(obj)
+
+
+def _limit(pod: dict, resource: str) -> Decimal | None:
+    """The sum of the containers' limits of `resource` (None when one has none: unlimited)."""
+    limits = [((c.get("resources") or {}).get("limits") or {}).get(resource) for c in pod["spec"]["containers"]]
+    return None if any(v is None for v in limits) else sum((parse_quantity(v) for v in limits), Decimal(0))
 
 
 def pinned(pod: dict) -> str | None:

@@ -286,3 +286,32 @@ def test_an_eviction_whose_answer_is_lost_still_moves_the_job(tmp_path):
         assert c.stats.counts["migrate-cancelled"] == 0 and "ml/p1" in rig.allocator.running()
     finally:
         rig.close()
+
+
+def test_the_extender_passes_a_pod_hetplan_allocated_on_its_own_node_whatever_is_free(rig):
+    """With the webhook and the extender both on (scheduler-config.yaml), a pod hetplan allocated was judged by its
+    node's free GPUs, which its own allocation had taken: a 4-GPU pod failed its own node. It passes it now, and
+    only it; a pod hetplan did not serve is judged by the free capacity (so a default-path pod never lands on room
+    hetplan holds for another)."""
+    rig.api.create_pod("ml", k8s_pod("whole", gpus=4))
+    pod = rig.api.pod("ml", "whole")
+    node = allocation(rig.allocator, "ml/whole").node
+    other = "gpu-b" if node == "gpu-a" else "gpu-a"
+    answer = rig.http.post("/filter", json={"Pod": pod, "NodeNames": ["gpu-a", "gpu-b"]}).json()
+    assert answer["NodeNames"] == [node] and "allocated this pod to" in answer["FailedAndUnresolvableNodes"][other]
+    stranger = k8s_pod("fell", gpus=4)
+    stranger["metadata"]["namespace"] = "ml"
+    answer = rig.http.post("/filter", json={"Pod": stranger, "NodeNames": ["gpu-a", "gpu-b"]}).json()
+    assert answer["NodeNames"] == [other] and "GPUs free" in answer["FailedNodes"][node]
+
+
+def test_a_moves_replacement_is_admitted_as_the_controller_made_it(rig):
+    """The webhook sees a replacement's CREATE too (it carries the opt-in label): it must not ask the allocator
+    again (for a pod without an own request that was a conflict, and a warning, for every move)."""
+    c = leading(rig)
+    rig.api.create_pod("ml", k8s_pod("p1", cpu=None, memory=None, annotations={pods.GRACE_KEY: "0"}))
+    _, _, new = start_move(rig)
+    eventually(lambda: (rig.api.pod("ml", new) or {}).get("status", {}).get("phase") == "Running", 10)
+    assert rig.api.webhook_failures == 0 and rig.api.admission_warnings == [] and c.stats.counts["migrated"] == 1
+    assert requests_of(rig.api.pod("ml", new)) == (allocation(rig.allocator, "ml/p1").cpu_m,
+                                                   allocation(rig.allocator, "ml/p1").mem_mib)

@@ -90,7 +90,11 @@ def _mib(value: Any) -> int:
 
 def plan_resize(pod: Mapping[str, Any], target: pods.Target, rules: Rules) -> ResizePlan:
     """The resize that gives the pod `target`'s cores and RAM as far as `rules` allow (see the module's docstring);
-    `ValueError` when the other containers already ask for all of it."""
+    `ValueError` when the other containers already ask for all of it, or when the pod is BestEffort (it asks no
+    cores or RAM: any request would change its QoS class, which a resize may not; an adopted pod can be so)."""
+    if qos_class(pod) == "BestEffort":
+        raise ValueError("a BestEffort pod (no cpu or memory request) cannot get one in place: its QoS class would "
+                         "change")
     index, cpu_m, mem_mib = pods.main_share(pod, target)
     container = pod["spec"]["containers"][index]
     res = container.get("resources") or {}

@@ -113,6 +113,8 @@ def review(body: Mapping[str, Any], allocate: Callable[[dict], dict], release: C
     where = f"{request.get('namespace')}/{pods.meta(pod).get('name') or pods.meta(pod).get('generateName', '')}"
     if request.get("dryRun"):
         response["warnings"] = ["hetplan: dry run, nothing allocated"]  # sideEffects: NoneOnDryRun
+    elif pods.annotations(pod).get(pods.MIGRATED_FROM_KEY) and pods.job_id(pod):
+        pass  # a move's replacement, made by the controller with its job's allocation: admitted as it is
     elif request.get("operation") == "CREATE" and request.get("kind", {}).get("kind") == "Pod":
         try:
             patch = admit(pod, str(request.get("namespace") or "default"), allocate, release)
