@@ -92,6 +92,12 @@ def nodes42(root: Path) -> tuple[dict[str, dict], set[str]]:
     return out, {"v100-0", "v100-1"}
 
 
+LOG_LINES = {"evicted-to-move": r"evicted \S+: moving to", "evicted-stopped": r"evicted \S+: stopped by",
+             "orphans-released": r"has no pod; released", "moves-cancelled": r"ended by itself before it moved",
+             "adopt-refused": r"refuses it", "resize-refused": r"refused: HTTP 422"}
+"""Controller log lines counted per run (what evicted pods, what released allocations)."""
+
+
 def faults(until: float) -> list[Fault]:
     return [Fault("PATCH", r"/pods/[^/]+/resize$", 429, times=None, chance=0.2, until=until),
             Fault("PATCH", r"/pods/[^/]+/resize$", 500, times=None, chance=0.1, until=until),
@@ -114,6 +120,7 @@ class Run:
         self.samples = Counter()
         self.gangs: set[str] = set()
         self.answered: set[tuple[str, str, str]] = set()
+        self.log_counts: Counter = Counter()
 
     def arrive(self, i: int) -> None:
         api = self.rig.api
@@ -236,6 +243,8 @@ def run(version: str, count: int, seed: int, keep: Path | None = None, gap: floa
             actions = rig.actions()["actions"]
         finally:
             rig.close()
+        log = (root / "processes.log").read_text(errors="replace")
+        state.log_counts = Counter(what for what, pattern in LOG_LINES.items() for _ in re.finditer(pattern, log))
     return measure(rig, state, actions, leaked, time.monotonic() - started)
 
 
@@ -274,6 +283,7 @@ def measure(rig: Rig, state: Run, actions: list[dict], leaked: list[str], wall: 
         "mem_shrinks_decided": sum(1 for a in actions if a["kind"] == "resize" and len(a["after"]) == 1
                                    and a["after"][0]["mem_gb"] < a["before"][0]["mem_gb"]),
         "ended_by_move_jobs": sorted(set(ended_by_move)), "never_jobs": [f"{k[0]}/{k[1]}" for k in never],
+        "log": dict(state.log_counts),
     }
 
 
@@ -370,7 +380,8 @@ def main() -> None:
              "1.33: 0 refused; 1.34: actuated"),
             ("8-GPU pods that ran: served on one node", lambda r: f"{r['eight_served']} of {r['eight_ran']}; "
                                                                    f"gangs {len(r['gangs'])}", "100 %"),
-            ("faults injected", lambda r: str(r["faulted"]), ""), ("wall", lambda r: f"{r['wall_s']:.0f} s", "")]
+            ("faults injected", lambda r: str(r["faulted"]), ""),
+            ("controller log: evictions, releases, refusals", lambda r: str(r["log"]), ""), ("wall", lambda r: f"{r['wall_s']:.0f} s", "")]
     for name, cell, target in rows:
         lines.append(f"| {name} | " + " | ".join(cell(r) for r in results.values()) + f" | {target} |")
     lines.append("")

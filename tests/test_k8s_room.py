@@ -120,3 +120,28 @@ def test_usage_is_the_larger_of_spec_and_actuated_as_the_scheduler_counts():
     pod["status"] = {"containerStatuses": [{"name": "trainer", "resources": {"requests": {"cpu": "3",
                                                                                           "memory": "4Gi"}}}]}
     assert usage(pod) == Usage(1, 3000, 8192)  # a cpu shrink not actuated yet holds the old cores
+
+
+def test_a_pod_list_before_the_node_list_removes_no_node(tmp_path):
+    """Found by bench/k8s_strict.py: after a service restart the pod list can come before the Node list; the room's
+    full recount then read every node the sync owns as deleted and removed them, allocations and all (the
+    controller then evicted their pods). The room waits for the Nodes now."""
+    from hetplan.allocator.k8s.nodes import SOURCE, SOURCE_LABEL
+
+    api = FakeApiServer().start()
+    try:
+        api.nodes = {"gpu-a": k8s_node("gpu-a", gpus="4", cpu="32", memory="128Gi")}
+        api.refuse_lists = 2  # the Node list fails twice (403) first: the pods are listed before it
+        allocator = Allocator([Node("gpu-a", "T4", 4, 32, 128, {SOURCE_LABEL: SOURCE})], "first-fit")
+        allocator.allocate(Job.request("ml/kept", "res50", 1, 2, 8))
+        sync = NodeSync(allocator, load_client(api.kubeconfig(tmp_path / "kubeconfig.yaml")), backoff=(0.3, 0.3))
+        sync.start()
+        try:
+            eventually(lambda: sync.pods_ready.is_set())
+            assert not sync.ready.is_set() and "gpu-a" in allocator.cluster and "ml/kept" in allocator.running()
+            eventually(lambda: sync.ready.is_set())
+            assert "ml/kept" in allocator.running() and "gpu-a" in allocator.cluster
+        finally:
+            sync.stop()
+    finally:
+        api.stop()

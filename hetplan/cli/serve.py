@@ -84,14 +84,14 @@ def serve(
                                    tick_seconds=tick, kubeconfig=kubeconfig)
     except ValidationError as exc:
         raise _fail("; ".join(err["msg"] for err in exc.errors())) from None
-    if write_token is None:
-        log.warning("allocator writes (allocate, release, adopt) are not authenticated: set --write-token or "
-                    "HETPLAN_WRITE_TOKEN")
     _check_db(settings.db)
     if kubeconfig is not None:
         _check_kubeconfig(kubeconfig)
     if seed:
         _seed_nodes(settings.db, seed, settings.synchronous)
+    if write_token is None:
+        log.warning("allocator writes (allocate, release, adopt) are not authenticated: set --write-token or "
+                    "HETPLAN_WRITE_TOKEN")
     uvicorn.run(create_app(settings), host=host, port=port, log_level=log_level, access_log=False,
                 workers=1, timeout_graceful_shutdown=5)
 

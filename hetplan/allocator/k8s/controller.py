@@ -671,7 +671,8 @@ class Controller:
     # ------------------------------------------------------------------ releases and the kubelet's answers
 
     def _releases(self) -> int:
-        """Release the jobs of the pods that ended (concurrently, as `apply_batch`); how many were released."""
+        """Release the jobs of the pods that ended (concurrently, as `apply_batch`); how many were released. A
+        release that fails (the service restarting) is tried again in the next pass, not left to the orphan rule."""
         with self._lock:
             ended, self._ended = list(self._ended), deque()
         due = []
@@ -682,7 +683,20 @@ class Controller:
             due.append(pod)
         if not due:
             return 0
-        done = list(self._pool.map(self._release, due)) if len(due) > 1 else [self._release(due[0])]
+        failed: list[tuple[dict, BaseException]] = []
+
+        def attempt(pod: dict) -> bool:
+            try:
+                return self._release(pod)
+            except Exception as exc:  # noqa: BLE001 - queued again below, and raised once all were tried
+                failed.append((pod, exc))
+                return False
+
+        done = list(self._pool.map(attempt, due)) if len(due) > 1 else [attempt(due[0])]
+        if failed:
+            with self._lock:
+                self._ended.extend(pod for pod, _ in failed)
+            raise failed[0][1]
         return sum(done)
 
     def _release(self, pod: dict) -> bool:

@@ -258,13 +258,14 @@ class NodeSync:
         log.warning("kubernetes node sync: %s%s; retrying in %g s (%s)", _one_line(exc), hint, delay, then)
         self._stopping.wait(delay)
 
-    def _list(self, core: Any) -> None:
-        """List every Node (in pages), replace what the sync knows, reconcile; watch from the list's version."""
+    def _list_all(self, list_fn: Any) -> tuple[list[Any], str | None]:
+        """Every item of a list call (`core.list_node`, `core.list_pod_for_all_namespaces`), in pages, and the
+        list's resourceVersion."""
         items: list[Any] = []
         token: str | None = None
         while True:
-            response = core.list_node(limit=self.page_size, _continue=token, _preload_content=False,
-                                      _request_timeout=self.request_timeout)
+            response = list_fn(limit=self.page_size, _continue=token, _preload_content=False,
+                               _request_timeout=self.request_timeout)
             try:
                 body = json.loads(response.data)
             finally:
@@ -273,9 +274,13 @@ class NodeSync:
             meta = body.get("metadata") or {}
             token = meta.get("continue") or None
             if token is None:
-                break
+                return items, str(meta.get("resourceVersion") or "") or None
+
+    def _list(self, core: Any) -> None:
+        """List every Node (in pages), replace what the sync knows, reconcile; watch from the list's version."""
+        items, rv = self._list_all(core.list_node)
         self.apply_list(items)
-        self._resource_version = str(meta.get("resourceVersion") or "") or None
+        self._resource_version = rv
         if self._resource_version is None:
             raise ValueError("the Node list has no metadata.resourceVersion")
         self._failures = 0
@@ -347,8 +352,14 @@ class NodeSync:
     def recount(self, names: Iterable[str], owned: Iterable[str] = ()) -> None:
         """Recount the room of `names` now (the caller holds the allocator's lock, or need not): with `owned`,
         the pods of those jobs count as hetplan's (a pod being adopted: its room is its own)."""
-        if self.watch_pods:
-            self.reconcile([n for n in names if n in self._seen], owned)
+        self._recount([n for n in names if n in self._seen], owned)
+
+    def _recount(self, names: Iterable[str] | None, owned: Iterable[str] = ()) -> None:
+        """A reconcile for the room's sake (a pod event, an allocation change, an adoption): only once the Nodes
+        were listed. Before that the sync knows no Node, and a full reconcile would read every node it owns (all of
+        them, after a restart) as deleted, and remove them with their allocations."""
+        if self.watch_pods and self.ready.is_set():
+            self.reconcile(names, owned)
 
     def _change(self, cluster: Cluster, name: str, owned: set[str] | None = None) -> tuple[str, Node | str] | None:
         """("upsert", node), ("close", node) or ("remove", name) for one node, or None when it is in step."""
@@ -440,7 +451,7 @@ class NodeSync:
                     if event.get("type") in ("ADDED", "MODIFIED", "DELETED"):
                         changed = self.ledger.update(str(event["type"]), obj)
                         if changed:
-                            self.reconcile(changed)
+                            self._recount(changed)
                     rv = str((obj.get("metadata") or {}).get("resourceVersion") or rv)
                 failures = 0
             except ApiException as exc:
@@ -461,25 +472,13 @@ class NodeSync:
         return failures + 1
 
     def _list_pods(self, core: Any) -> str:
-        items: list[Any] = []
-        token: str | None = None
-        while True:
-            response = core.list_pod_for_all_namespaces(limit=self.page_size, _continue=token, _preload_content=False,
-                                                        _request_timeout=self.request_timeout)
-            try:
-                body = json.loads(response.data)
-            finally:
-                response.release_conn()
-            items.extend(body.get("items") or [])
-            meta = body.get("metadata") or {}
-            token = meta.get("continue") or None
-            if token is None:
-                break
+        """List every pod into the ledger and recount (every node at the first list); the list's version."""
+        items, rv = self._list_all(core.list_pod_for_all_namespaces)
         changed = self.ledger.replace(items)
         first = not self.pods_ready.is_set()
         self.pods_ready.set()
-        self.reconcile(None if first else changed)
-        return str(meta.get("resourceVersion") or "0")
+        self._recount(None if first else changed)
+        return rv or "0"
 
     def _follow_allocations(self) -> None:
         """Recount the nodes whose allocations changed (a job released, moved or re-sized changes what its pods hold
@@ -501,7 +500,7 @@ class NodeSync:
                     names = None
                 seen = latest
             try:
-                self.reconcile(names)
+                self._recount(names)
             except Exception as exc:  # noqa: BLE001 - logged; the next change or pod event recounts again
                 log.warning("kubernetes node sync: recount: %s", _one_line(exc))
 
