@@ -13,7 +13,7 @@ replicas (lease 2 s) run as subprocesses, as in `tests/k8s_rig.py`. Per API serv
   (**synthetic**: 1, 2, 4 or 8 GPUs; two in three with an own request of 2 cores / 8 GiB, the others none: their
   floor is the GPU-proportional share) arrive every `--gap` s (0.1) and run 4-15 s; every 20th arrival is a pod hetplan does not manage (1 GPU, 4 cores, 16 GiB);
 - the leading controller SIGKILLed at 27% and 73% of the arrivals, the service at 50%;
-- a fault window of 3 s from 33% of the arrivals: resize PATCHes answered 429 (20%) or 500 (10%), evictions and
+- a fault window of 5 s from 33% of the arrivals: resize PATCHes answered 429 (20%) or 500 (10%), evictions and
   cursor writes committed but answered 500 (ambiguous), pod creations and patches answered 500 (10%), the pod watch
   expired (410);
 - a simulated trainer answers each checkpoint request after ~0.1 s;
@@ -64,9 +64,11 @@ GPUS = [1, 1, 1, 1, 2, 2, 4, 4, 8]
 
 
 def hints() -> pd.DataFrame:
-    """The bench's hint table (**synthetic**): per model 4, 6 or 8 cores and 30 or 50 GiB per GPU, A100 first, then
-    V100, then T4 (no 8-GPU row for the 4-GPU T4): shares the fleet can give where GPUs are free (a T4 node has 48
-    GiB a GPU: the 50 GiB classes get a reduced share there)."""
+    """The bench's hint table (**synthetic**): per model 4, 5 or 6 cores and 30 or 45 GiB per GPU, A100 first, then
+    V100, then T4 (no 8-GPU row for the 4-GPU T4): shares every node can give each of its GPUs, daemon pod
+    included, so that a share below the hinted one says what the allocator and the controller did, not that the
+    fleet has too few cores or GiB per GPU. (With 4/6/8 cores and 30/50 GiB, which a full V100 or T4 node cannot
+    give every GPU, the same runs measured 93.6-96.3 % of samples at the hinted share.)"""
     rows = ["model,num_gpus,gpu_type,rank,cpus_per_gpu,mem_gb_per_gpu,expected_throughput,normalized_throughput,"
             "throughput_per_dollar,plan_id"]
     for i, model in enumerate(MODELS):
@@ -75,7 +77,7 @@ def hints() -> pd.DataFrame:
                 if gpus > 4 and gpu == "T4":
                     continue
                 speed = 100 * gpus / rank
-                rows.append(f"{model},{gpus},{gpu},{rank},{4 + 2 * (i % 3)},{30 if i % 2 == 0 else 50},{speed},"
+                rows.append(f"{model},{gpus},{gpu},{rank},{4 + i % 3},{30 if i % 2 == 0 else 45},{speed},"
                             f"{1 / rank:.3f},{speed / 3:.1f},e2e")
     return pd.read_csv(io.StringIO("\n".join(rows)), dtype=str)
 
@@ -213,7 +215,7 @@ def run(version: str, count: int, seed: int, keep: Path | None = None, gap: floa
                 if i in kills_at:
                     rig.kill_leader() if kills_at[i] == "controller" else rig.kill_service()
                 if i == fault_at:
-                    rig.api.faults = faults(time.monotonic() + 3)
+                    rig.api.faults = faults(time.monotonic() + 5)
                     rig.api.compact()
                 state.tend()
                 if time.monotonic() - last_sample >= 0.5:
@@ -354,7 +356,7 @@ def main() -> None:
              f"{machine()}; "
              f"commit {commit.strip()}; {time.perf_counter() - started:.0f} s. The STRICT STAND-IN API server on "
              "loopback (not a real kube-apiserver), 42 nodes with daemon pods, pods of 6 models (**synthetic**), "
-             "two controller kills, a service kill and a 3 s fault window per run.\n",
+             "two controller kills, a service kill and a 5 s fault window per run.\n",
              "| target | " + " | ".join(results) + " | target |", "|---|" + "---:|" * len(results) + "---|"]
     rows = [("jobs ended by a move", lambda r: f"{r['ended_by_move']} (moves: {r['evicted']} evictions, "
                                               f"{r['replacements_ran']} replacements ran)", "0"),
