@@ -108,6 +108,30 @@ class Allocator:
             parts = self.running([job.job_id]).get(job.job_id)
             return parts[0] if parts else self._rejection(job, decision)
 
+    def adopt(self, job: Job, node: str) -> Decision:
+        """Give `job`, whose pod already runs on `node` with its own request, an allocation there: that request (the
+        floor), which the next re-sizing step grows toward its hinted share. For pods that took the default path
+        (the allocator had no room when they were created, or could not be reached) and that Kubernetes placed
+        since. Asking again for a job that holds resources answers as `allocate` does."""
+        with self.lock:
+            decision = self._existing(job)
+            if decision is not None:
+                return decision
+            hints = self.hint_source.current()
+            if node not in self.cluster or not job.whole:
+                why = f"unknown node {node!r}" if node not in self.cluster else "a GPU share is not adopted"
+                return Rejection(job.job_id, Reason.TOO_BIG, why, hints.version, self.policy.name)
+            floor = (job.cpu_m or 0, job.mem_mib or 0)
+            fit = self.cluster.fit_on(node, job.num_gpus, lambda shape: floor)
+            if fit is None:
+                return Rejection(job.job_id, Reason.NO_CAPACITY, f"node {node} has not {job.num_gpus} GPUs, "
+                                 f"{floor[0]}m cores and {floor[1]} MiB free", hints.version, self.policy.name)
+            a = Allocation(job.job_id, job.model, node, fit.gpu_type, job.num_gpus, fit.cpu_m, fit.mem_mib,
+                           hints.version, self.policy.name, "reduced", request_cpu_m=job.cpu_m,
+                           request_mem_mib=job.mem_mib)
+            self._commit([Action("start", job.job_id, (), (a,))], apply=True)
+            return a
+
     def decide(self, job: Job) -> Decision:
         """What a placement-only `allocate` would return, without applying it (the policy's own answer)."""
         with self.lock:

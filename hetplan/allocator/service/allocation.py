@@ -15,8 +15,8 @@ from fastapi import APIRouter, HTTPException
 from hetplan.allocator.core import Allocator
 from hetplan.allocator.journal import LoggedAction, TooOld
 from hetplan.allocator.service.bodies import (
-    ADMIN_RESPONSES, ActionOut, ActionsResponse, AllocateRequest, AllocateResponse, AllocationOut, AsciiInt, ErrorOut,
-    ReleaseRequest, ReleaseResponse, action_out, allocation_out, posted,
+    ADMIN_RESPONSES, WRITE_RESPONSES, ActionOut, ActionsResponse, AllocateRequest, AllocateResponse, AllocationOut,
+    AsciiInt, ErrorOut, ReleaseRequest, ReleaseResponse, action_out, allocation_out, posted,
 )
 from hetplan.allocator.service.context import ServiceContext
 from hetplan.allocator.service.middleware import JSONRoute
@@ -73,7 +73,8 @@ def rebalance_tick(ctx: ServiceContext) -> list[ActionOut]:
 def router(ctx: ServiceContext) -> APIRouter:
     api = APIRouter(tags=["allocation"], route_class=JSONRoute)
 
-    @api.post("/v1/allocate", response_model=AllocateResponse, responses=posted())
+    @api.post("/v1/allocate", response_model=AllocateResponse, dependencies=ctx.writer,
+              responses={**posted(), **WRITE_RESPONSES})
     async def allocate(body: AllocateRequest) -> AllocateResponse:
         """Place a job (idempotent per job_id). A job larger than any node runs as a gang over nodes of one GPU
         type, all or nothing (`parts`). A rejection is an answer, not an error: status 200."""
@@ -88,7 +89,8 @@ def router(ctx: ServiceContext) -> APIRouter:
         return AllocateResponse(status="rejected", job_id=job.job_id, hint_version=decision.hint_version,
                                 reason=decision.reason.value, message=decision.message)
 
-    @api.post("/v1/release", response_model=ReleaseResponse, responses=posted())
+    @api.post("/v1/release", response_model=ReleaseResponse, dependencies=ctx.writer,
+              responses={**posted(), **WRITE_RESPONSES})
     async def release(body: ReleaseRequest) -> ReleaseResponse:
         """Free a job's resources, every part of a gang (idempotent)."""
         parts, actions = await ctx.durably(release_job, ctx, body.job_id)
