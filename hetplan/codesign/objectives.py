@@ -246,5 +246,9 @@ def declined(table: pd.DataFrame, index: int, objective: WorkloadObjective) -> s
     cost = float(other[column]) / float(best[column])
     more = f"--max-job-gpus {int(other['hosts_up_to'])} to insist" if "hosts_up_to" in other else "insist with " \
         "--max-job-gpus"
-    return (f"{line}: hosting them ({other['candidate']}) makes the other jobs' {column.removeprefix('core_')} "
-            f"{cost:.2f}x ({float(other[column]):.3g} h against {float(best[column]):.3g} h); {more}")
+    what = FIGURE_WORDS.get(column.removeprefix("core_"), column)
+    return (f"{line}: hosting them ({other['candidate']}) makes the other jobs' {what} {cost:.2f}x "
+            f"({float(other[column]):.3g} h against {float(best[column]):.3g} h); {more}")
+
+
+FIGURE_WORDS = {"avg_jct_h": "average JCT", "p95_jct_h": "95th-percentile JCT", "makespan_h": "makespan"}
