@@ -14,8 +14,8 @@ only serve the webhook), woken every `poll` seconds and by every pod event:
    scheduling gate `hetplan.io/migration`, the old pod is asked to checkpoint (annotation `hetplan.io/checkpoint`,
    answered by `hetplan.io/checkpointed` or its grace period), then evicted through the Eviction API
    (PodDisruptionBudgets honoured: a 429 is retried), then the gate is lifted; `stop` -> the pod is evicted if it
-   is bound (one not bound is kept: 5.); `start` -> nothing (the webhook created the pod with its allocation). Every step first compares
-   the cluster with the target, so an action applied again changes nothing.
+   is bound (one not bound is kept: 5.); `start` -> nothing (the webhook created the pod with its allocation).
+   Every step first compares the cluster with the target, so an action applied again changes nothing.
 3. **Cursor**: after each batch of actions read, the ConfigMap `<name>-cursor` (key `cursor`) is written, with the
    resourceVersion read (a replica that lost the lease cannot overwrite it). 410 from the log (the cursor is older
    than the log, or ahead of it): reconcile, then go on from the log's latest.
