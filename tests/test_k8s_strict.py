@@ -349,6 +349,7 @@ def race(tmp_path, nodes: list[str]):
         raise
     return rig, "v100-0"
 
+
 def test_a_bound_pod_wins_its_room_over_an_unbound_allocation_which_moves_elsewhere(tmp_path):
     """Bug (bench 1.33: 2 of 33 8-GPU pods neither served nor adopted): the running pod's adoption was refused for
     its whole life, its room counted as the newer allocation's. Now it is adopted there; the newer job is placed
