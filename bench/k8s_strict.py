@@ -96,7 +96,8 @@ def nodes42(root: Path) -> tuple[dict[str, dict], set[str]]:
 
 LOG_LINES = {"evicted-to-move": r"evicted \S+: moving to", "evicted-stopped": r"evicted \S+: stopped by",
              "orphans-released": r"has no pod; released", "moves-cancelled": r"ended by itself before it moved",
-             "adopt-refused": r"refuses it", "resize-refused": r"refused: HTTP 422"}
+             "adopt-refused": r"refuses it", "resize-refused": r"refused: HTTP 422",
+             "room-taken-back": r"held room its pod was not bound to", "kept-pending": r"kept Pending, allocated again"}
 """Controller log lines counted per run (what evicted pods, what released allocations)."""
 
 
@@ -259,11 +260,16 @@ def measure(rig: Rig, state: Run, actions: list[dict], leaked: list[str], wall: 
             ended_by_move.append(f"ml/{m.group(1)}")
     evicted = {path.split("/")[-2] for method, path, _ in api.calls if path.endswith("/eviction")}
     replaced = {k[1] for k in api.running_at if re.fullmatch(r"p\d+-m\d+", k[1])}
+    first_ran: dict[tuple[str, str], float] = {}  # a pod -> when it, or a replacement of it, first ran (a pod
+    # never bound whose room a bound pod took back runs as its replacement)
+    for (ns, name), at in api.running_at.items():
+        key = (ns, re.sub(r"-m\d+$", "", name))
+        first_ran[key] = min(first_ran.get(key, at), at)
     opted = [k for k in state.gpus]
-    ran = [k for k in opted if k in api.running_at]
+    ran = [k for k in opted if k in first_ran]
     adopted = [k for k in ran if k not in state.served_at_creation and k in state.job_seen]
     never = [k for k in ran if k not in state.served_at_creation and k not in state.job_seen]
-    waits = [api.running_at[k] - api.created_at[k] for k in state.served_at_creation if k in api.running_at]
+    waits = [first_ran[k] - api.created_at[k] for k in state.served_at_creation if k in first_ran]
     decreases = Counter(f"{what}-{state}" for _, what, state in api.resize_log)  # memory shrinks the API took
     eight = [k for k in ran if state.gpus[k] == 8]
     eight_served = [k for k in eight if k in state.served_at_creation or k in state.job_seen]

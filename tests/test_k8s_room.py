@@ -145,3 +145,31 @@ def test_a_pod_list_before_the_node_list_removes_no_node(tmp_path):
             sync.stop()
     finally:
         api.stop()
+
+
+def test_an_adoption_takes_back_only_unbound_room_newest_first_in_one_journaled_change(tmp_path):
+    """`Allocator.adopt(..., unbound)`: where a running pod's node has no room, the newest allocations there whose
+    pods are not bound give it back, as few as needed, placed again elsewhere (`migrate`) or stopped; one change,
+    numbered and journaled; a bound job's room is never taken, and too little unbound room changes nothing."""
+    from hetplan.allocator.core import NodeChanges
+    from hetplan.allocator.durable import DurableAllocator
+    from hetplan.allocator.spec import Rejection
+
+    with DurableAllocator(tmp_path / "a.db", "first-fit") as a:
+        a.change_nodes(NodeChanges(upsert=[Node("a", "T4", 4, 32, 128), Node("b", "T4", 4, 32, 128)]))
+        for job in ("ml/old", "ml/mid", "ml/new"):  # 2 + 1 + 1 GPUs on a
+            a.allocate(Job.request(job, "res50", 2 if job == "ml/old" else 1, 2, 8))
+        a.allocate(Job.request("ml/b", "res50", 3, 2, 8))  # b keeps 1 GPU free
+        fell = Job.request("ml/fell", "res50", 2, 2, 8)
+        latest = a.log.latest
+        assert isinstance(a.adopt(fell, "a"), Rejection)
+        assert isinstance(a.adopt(fell, "a", unbound={"ml/mid"}), Rejection)  # too little; `old`, `new` are bound
+        assert a.log.latest == latest and len(a.cluster.allocations()) == 4
+        adopted = a.adopt(fell, "a", unbound={"ml/mid", "ml/new", "ml/b"})
+        assert adopted.node == "a" and a.log.latest == latest + 3
+        assert [(x.action.kind, x.action.job_id) for x in a.log.since(latest)] == [
+            ("start", "ml/fell"), ("migrate", "ml/new"), ("stop", "ml/mid")]  # newest first; b had room for one
+        running = {j: p[0].node for j, p in a.running().items()}
+        assert running == {"ml/old": "a", "ml/fell": "a", "ml/new": "b", "ml/b": "b"} and not a.cluster.check()
+    with DurableAllocator(tmp_path / "a.db", "first-fit") as again:  # journaled as one change
+        assert {j: p[0].node for j, p in again.running().items()} == running and again.log.latest == latest + 3

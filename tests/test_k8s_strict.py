@@ -5,6 +5,7 @@ the bug of issue 33 it pins down; each failed on the controller before that issu
 
 from __future__ import annotations
 
+import time
 from dataclasses import replace
 
 import pytest
@@ -315,3 +316,77 @@ def test_a_moves_replacement_is_admitted_as_the_controller_made_it(rig):
     assert rig.api.webhook_failures == 0 and rig.api.admission_warnings == [] and c.stats.counts["migrated"] == 1
     assert requests_of(rig.api.pod("ml", new)) == (allocation(rig.allocator, "ml/p1").cpu_m,
                                                    allocation(rig.allocator, "ml/p1").mem_mib)
+
+
+def race(tmp_path, nodes: list[str]):
+    """`hetplan serve` (node sync, first-fit, no tick) and one `hetplan controller` as subprocesses over HTTP on the
+    stand-in, driven into the end state of the race bench/k8s_strict.py found on 1.33: an 8-GPU pod the default
+    scheduler bound (`fell`, no job id: the webhook had no room) runs on the room the allocator gave a newer pod
+    (`new`, served by the webhook after the binding, pinned there, Pending: it does not fit)."""
+    from hetplan.hints import HintStore
+    from allocator_helpers import make_plan
+    from k8s_rig import Rig, hints_csv
+    from standin_apiserver import k8s_node
+
+    HintStore(tmp_path / "store").publish(make_plan("e2e"), hints_csv())
+    nodes = {n: k8s_node(n, product="Tesla-V100-SXM2-16GB", gpus="8", cpu="64", memory="488Gi") for n in nodes}
+    rig = Rig(tmp_path, nodes, tmp_path / "store", ["--policy", "first-fit", "--tick", "0"],
+              ["--poll", "0.05", "--lease-seconds", "2", "--reconcile", "30"], replicas=1).start()
+    try:
+        fell = k8s_pod("fell", model="m0", gpus=8, namespace="ml")
+        fell["spec"]["nodeName"] = "v100-0"  # where first-fit places the next 8-GPU job
+        hooks = rig.api.webhook_url
+        with rig.api.lock:  # no watch sees `fell` bound before the webhook has served `new`: the race, made certain
+            rig.api.webhook_url = None  # the webhook had no room for `fell`: admitted unchanged, default path
+            rig.api.create_pod("ml", fell)
+            rig.api.webhook_url = hooks
+            rig.api.create_pod("ml", k8s_pod("new", model="m0", gpus=8, namespace="ml"))
+        assert rig.api.pod("ml", "fell")["status"]["phase"] == "Running"
+        new = rig.api.pod("ml", "new")
+        assert new["status"]["phase"] == "Pending" and pods.node_of(new) == "v100-0" and pods.job_id(new) == "ml/new"
+    except BaseException:
+        rig.close()
+        raise
+    return rig, "v100-0"
+
+
+def test_a_bound_pod_wins_its_room_over_an_unbound_allocation_which_moves_elsewhere(tmp_path):
+    """Bug (bench 1.33: 2 of 33 8-GPU pods neither served nor adopted): the running pod's adoption was refused for
+    its whole life, its room counted as the newer allocation's. Now it is adopted there; the newer job is placed
+    again in the same change and its pod, never bound, replaced on the other node at once (no checkpoint wait)."""
+    rig, node = race(tmp_path, ["v100-0", "v100-1"])
+    try:
+        eventually(lambda: pods.job_id(rig.api.pod("ml", "fell")) == "ml/fell", 20)
+        other = "v100-1" if node == "v100-0" else "v100-0"
+        assert rig.allocations()["ml/fell"]["node"] == node and rig.allocations()["ml/new"]["node"] == other
+        moved = [a for a in rig.actions()["actions"] if a["job_id"] == "ml/new" and a["kind"] == "migrate"]
+        assert [(a["before"][0]["node"], a["after"][0]["node"]) for a in moved] == [(node, other)]
+        eventually(lambda: any(p["metadata"]["name"].startswith("new-m") and p["status"]["phase"] == "Running"
+                               for p in rig.api.live_pods()), 20)
+        assert rig.api.pod("ml", "new") is None and rig.api.evictions[("ml", "fell")] == 0
+        assert rig.api.overcommits == []
+        log = (tmp_path / "processes.log").read_text(errors="replace")
+        assert "where ml/new held room its pod was not bound to" in log
+        patched = [path for m, path, _ in rig.api.calls if m == "PATCH" and path.endswith("/pods/new")]
+        assert patched == []  # never bound: not asked to checkpoint, evicted at once
+    finally:
+        rig.close()
+
+
+def test_an_unbound_pod_whose_room_was_taken_back_waits_pending_and_runs_when_room_frees(tmp_path):
+    """No other node has room: the newer job is stopped, and its pod (never bound, holding nothing) is kept Pending,
+    not evicted, and asked for again; when the running pod ends, it is bound and allocated there."""
+    rig, node = race(tmp_path, ["v100-0"])
+    try:
+        eventually(lambda: pods.job_id(rig.api.pod("ml", "fell")) == "ml/fell", 20)
+        assert "ml/new" not in rig.allocations()
+        assert [a["kind"] for a in rig.actions()["actions"] if a["job_id"] == "ml/new"] == ["start", "stop"]
+        time.sleep(1)
+        assert rig.api.pod("ml", "new")["status"]["phase"] == "Pending" and rig.api.evictions[("ml", "new")] == 0
+        rig.api.finish("ml", "fell")
+        eventually(lambda: rig.api.pod("ml", "new")["status"]["phase"] == "Running", 10)
+        eventually(lambda: rig.allocations().get("ml/new", {}).get("node") == node, 10)
+        assert "ml/fell" not in rig.allocations() and rig.api.overcommits == []
+        assert "kept Pending, allocated again when room exists" in (tmp_path / "processes.log").read_text()
+    finally:
+        rig.close()

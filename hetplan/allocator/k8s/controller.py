@@ -14,8 +14,8 @@ only serve the webhook), woken every `poll` seconds and by every pod event:
    scheduling gate `hetplan.io/migration`, the old pod is asked to checkpoint (annotation `hetplan.io/checkpoint`,
    answered by `hetplan.io/checkpointed` or its grace period), then evicted through the Eviction API
    (PodDisruptionBudgets honoured: a 429 is retried), then the gate is lifted; `stop` -> the pod is evicted if it
-   still runs; `start` -> nothing (the webhook created the pod with its allocation). Every step first compares
-   the cluster with the target, so an action applied again changes nothing.
+   is bound (one not bound is kept: 5.); `start` -> nothing (the webhook created the pod with its allocation).
+   Every step first compares the cluster with the target, so an action applied again changes nothing.
 3. **Cursor**: after each batch of actions read, the ConfigMap `<name>-cursor` (key `cursor`) is written, with the
    resourceVersion read (a replica that lost the lease cannot overwrite it). 410 from the log (the cursor is older
    than the log, or ahead of it): reconcile, then go on from the log's latest.
@@ -23,6 +23,9 @@ only serve the webhook), woken every `poll` seconds and by every pod event:
    ways: a pod whose cores, RAM or node differ from its allocation is re-sized or moved; an allocation without a
    pod for `orphan_grace` seconds is released; a pod with a job id and no allocation is allocated again (then
    re-sized or moved), or left alone with one logged reason if the allocator refuses it.
+5. **Adoption** (every pass): an opted-in pod the webhook left to the default path, once running, is adopted where
+   it runs (`adoption`); a pod bound first wins its room over an allocation whose pod is not bound yet. A `stop`
+   for a pod not bound (it holds no room) leaves it Pending and asks for its job again every `adopt_every` s.
 
 What the API server or the kubelet refuses (a 422 on the resize, `PodResizePending` Infeasible) is logged once,
 counted and (the kubelet's) annotated on the pod, never retried in a loop; a Deferred resize is reported the same
@@ -167,6 +170,7 @@ class Controller:
         self._kept: dict[str, pods.Target] = {}  # pod uid -> the target whose memory shrink was left out (1.33)
         self.adopt_every = adopt_every
         self._adopt_tries: dict[str, float] = {}  # pod uid -> when to try adopting it again (the default path)
+        self._waiting: dict[str, float] = {}  # job -> when to ask again for its unbound pod (`_requeue`)
 
     # ------------------------------------------------------------------ threads
 
@@ -343,6 +347,7 @@ class Controller:
         for name, part in (("releases", self._release_ended), ("moves", self._advance_migrations),
                            ("after-moves", self._converge_after_moves), ("retries", self._retry_resizes),
                            ("kubelet", self._report_kubelet), ("adopt", self._adopt_default_path),
+                           ("requeued", self._adopt_waiting),
                            ("reconcile", self._reconcile_when_due)):
             ok = self._phase(name, part) and ok
         if ok:
@@ -439,7 +444,22 @@ class Controller:
             self._orphans.pop(job, None)
             self._after_move.pop(job, None)
             for pod in self.live(job):
-                self._evict(pod, f"stopped by the allocator (action {seq})")
+                if self._waits(job, pod):
+                    self._requeue(job, pod, seq)
+                else:
+                    self._evict(pod, f"stopped by the allocator (action {seq})")
+
+    def _waits(self, job: str, pod: dict) -> bool:
+        """A pod that holds no room (not bound to a node, not a move's gated replacement): a stop leaves it."""
+        return not (pod.get("spec") or {}).get("nodeName") and not pods.gated(pod) and job not in self._migrations
+
+    def _requeue(self, job: str, pod: dict, seq: int) -> None:
+        """The allocation of a pod not bound yet was taken back (a pod bound first won its room): the pod is kept,
+        Pending, and its job asked for again (`_adopt_waiting`) until it is placed."""
+        self._waiting[job] = 0.0
+        self.stats.count("requeued")
+        log.info("controller: %s/%s is not bound and its allocation was taken back (action %d); kept Pending, "
+                 "allocated again when room exists", *pods.key(pod), seq)
 
     def converge(self, job: str, target: pods.Target, seq: int, at: float = 0.0) -> None:
         """Bring the pod of `job` to `target`: nothing if it is there; resize on its node; else migrate."""
@@ -844,7 +864,7 @@ class Controller:
                 self.service.release(job)
             self.stats.count("adopt-refused")
             log.info("controller: pod %s/%s has no allocation and the allocator refuses it (%s: %s); left as it "
-                     "runs, asked again later", *pods.key(pod), answer.get("reason") or "a gang", answer.get("message"))
+                     "is, asked again later", *pods.key(pod), answer.get("reason") or "a gang", answer.get("message"))
             return False
         if pods.job_id(pod) is None:
             ns, name = pods.key(pod)
@@ -878,3 +898,16 @@ class Controller:
         live = {pods.uid(p) for p in due}
         for uid in [u for u, t in self._adopt_tries.items() if t < now and u not in live]:
             del self._adopt_tries[uid]
+
+    def _adopt_waiting(self) -> None:
+        """The pods whose allocation was taken back before they were bound (`_requeue`): allocated again where room
+        is (then moved there), or adopted where they were bound meanwhile; asked again every `adopt_every` s."""
+        now = time.monotonic()
+        for job, due in list(self._waiting.items()):
+            if due > now:
+                continue
+            pod = next((p for p in self.live(job) if not pods.gated(p) and not pods.terminating(p)), None)
+            if pod is None or self._adopt(job, pod):
+                del self._waiting[job]
+            else:
+                self._waiting[job] = now + self.adopt_every

@@ -4,7 +4,8 @@ A move: the replacement pod is created on the target node behind the scheduling 
 old pod is asked to checkpoint (annotation `hetplan.io/checkpoint: <seq>`); once it answers
 (`hetplan.io/checkpointed: <seq>`) or its grace period is over it is evicted, **once**; once its containers have
 stopped (it is gone, or it reports a terminal phase: since 1.27 a kubelet reports one before the pod is removed),
-the gate is lifted and the replacement starts from the checkpoint.
+the gate is lifted and the replacement starts from the checkpoint. A pod never bound to a node (it waited Pending
+for room its allocation no longer has) has run nothing: it is evicted at once, without a checkpoint.
 
 The job's own completion signal, not the old pod's phase, says whether the job ended meanwhile: the old pod
 ended *by itself* (no eviction of ours, no `DisruptionTarget` condition, no checkpoint answer for this move). Only
@@ -59,6 +60,8 @@ def next_step(m: Migration, old: Mapping[str, Any] | None, new: Mapping[str, Any
     if not pods.ended(old) and not pods.terminating(old):
         if m.evicted:
             return "wait"  # the eviction was accepted; the watch has not shown it yet
+        if not (old.get("spec") or {}).get("nodeName"):
+            return "evict"  # never bound: nothing ran, nothing to checkpoint (an eviction deletes it at once)
         if m.asked_at is None:
             return "ask"
         return "evict" if answered(old, m.seq) or now - m.asked_at >= m.grace else "wait"

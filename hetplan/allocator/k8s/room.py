@@ -139,6 +139,11 @@ class PodLedger:
                 self._by_node.setdefault(now.node, set()).add(k)
         return {b.node for b in (before, now) if b is not None}
 
+    def jobs(self) -> set[str]:
+        """The jobs with a pod bound to some node."""
+        with self._lock:
+            return {b.job for b in self._pods.values() if b.job is not None}
+
     def on(self, node: str) -> list[Bound]:
         with self._lock:
             return [self._pods[k] for k in self._by_node.get(node, ())]
