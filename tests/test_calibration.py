@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 
 from hetplan.contracts import ContractError
-from hetplan.planning.calibration import COLUMNS, Calibration, load_rows, rows_needed, shipped
+from hetplan.planning.calibration import COLUMNS, Calibration, coverage_by_group, load_rows, rows_needed, shipped
 from hetplan.planning.prediction import Interval, Prediction
 
 
@@ -111,3 +111,41 @@ def test_the_shipped_rows_calibrate():
     calibration = shipped()
     assert calibration.rows >= rows_needed() and "derived" in calibration.source
     assert math.isfinite(calibration.shift) and math.isfinite(calibration.margin)
+
+
+def grouped_rows(biases: dict[str, float], n: int = 12, seed: int = 0) -> pd.DataFrame:
+    """`n` evaluated predictions per trace group, each group's realised / predicted off by its own bias (logs)."""
+    rng = np.random.default_rng(seed)
+    frames = []
+    for group, bias in biases.items():
+        predicted = rng.uniform(1.0, 4.0, n)
+        frames.append(pd.DataFrame({"group": group, "predicted_jct_speedup": predicted,
+                                    "predicted_low": predicted / 1.2, "predicted_high": predicted * 1.2,
+                                    "jct_speedup": predicted * np.exp(bias + rng.normal(0, 0.05, n))}))
+    return pd.concat(frames, ignore_index=True)
+
+
+def test_the_grouped_margin_adds_the_most_biased_groups_distance():
+    rows = grouped_rows({"a": 0.0, "b": 0.0, "c": 0.3})
+    absolute = Calibration.fit(rows, "rows", scale="absolute")
+    grouped = Calibration.fit(rows, "rows", scale="grouped")
+    assert grouped.margin == pytest.approx(absolute.margin + abs(0.3 - grouped.shift), abs=0.05)
+    assert grouped.to_dict()["scale"] == "grouped" and "trace group's median" in grouped.to_dict()["method"]
+    without = Calibration.fit(rows.drop(columns="group"), "rows", scale="grouped")  # no groups named: one group
+    assert without.scale == "absolute" and without.margin == pytest.approx(absolute.margin)
+
+
+def test_leaving_one_trace_out_the_grouped_interval_holds_a_trace_biased_like_one_seen():
+    rows = grouped_rows({"a": 0.0, "b": 0.25, "c": 0.0, "d": 0.25})
+    hits = {m: coverage_by_group(rows, m)[0] for m in ("absolute", "grouped")}
+    assert sum(hits["grouped"]) / len(hits["grouped"]) >= 0.9
+    assert sum(hits["absolute"]) < sum(hits["grouped"])  # the pooled margin misses a biased trace's rows
+
+
+def test_an_evaluations_rows_are_one_trace_group(tmp_path):
+    summary = grouped_rows({"x": 0.0}).drop(columns="group").assign(setup="hetplan", winner="speed floor 0.5")
+    summary.to_csv(tmp_path / "summary.csv", index=False)
+    kept = summary.iloc[:1].assign(winner="status quo")
+    kept.to_csv(tmp_path / "kept.csv", index=False)
+    rows = load_rows([tmp_path / "summary.csv", tmp_path / "kept.csv"])
+    assert set(rows["group"]) == {str(tmp_path / "summary.csv")} and len(rows) == 12  # the kept status quo left out

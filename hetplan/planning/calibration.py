@@ -37,10 +37,12 @@ SHIPPED = "calibration/prediction_errors.csv"
 """The rows hetplan ships (hetplan/data): bench/evaluate.py's out-of-sample grid, simulated on derived data."""
 
 
-ABSOLUTE, SCALED = "absolute", "scaled"
-SCALES = (ABSOLUTE, SCALED)
+ABSOLUTE, SCALED, GROUPED = "absolute", "scaled", "grouped"
+SCALES = (ABSOLUTE, SCALED, GROUPED)
 """How a row's error is scored: `absolute` |e - shift|; `scaled` |e - shift| over the planner's own log half-width
-(at least `MIN_HALF_WIDTH`), so the calibrated interval is wide where the planner itself is unsure."""
+(at least `MIN_HALF_WIDTH`), so the calibrated interval is wide where the planner itself is unsure; `grouped`
+(the default where the rows name their trace, `group`) |e - shift| plus, on the margin, the largest distance of
+one trace group's median error from the shift: a new trace may be biased as the most biased one seen was."""
 MIN_HALF_WIDTH = 0.05
 
 
@@ -64,6 +66,8 @@ class Calibration:
         if scale not in SCALES:
             raise ValueError(f"scale must be one of {', '.join(SCALES)}, got {scale!r}")
         needed = list(COLUMNS) + (["predicted_low", "predicted_high"] if scale == SCALED else [])
+        if scale == GROUPED and "group" not in rows.columns:
+            scale = ABSOLUTE  # rows that do not say their trace: one group
         missing = [c for c in needed if c not in rows.columns]
         if missing:
             raise ContractError([Problem(source, f"no column {', '.join(missing)}: calibration needs "
@@ -80,7 +84,11 @@ class Calibration:
         if scale == SCALED:
             scores = scores / half_widths(usable)
         rank = math.ceil((len(errors) + 1) * coverage)
-        return cls(shift, float(np.sort(scores)[rank - 1]), len(usable), source, coverage, scale)
+        margin = float(np.sort(scores)[rank - 1])
+        if scale == GROUPED:
+            groups = rows.loc[usable.index, "group"].astype(str).to_numpy()
+            margin += max(abs(float(np.median(errors[groups == g])) - shift) for g in set(groups))
+        return cls(shift, margin, len(usable), source, coverage, scale)
 
     def applied(self, point: float, low: float | None = None, high: float | None = None) -> tuple[float, float, float]:
         """The calibrated (point, low, high) of a predicted `point` (the planner's interval `low`, `high` for the
@@ -93,11 +101,14 @@ class Calibration:
         return centre, centre * math.exp(-margin), centre * math.exp(margin)
 
     def to_dict(self) -> dict:
-        per = " x the planner's log half-width" if self.scale == SCALED else ""
+        how = {ABSOLUTE: "the ceil((n + 1) x coverage)-th smallest |e - shift|",
+               SCALED: "the ceil((n + 1) x coverage)-th smallest |e - shift| / the planner's log half-width, times "
+                       "the new prediction's",
+               GROUPED: "the ceil((n + 1) x coverage)-th smallest |e - shift|, plus the largest distance of a trace "
+                        "group's median e from the shift"}[self.scale]
         return {"shift_log": round(self.shift, 6), "margin_log": round(self.margin, 6), "rows": self.rows,
                 "source": self.source, "coverage": self.coverage, "scale": self.scale,
-                "method": "split conformal on e = log(realised / predicted): shift = median e, margin = the "
-                          f"ceil((n + 1) x coverage)-th smallest |e - shift|{' / half-width' if per else ''}{per}"}
+                "method": f"split conformal on e = log(realised / predicted): shift = median e, margin = {how}"}
 
 
 def half_widths(rows: pd.DataFrame) -> np.ndarray:
@@ -124,8 +135,7 @@ def coverage_by_group(rows: pd.DataFrame, method: str,
             low, high = float(row["predicted_low"]), float(row["predicted_high"])
         else:
             try:
-                fitted = Calibration.fit(rows[rows["group"] != row["group"]], "other groups", coverage,
-                                         SCALED if method == SCALED else ABSOLUTE)
+                fitted = Calibration.fit(rows[rows["group"] != row["group"]], "other groups", coverage, method)
             except ContractError:
                 continue
             _, low, high = fitted.applied(float(row["predicted_jct_speedup"]), float(row["predicted_low"]),
@@ -144,7 +154,8 @@ def rows_needed(coverage: float = COVERAGE) -> int:
 
 def load_rows(paths: list[Path]) -> pd.DataFrame:
     """The evaluated predictions of `paths` (evaluate's summary.csv or the shipped file): the rows that carry a
-    prediction (hetplan's). ContractError naming a file that cannot be read or lacks the columns."""
+    prediction (hetplan's), each with its trace `group` (a file without that column is one group).
+    ContractError naming a file that cannot be read or lacks the columns."""
     frames = []
     for path in paths:
         try:
@@ -159,6 +170,8 @@ def load_rows(paths: list[Path]) -> pd.DataFrame:
             frame = frame[frame["setup"] == HETPLAN]
         if "winner" in frame.columns:  # a plan that is the status quo itself predicts 1x exactly: nothing to learn
             frame = frame[frame["winner"] != STATUS_QUO]
+        if "group" not in frame.columns:  # an evaluation's rows are one trace group: a file, one workload
+            frame = frame.assign(group=str(path))
         frames.append(frame[frame["predicted_jct_speedup"].notna()])
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=list(COLUMNS))
 
@@ -167,10 +180,10 @@ def calibration_from(paths: list[Path] | None) -> Calibration:
     """The calibration of `paths`' rows, or of the shipped rows when `paths` is None."""
     if paths is None:
         return shipped()
-    return Calibration.fit(load_rows(paths), ", ".join(str(p) for p in paths))
+    return Calibration.fit(load_rows(paths), ", ".join(str(p) for p in paths), scale=GROUPED)
 
 
 def shipped() -> Calibration:
     """The shipped calibration (`SHIPPED`)."""
     path = data_path(SHIPPED)
-    return Calibration.fit(load_rows([path]), f"hetplan/data/{SHIPPED} (simulated on derived data)")
+    return Calibration.fit(load_rows([path]), f"hetplan/data/{SHIPPED} (simulated on derived data)", scale=GROUPED)
