@@ -33,9 +33,7 @@ import pandas as pd
 from hetplan.codesign.candidates import STATUS_QUO
 from hetplan.evaluation import ProblemInputs, evaluate
 from hetplan.planning.calibration import coverage_by_group
-from hetplan.reference import default_profiles
-from hetplan.sim.truth import TruthCurves
-from common import fitted_curves, machine, record
+from common import derived_setting, machine, record
 from evaluate import CATALOGS, catalogs, plan_winner
 from workloads import calibration_pairs, short
 
@@ -61,9 +59,7 @@ def main() -> None:
     parser.add_argument("--no-record", action="store_true")
     args = parser.parse_args()
     started = time.perf_counter()
-    print(f"{dt.datetime.now(dt.UTC):%Y-%m-%d %H:%M} UTC; {machine()}", flush=True)
-    curves, curves_from = fitted_curves()
-    truth = TruthCurves.from_profiles(default_profiles(), fallback=curves)
+    curves, curves_from, truth = derived_setting()
     rows = [pd.read_csv(path) for path in args.rows]
     for pair in calibration_pairs():
         if args.pairs is not None and pair.label not in args.pairs:

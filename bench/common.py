@@ -47,6 +47,19 @@ def fitted_curves() -> tuple[pd.DataFrame, str]:
     return fit_profiles(default_profiles()).curves, "fitted from the derived default profiles (`fit_profiles`)"
 
 
+def derived_setting():
+    """Say when and where a simulation bench runs, and give its planner's curves (`fitted_curves`: the table and
+    where it comes from) and the truth it replays on (the derived default profiles, the curves where they lack)."""
+    import datetime as dt
+
+    from hetplan.reference import default_profiles
+    from hetplan.sim.truth import TruthCurves
+
+    print(f"{dt.datetime.now(dt.UTC):%Y-%m-%d %H:%M} UTC; {machine()}", flush=True)
+    curves, curves_from = fitted_curves()
+    return curves, curves_from, TruthCurves.from_profiles(default_profiles(), fallback=curves)
+
+
 def sim_fingerprint() -> str:
     """First 10 hex digits of the SHA-256 of hetplan/sim/*.py (the simulator these figures come from)."""
     digest = hashlib.sha256()

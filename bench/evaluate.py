@@ -35,13 +35,12 @@ from hetplan.evaluation import ProblemInputs, evaluate
 from hetplan.contracts import ContractError
 from hetplan.hints import HintSet
 from hetplan.planning.calibration import COVERAGE, Calibration
-from hetplan.reference import default_profiles
 from hetplan.resources import upstream_path
 from hetplan.sim.engine import SimConfig, simulate
 from hetplan.sim.metrics import summarize
 from hetplan.sim.truth import TruthCurves
 from hetplan.traces import import_trace
-from common import fitted_curves, machine, record, sim_fingerprint
+from common import derived_setting, machine, record, sim_fingerprint
 
 TRACES = ("gavel_philly_0e4a51.trace", "gavel_philly_2869ce.trace")
 RHOS = (0.5, 0.8, 1.0, 1.3)
@@ -100,9 +99,7 @@ def main() -> None:
     parser.add_argument("--no-record", action="store_true")
     args = parser.parse_args()
     started = time.perf_counter()
-    print(f"{dt.datetime.now(dt.UTC):%Y-%m-%d %H:%M} UTC; {machine()}", flush=True)
-    curves, curves_from = fitted_curves()
-    truth = TruthCurves.from_profiles(default_profiles(), fallback=curves)
+    curves, curves_from, truth = derived_setting()
     if args.cost_only:
         lines = cost_objective(curves, truth, args.seed)
         if not args.no_record:
