@@ -37,10 +37,21 @@ MANIFEST = "workspace.json"
 
 
 def default_curves(root: Path = DEFAULT_ROOT) -> Path:
-    """The curve table commands read when none is named: the newer of `hetplan fit`'s default output and the
-    published nightly run's (`<root>/current/curves.parquet`); the former when neither exists."""
-    candidates = [p for p in (root / "curves.parquet", root / "current" / "curves.parquet") if p.is_file()]
-    return max(candidates, key=lambda p: p.stat().st_mtime) if candidates else root / "curves.parquet"
+    """The curve table commands read when none is named (`plan`, `evaluate`, `report`, `curves show`): the newer of
+    `hetplan fit`'s default output and the published nightly run's (`<root>/current/curves.parquet`); the former
+    when neither exists."""
+    return _newest(root / "curves.parquet", root / "current" / "curves.parquet")
+
+
+def default_plan_dir(root: Path = DEFAULT_ROOT) -> Path:
+    """The plan directory `hetplan report` reads when none is named, by the same rule: the newer of `hetplan
+    plan`'s default output (`<root>/plan`) and the published nightly run's (`<root>/current/plan`)."""
+    return _newest(root / "plan" / "plan.json", root / "current" / "plan" / "plan.json").parent
+
+
+def _newest(default: Path, published: Path) -> Path:
+    candidates = [p for p in (default, published) if p.is_file()]
+    return max(candidates, key=lambda p: p.stat().st_mtime) if candidates else default
 
 
 @dataclass(frozen=True)
