@@ -97,5 +97,7 @@ deploy-env:
 	@umask 077 && $(PYTHON) -c 'import base64, os, secrets; print("AIRFLOW_UID=%d" % os.getuid()); \
 	print("AIRFLOW_JWT_SECRET=" + secrets.token_urlsafe(48)); \
 	print("AIRFLOW_FERNET_KEY=" + base64.urlsafe_b64encode(os.urandom(32)).decode()); \
-	print("HETPLAN_ADMIN_TOKEN=" + secrets.token_urlsafe(32))' > .env.tmp && mv .env.tmp .env
-	@echo "wrote .env (AIRFLOW_UID, AIRFLOW_JWT_SECRET, AIRFLOW_FERNET_KEY, HETPLAN_ADMIN_TOKEN)"
+	print("HETPLAN_ADMIN_TOKEN=" + secrets.token_urlsafe(32)); \
+	print("MLFLOW_ADMIN_PASSWORD=" + secrets.token_urlsafe(24)); \
+	print("MLFLOW_SECRET_KEY=" + secrets.token_urlsafe(32))' > .env.tmp && mv .env.tmp .env
+	@echo "wrote .env (AIRFLOW_UID, AIRFLOW_JWT_SECRET, AIRFLOW_FERNET_KEY, HETPLAN_ADMIN_TOKEN, MLFLOW_ADMIN_PASSWORD, MLFLOW_SECRET_KEY)"
