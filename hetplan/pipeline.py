@@ -66,12 +66,17 @@ def prepare(workspace: str | Path, *, fleet: str = "", trace: str = "", catalog:
 
     A file hetplan did not write is never replaced (`hetplan.workspace`): a source that differs from it fails
     this step, naming the file."""
+    from hetplan.traces.sources import EmptyHistory
     from hetplan.workspace import Seed, Workspace, default_curves, init_workspace
 
     ws = Workspace(Path(workspace))
     seed = Seed(fleet or None, trace or None, catalog or None, curves=default_curves(ws.root))
     if fleet or trace or catalog or not all(p.is_file() for p in (ws.catalog, ws.profiles, ws.demand)):
-        summary = init_workspace(ws.root, seed=seed)
+        try:
+            summary = init_workspace(ws.root, seed=seed)
+        except EmptyHistory as exc:  # a new cluster has run nothing yet: plan the workspace's trace meanwhile
+            log.warning("%s: planning %s until it has", exc, ws.trace)
+            summary = init_workspace(ws.root, seed=replace(seed, trace=None))
         for warning in summary.warnings:
             log.warning("%s", warning)
         for path in summary.written:

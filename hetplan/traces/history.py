@@ -71,7 +71,7 @@ def _with_reference(table: pd.DataFrame) -> pd.DataFrame:
 
 
 def trace_from_history(histories: Histories, speeds: Speeds | None) -> HistoryTrace:
-    """The trace of `histories`' done jobs on whole GPUs (see the module)."""
+    """The trace of `histories`' done jobs on whole GPUs (see the module); no row when there is none."""
     warnings: list[str] = []
     jobs = [j for j in histories.jobs if j.done and j.num_gpus >= 1]
     running = sum(1 for j in histories.jobs if not j.done)
@@ -96,7 +96,7 @@ def trace_from_history(histories: Histories, speeds: Speeds | None) -> HistoryTr
                         "the duration at the reference allocation)")
     frame = pd.DataFrame(rows, columns=list(COLUMNS))
     frame = frame[frame["duration_s"] > 0].reset_index(drop=True)
-    return HistoryTrace(TRACE.validate(frame, "<allocator job history>"), warnings)
+    return HistoryTrace(TRACE.validate(frame, "<allocator job history>") if len(frame) else frame, warnings)
 
 
 def _reference_seconds(job: JobHistory, speeds: Speeds | None) -> tuple[float, set[str]]:

@@ -26,6 +26,10 @@ ALLOCATOR = "allocator:"
 TIMEOUT_S = 30.0
 
 
+class EmptyHistory(ContractError):
+    """The allocator's job history has no done job on whole GPUs yet (a new cluster): nothing to plan for."""
+
+
 @dataclass
 class Sourced:
     """A workload read from a source: the trace, the source as given, and what the reading said."""
@@ -75,7 +79,7 @@ def from_allocator(where: str, *, speeds: Speeds | None = None, token: str | Non
     if speeds is None:
         warnings.append("no curves or profiles: every duration at the reference allocation is the job's run time")
     if result.trace.empty:
-        raise ContractError([Problem(ALLOCATOR + where, "the allocator's job history has no done job on whole GPUs"
+        raise EmptyHistory([Problem(ALLOCATOR + where, "the allocator's job history has no done job on whole GPUs"
                                      + (f" ({'; '.join(warnings)})" if warnings else ""))])
     return Sourced(result.trace, ALLOCATOR + where, warnings)
 

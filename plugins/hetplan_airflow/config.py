@@ -15,9 +15,10 @@ DEFAULTS: dict[str, Any] = {
     "workspace": os.environ.get("HETPLAN_WORKSPACE", ".hetplan"),  # deployments set HETPLAN_WORKSPACE
     "budget": 200.0,
     "fleet": "",              # your owned fleet (a CSV path) for the workspace; empty: keep its fleet.csv
-    "trace": "",              # the workload's source, read every run: a trace file, an http(s) URL of one, or the
-                              # cluster's job history (allocator:http://HOST:PORT, allocator:/path/allocator.db);
-                              # empty: keep the workspace's trace.csv
+    # The workload's source, read every run: a trace file, an http(s) URL of one, or the cluster's job history
+    # (allocator:http://HOST:PORT, allocator:/path/allocator.db; while it has no done job, the workspace's trace);
+    # empty: keep the workspace's trace.csv. Deployments set HETPLAN_TRACE (docker-compose.yaml: the allocator).
+    "trace": os.environ.get("HETPLAN_TRACE", ""),
     "catalog": "",            # node shapes to buy or rent (a CSV path); empty: keep the workspace's catalog.csv
     "objective": "jct",       # the workspace's workload plan: jct | p95-jct | makespan; throughput: its demand mix
     "gpu_types": ["T4"],
