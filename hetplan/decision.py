@@ -59,7 +59,8 @@ def prediction(plan: Plan) -> Prediction | None:
         return None
     interval = (planning.get("prediction") or {}).get("avg_jct_h") or {}
     quo = candidates.get(STATUS_QUO, {}).get("avg_jct_h")
-    return Prediction(winner, float(interval.get("point", candidates[winner]["avg_jct_h"])), interval.get("low"),
+    point = interval.get("point")  # None where the interval could not be computed
+    return Prediction(winner, float(candidates[winner]["avg_jct_h"] if point is None else point), interval.get("low"),
                       interval.get("high"), (planning.get("prediction") or {}).get("nominal_coverage"),
                       None if quo is None else float(quo), planning.get("margin"))
 
