@@ -40,9 +40,9 @@ SHARES = pd.Series({"res18": 0.6, "transformer": 0.4})
 def test_a_plan_that_rents_says_what_for_how_much_and_the_jct_with_one_interval():
     plan = _plan("speed floor 0.75", {"cloud:8xh100": 2}, {"point": 1.2, "low": 0.8, "high": 1.9})
     said = decide(plan, CURVES, SHARES)
-    assert said.headline == ("Rent 2 x cloud:8xh100 (8 x H100, 208 vCPUs, 1800 GiB) for 48.00 $/h and keep your 2 owned "
-                             "nodes: expected average JCT 1.2 h (90% likely between 0.8 and 1.9 h, simulated) against "
-                             "7.5 h for the status quo.")
+    assert said.headline == ("Rent 2 x cloud:8xh100 (8 x H100, 208 vCPUs, 1800 GiB) for 48.00 $/h and keep your 2 "
+                             "owned nodes: expected average JCT 1.2 h (90% likely between 0.8 and 1.9 h, simulated) "
+                             "against 7.5 h for the status quo.")
     assert said.why == ("Because these models gain from CPU on these types: res18 (60% of the GPU demand) runs 2x "
                         "faster on H100 with 26 cores per GPU than with 3 (the curves).")
     assert said.status_quo.startswith("The status quo is your owned nodes plus 10 x cloud:8xv100: the single node "

@@ -125,7 +125,8 @@ def test_mlflow_and_the_airflow_ui_need_a_login_and_are_published_on_loopback(co
     assert env["MLFLOW_AUTH_ADMIN_PASSWORD"] == SECRETS["MLFLOW_ADMIN_PASSWORD"]
     assert env["MLFLOW_FLASK_SERVER_SECRET_KEY"] == SECRETS["MLFLOW_SECRET_KEY"]
     assert env["MLFLOW_AUTH_CONFIG_PATH"] == "/etc/mlflow/basic_auth.ini"
-    assert "COPY mlflow_basic_auth.ini /etc/mlflow/basic_auth.ini" in (REPO / "docker" / "mlflow.Dockerfile").read_text()
+    dockerfile = (REPO / "docker" / "mlflow.Dockerfile").read_text()
+    assert "COPY mlflow_basic_auth.ini /etc/mlflow/basic_auth.ini" in dockerfile
     assert "/mlflow-auth" in _named_mounts(mlflow, config)
     for name in ("airflow-scheduler", "airflow-worker", "airflow-apiserver"):
         client = services[name]["environment"]

@@ -26,7 +26,8 @@ def _errors(output: str) -> list[str]:
 
 def test_init_seeds_your_fleet_and_trace_and_running_it_again_changes_nothing(tmp_path):
     ws = tmp_path / "ws"
-    argv = ["init", "--workspace", str(ws), "--fleet", str(EXAMPLE / "fleet.csv"), "--trace", str(EXAMPLE / "trace.csv")]
+    argv = ["init", "--workspace", str(ws), "--fleet", str(EXAMPLE / "fleet.csv"), "--trace",
+            str(EXAMPLE / "trace.csv")]
     first = CliRunner().invoke(app, argv)
     assert first.exit_code == 0, first.output
     assert FLEET.load(ws / "fleet.csv")[["name", "count"]].values.tolist() == [["dgx-a100", 2], ["t4x4", 6],

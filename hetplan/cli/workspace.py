@@ -1,4 +1,4 @@
-"""`hetplan init`: seed a workspace with your fleet, trace and catalog (or the embedded defaults); show what is in it."""
+"""`hetplan init`: seed a workspace with your fleet, trace and catalog (else the embedded defaults); show it."""
 
 from __future__ import annotations
 
