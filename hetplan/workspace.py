@@ -157,7 +157,7 @@ def init_workspace(root: Path, *, force: bool = False, seed: Seed = Seed()) -> I
                                             "): nothing overwritten; use --force to re-seed it from the defaults")])
     warnings: list[str] = []
     catalog = _file(ws, ws.catalog, CATALOG, seed.catalog, force, lambda: (load_default_catalog(), "default catalog"),
-                    lambda src: CATALOG.load(src))
+                    CATALOG.load)
     catalog_path = seed.catalog or (ws.catalog if ws.catalog.is_file() and not catalog.fresh else DEFAULT_CATALOG)
     fleet = _file(ws, ws.fleet, FLEET, seed.fleet, force, lambda: (load_default_fleet(), "default fleet"),
                   lambda src: _read_fleet(src, catalog_path))
