@@ -37,7 +37,7 @@ $(VENV)/.installed: requirements.txt pyproject.toml
 # --fleet F --trace T`, else the embedded defaults: profile this host for real, derived profiles for the GPU types
 # not present, fit with MLflow on SQLite, plan the workspace's workload on its owned fleet plus what BUDGET rents,
 # publish), then the Kueue export DAG it triggers, then the decision in words and how to look further. Every
-# command printed runs as printed (tests/test_first_hour.py runs them).
+# command printed runs as printed (tests/test_as_printed.py runs them).
 main: setup
 	$(BIN)/airflow db migrate
 	$(BIN)/airflow dags test hetplan_nightly -c '{"workspace": "$(WORKSPACE)", "budget": $(BUDGET)$(if $(NIGHTLY_CONF),$(comma) $(NIGHTLY_CONF))}'
