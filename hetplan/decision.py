@@ -70,7 +70,7 @@ def decide(plan: Plan, curves: pd.DataFrame, shares: pd.Series, baselines: pd.Da
     added = {s: n for s, n in sorted(plan.node_counts.items()) if n > 0}
     owned = sum(plan.owned_nodes.values())
     keep = f"keep your {owned} owned nodes" if owned else "you own no node yet"
-    nodes = " and ".join(f"{n} x {s} ({_shape(plan, s)})" for s, n in added.items())
+    nodes = _listed([f"{n} x {s} ({_shape(plan, s)})" for s, n in added.items()])
     expected = prediction(plan)
     quo_nodes = _status_quo_nodes(plan)
     if expected is not None and expected.winner.startswith(STATUS_QUO):
@@ -86,6 +86,11 @@ def decide(plan: Plan, curves: pd.DataFrame, shares: pd.Series, baselines: pd.Da
     else:
         headline = f"{_upper(_rent(nodes, plan))}{keep}{_served(baselines)}."
     return Decision(headline, _status_quo_sentence(plan, quo_nodes), _why(plan, curves, shares, added))
+
+
+def _listed(items: list[str]) -> str:
+    """"a", "a and b", "a, b and c"."""
+    return ", ".join(items[:-1]) + " and " + items[-1] if len(items) > 1 else "".join(items)
 
 
 def _upper(text: str) -> str:
@@ -120,7 +125,7 @@ def _status_quo_nodes(plan: Plan) -> dict[str, int]:
 
 
 def _status_quo_sentence(plan: Plan, quo: dict[str, int]) -> str:
-    rented = " and ".join(f"{n} x {s}" for s, n in sorted(quo.items()))
+    rented = _listed([f"{n} x {s}" for s, n in sorted(quo.items())])
     what = f"your owned nodes plus {rented}" if rented else "your owned nodes plus the budget spent on one shape"
     return (f"The status quo is {what}: the single node shape that serves the most of your workload's mix for the "
             "budget, as many as it buys, every job given cores and RAM in proportion to its GPUs.")
