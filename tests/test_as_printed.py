@@ -144,6 +144,12 @@ def test_a_fresh_copy_with_your_fleet_and_trace_names_what_to_buy_and_every_prin
     print(f"make main on the example: {seconds:.0f} s, {len(output.splitlines())} lines")
 
     run_printed(printed, clone, ws, env, tmp_path)
+    # the README's own next steps, as printed: the jobs from the allocator's database, planned for directly
+    for line in readme_commands():
+        if line.startswith((".venv/bin/hetplan trace export --db", ".venv/bin/hetplan plan --budget 50 --workload")):
+            _run(shlex.split(line), clone, env, 600)
+    exported = len((ws / "ran.csv").read_text().splitlines()) - 1
+    assert json.loads((ws / "plan" / "plan.json").read_text())["planning"]["workload"]["jobs"] == exported == 1
 
 
 def run_printed(printed: dict[str, str], clone: Path, ws: Path, env: dict[str, str], tmp_path: Path) -> None:
