@@ -111,8 +111,9 @@ def export_command(
         raise typer.BadParameter("give the allocator's --url or its --db (one of them)", param_hint="--url/--db")
     with contract_errors():
         _check_suffix(out)
-        known = PROFILES.load(profiles) if profiles.is_file() else None
-        speeds, how = workspace_speeds(curves_or_default(curves), known)
+        curves = curves_or_default(curves)
+        known = PROFILES.load(profiles) if profiles.is_file() and not curves.is_file() else None
+        speeds, how = workspace_speeds(curves, known)
         sourced = read_source(ALLOCATOR + (url or str(db)), speeds=speeds, token=token)
         TRACE.write(sourced.trace, out)
     trace = sourced.trace
