@@ -204,6 +204,8 @@ def run_printed(printed: dict[str, str], clone: Path, ws: Path, env: dict[str, s
     airflow = {**env, **variables}
     listed_dags = _run([w for w in argv["Airflow"] if "=" not in w], clone, airflow).stdout
     assert "hetplan_nightly" in listed_dags and "hetplan_publish" in listed_dags
+    drawn = _run([str(BIN / "airflow"), "dags", "show", "hetplan_nightly"], clone, airflow).stdout  # graphviz
+    assert "digraph" in drawn and "resolve -> fit" in drawn
     command = next(i for i, w in enumerate(argv["Nightly"]) if w.endswith("/airflow"))
     assert argv["Nightly"][command + 1:command + 4] == ["dags", "unpause", "hetplan_nightly"]
     _run(argv["Nightly"][command:command + 4], clone, airflow)
