@@ -16,6 +16,7 @@ Every figure is the planner's simulation on its curves (derived until real profi
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 
 import pandas as pd
@@ -72,7 +73,7 @@ def decide(plan: Plan, curves: pd.DataFrame, shares: pd.Series, baselines: pd.Da
     keep = f"keep your {owned} owned nodes" if owned else "you own no node yet"
     nodes = _listed([f"{n} x {s} ({_shape(plan, s)})" for s, n in added.items()])
     expected = prediction(plan)
-    quo_nodes = _status_quo_nodes(plan)
+    quo_nodes = _status_quo_nodes(plan, baselines)
     if expected is not None and expected.winner.startswith(STATUS_QUO):
         how = " with hetplan's hints (cores and RAM per job)" if expected.winner != STATUS_QUO else ""
         margin = f"{expected.margin:.0%}" if expected.margin is not None else "a margin"
@@ -117,10 +118,14 @@ def _shape(plan: Plan, name: str) -> str:
     return f"{spec.gpus} x {spec.gpu_type}, {spec.vcpus:g} vCPUs, {spec.mem_gb:g} GiB"
 
 
-def _status_quo_nodes(plan: Plan) -> dict[str, int]:
+def _status_quo_nodes(plan: Plan, baselines: pd.DataFrame | None) -> dict[str, int]:
+    """The nodes the status quo adds: from the planning record, else from baselines.csv (a steady plan)."""
     for candidate in (plan.planning or {}).get("candidates") or []:
         if candidate.get("candidate") == STATUS_QUO:
             return {s: int(n) for s, n in (candidate.get("node_counts") or {}).items() if n}
+    if baselines is not None and "node_counts" in baselines:
+        for counts in baselines.loc[baselines["name"] == STATUS_QUO, "node_counts"].dropna():
+            return {s: int(n) for s, n in json.loads(counts).items() if n}
     return {}
 
 

@@ -70,10 +70,12 @@ def test_the_prediction_is_read_from_the_planning_record_and_absent_without_one(
     assert (no_interval.avg_jct_h, no_interval.low_h) == (1.2, None)  # the winner's replayed figure, no interval
     steady = _plan("speed floor 0.75", {}).model_copy(update={"planning": None})
     assert prediction(steady) is None
-    baselines = pd.DataFrame({"name": ["status quo", "hetplan"], "value": [100.0, 130.0]})
-    assert decide(steady, CURVES, SHARES, baselines).headline == (
-        "Add no node (0 $/h) and keep your 2 owned nodes: it serves 130.0 reference GPUs of your mix per hour, "
-        "1.30x the status quo.")
+    baselines = pd.DataFrame({"name": ["status quo", "hetplan"], "value": [100.0, 130.0],
+                              "node_counts": ['{"cloud:8xv100": 3}', "{}"]})
+    said = decide(steady, CURVES, SHARES, baselines)
+    assert said.headline == ("Add no node (0 $/h) and keep your 2 owned nodes: it serves 130.0 reference GPUs of "
+                             "your mix per hour, 1.30x the status quo.")
+    assert said.status_quo.startswith("The status quo is your owned nodes plus 3 x cloud:8xv100:")
 
 
 def test_the_node_mix_chart_labels_every_bar_with_its_node_counts():
