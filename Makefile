@@ -98,6 +98,7 @@ deploy-env:
 	print("AIRFLOW_JWT_SECRET=" + secrets.token_urlsafe(48)); \
 	print("AIRFLOW_FERNET_KEY=" + base64.urlsafe_b64encode(os.urandom(32)).decode()); \
 	print("HETPLAN_ADMIN_TOKEN=" + secrets.token_urlsafe(32)); \
+	print("HETPLAN_WRITE_TOKEN=" + secrets.token_urlsafe(32)); \
 	print("MLFLOW_ADMIN_PASSWORD=" + secrets.token_urlsafe(24)); \
 	print("MLFLOW_SECRET_KEY=" + secrets.token_urlsafe(32))' > .env.tmp && mv .env.tmp .env
-	@echo "wrote .env (AIRFLOW_UID, AIRFLOW_JWT_SECRET, AIRFLOW_FERNET_KEY, HETPLAN_ADMIN_TOKEN, MLFLOW_ADMIN_PASSWORD, MLFLOW_SECRET_KEY)"
+	@echo "wrote .env (AIRFLOW_UID, AIRFLOW_JWT_SECRET, AIRFLOW_FERNET_KEY, HETPLAN_ADMIN_TOKEN, HETPLAN_WRITE_TOKEN, MLFLOW_ADMIN_PASSWORD, MLFLOW_SECRET_KEY)"

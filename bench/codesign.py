@@ -25,6 +25,7 @@ from hetplan.codesign import plan_workload, propose, workload_from_trace
 from hetplan.codesign.replay import usable_cpus
 from hetplan.evaluation import load_points
 from hetplan.planner import build_problem
+from hetplan.planner.baselines import baseline
 from hetplan.planner.entry import plan_with_baselines
 from hetplan.reference import default_profiles
 from hetplan.resources import upstream_path
@@ -47,7 +48,7 @@ def problem_and_workload(n: int, curves, truth: TruthCurves, catalog, budget: fl
     """The planning problem and workload of the bench: `n` synthetic jobs at `rho` of the status quo's GPU time."""
     jobs = synthetic(n, truth)
     problem = build_problem(curves, catalog, workload_from_trace(jobs).demand, budget)
-    quo = plan_with_baselines(problem, baselines=True).baseline("status quo")
+    quo = baseline(plan_with_baselines(problem, baselines=True)[1], "status quo")
     nodes = nodes_from_counts(problem.shapes, quo.node_counts)
     rate = load_points(jobs, jobs.assign(sim_model=jobs["model"]), truth, nodes, (rho,), ())[0].plan_rate
     return problem, workload_from_trace(with_load(jobs, rate, 0))

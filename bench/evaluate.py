@@ -123,9 +123,10 @@ def main() -> None:
                 short = file.split("_")[-1].split(".")[0]
                 for r in result.summary.itertuples():
                     speedup = f"**{r.jct_speedup:.2f}x**" if r.setup == "hetplan" else f"{r.jct_speedup:.2f}x"
+                    only = f"{r.extra_jobs} ({r.extra_avg_jct_h:.3g} h)" if r.extra_jobs > 0 else "-"
                     rows.append(f"| {short} | {label} | {budget:g} | {r.rho:g} | {r.setup} | {r.gpus} | "
                                 f"{r.cost_per_hour:.1f} | {r.avg_jct_h:.3g} | {r.p95_jct_h:.3g} | {r.gpu_util:.0%} | "
-                                f"{speedup} | {r.rejected_too_big} |")
+                                f"{speedup} | {r.rejected_too_big} | {only} |")
                     if r.setup == "hetplan":
                         within = bool(r.within_interval) if pd.notna(r.within_interval) else False  # NA: no interval
                         hetplan_rows.append({"trace": file, "catalog": label, "budget": budget, "rho": r.rho,
@@ -139,10 +140,13 @@ def main() -> None:
                                            f"{'yes' if within else 'no'} |")
                 giants.extend(giant_lines(result.jobs, short, label, budget, int(catalog["gpus"].max())))
                 for plan_label, plan in result.plans.items():
-                    winner = plan.candidate(plan.winner)
-                    counts = {str(plan.problem.shapes.loc[s, "name"]): n for s, n in winner.counts.items()}
+                    winner = plan.weighing.candidate(plan.winner)
+                    counts = {str(plan.weighing.problem.shapes.loc[s, "name"]): n for s, n in winner.counts.items()}
+                    decision = (plan.result.plan.planning or {}).get("decision") or {}
                     mixes.append(f"- {file}, {label}, {budget:g} $/h, {plan_label}: **{plan.winner}** "
-                                 f"({nodes_text(counts)}; {winner.policy})")
+                                 f"({nodes_text(counts) or 'no node added'}; {winner.policy}): "
+                                 f"{decision.get('reason', '')}"
+                                 + (f"; {decision['declined']}" if decision.get("declined") else ""))
                 print(f"{file} {label} {budget:g}: {time.perf_counter() - t0:.0f} s", flush=True)
                 print("\n".join(rows[-4 * len(args.rhos):]), flush=True)
                 print("\n".join(predictions[-len(args.rhos):]), flush=True)
@@ -186,8 +190,8 @@ def main() -> None:
         "any one type (rejected). The JCT speedup compares average JCTs over the jobs every setup of the row group "
         "ran (avg JCT is over all a setup completed). **Bold**: hetplan's JCT speedup.\n",
         "| trace | catalog | budget $/h | rho | setup | GPUs | $/h | avg JCT h | p95 JCT h | GPU util | JCT speedup | "
-        "too big |",
-        "|---|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|",
+        "too big | only it ran (avg JCT) |",
+        "|---|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|",
         *rows, "", "Predicted (planner, first half) vs replayed (second half, truth speeds) for hetplan:", "",
         "| trace | catalog | budget $/h | rho | predicted [interval] | replayed | replayed / predicted | inside |",
         "|---|---|---:|---:|---:|---:|---:|---|", *predictions, "",
@@ -249,7 +253,7 @@ def cost_objective(curves: pd.DataFrame, truth: TruthCurves, seed: int) -> list[
         result = evaluate(replay_half, ProblemInputs(curves, full, 400.0), truth, plan_trace=plan_half, rhos=(0.8,),
                           relabel_unknown=True, seed=seed)
         quo = result.summary[result.summary["setup"] == STATUS_QUO].iloc[0]
-        jct_plan = result.plans["rho 0.8"]
+        jct_plan = result.plans["rho 0.8"].weighing
         target = float(jct_plan.row(STATUS_QUO)["avg_jct_h"])
         cheap = plan_workload(jct_plan.problem, jct_plan.workload, objective="cost", max_avg_jct=target)
         winner = cheap.candidate(cheap.winner)

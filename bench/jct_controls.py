@@ -40,7 +40,7 @@ def run_group(catalog: str, rhos: tuple[float, ...]) -> tuple[EvaluationResult, 
     plan_half, replay_half = halves(TRACE)
     result = evaluate(replay_half, ProblemInputs(curves, dict(catalogs())[catalog], 100.0), truth,
                       plan_trace=plan_half, rhos=rhos, relabel_unknown=True, seed=0)
-    return result, truth.extended(next(iter(result.plans.values())).problem.defaults.curves)
+    return result, truth.extended(next(iter(result.plans.values())).weighing.problem.defaults.curves)
 
 
 def replayed(result: EvaluationResult, rho: float) -> pd.DataFrame:

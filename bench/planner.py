@@ -24,6 +24,8 @@ import pandas as pd
 
 from hetplan.catalog import load_default_catalog
 from hetplan.planner import build_problem
+from hetplan.planner.model import build_model
+from hetplan.planner.baselines import baseline
 from hetplan.planner.entry import plan_with_baselines
 from hetplan.reference import build_reference
 from common import fitted_curves, machine, record
@@ -62,21 +64,21 @@ def scaling(repeats: int, budget: float) -> list[str]:
     for classes, shapes in SIZES:
         curves, catalog, demand = synthetic_instance(classes, shapes)
         for objective, fairness in OBJECTIVES:
-            builds, totals, solves, planned = [], [], [], None
+            builds, totals, solves = [], [], []
             for _ in range(repeats):
                 start = time.perf_counter()
                 problem = build_problem(curves, catalog, demand, budget)
                 built = time.perf_counter()
-                planned = plan_with_baselines(problem, objective=objective, fairness=fairness, gap=0.01)
+                result, _ = plan_with_baselines(problem, objective=objective, fairness=fairness, gap=0.01)
                 builds.append(built - start)
                 totals.append(time.perf_counter() - start)
-                solves.append(planned.result.plan.solve_seconds)
+                solves.append(result.plan.solve_seconds)
+            model = build_model(problem, objective, fairness)
             name = objective + (f", fairness {fairness:g}" if fairness else "")
-            rows.append(f"| {classes} x {len(catalog)} | {name} | {planned.model.num_vars:,} | "
-                        f"{planned.model.num_rows:,} "
-                        f"| {planned.model.matrix.nnz:,} | {statistics.median(builds):.2f} s | "
+            rows.append(f"| {classes} x {len(catalog)} | {name} | {model.num_vars:,} | {model.num_rows:,} "
+                        f"| {model.matrix.nnz:,} | {statistics.median(builds):.2f} s | "
                         f"**{statistics.median(totals):.2f} s** | {statistics.median(solves):.2f} s | "
-                        f"{planned.result.plan.gap:.2%} |")
+                        f"{result.plan.gap:.2%} |")
             print(rows[-1], flush=True)
     return rows
 
@@ -91,11 +93,11 @@ def comparison(budgets: list[float]) -> list[str]:
             "(planner / independent) | per $ vs status quo |", "|---|---:|---|---:|---:|---:|---:|---:|---:|"]
     for label, shapes in (("all clouds", catalog), ("AWS + GCP + Azure", catalog[catalog["cloud"] != "lambda"])):
         for budget in budgets:
-            planned = plan_with_baselines(build_problem(curves, shapes, demand, budget), gap=1e-4)
-            quo = planned.baseline("status quo")
+            _, baselines = plan_with_baselines(build_problem(curves, shapes, demand, budget), gap=1e-4)
+            quo = baseline(baselines, "status quo")
             independent = {b.name: mix_served(b.node_counts, shapes, curves, demand, b.proportional)
-                           for b in planned.baselines}
-            for b in planned.baselines:
+                           for b in baselines}
+            for b in baselines:
                 rows.append(f"| {label} | {budget:g} | {b.name} | {b.cost_per_hour:.2f} | {b.value:.1f} | "
                             f"{independent[b.name]:.1f} | {b.per_dollar:.3f} | {b.value / quo.value:.2f}x / "
                             f"{independent[b.name] / independent['status quo']:.2f}x | "

@@ -33,6 +33,7 @@ import time
 from hetplan.codesign import plan_workload, workload_from_trace
 from hetplan.contracts import demand_from_trace
 from hetplan.evaluation import ProblemInputs, load_points
+from hetplan.planner.baselines import baseline
 from hetplan.planner.entry import plan_with_baselines
 from hetplan.reference import default_profiles
 from hetplan.resources import upstream_path
@@ -60,7 +61,7 @@ def cases(args, curves, truth: TruthCurves):
             for label, catalog in catalogs(args.catalogs):
                 for budget in args.budgets:
                     problem = ProblemInputs(curves, catalog, budget).problem(demand_from_trace(jobs))
-                    quo = plan_with_baselines(problem).baseline("status quo")
+                    quo = baseline(plan_with_baselines(problem)[1], "status quo")
                     nodes = nodes_from_counts(problem.shapes, quo.node_counts)
                     points = load_points(jobs, jobs.assign(sim_model=jobs["model"]), truth, nodes, args.rhos, ())
                     for rho, point in zip(args.rhos, points):
@@ -115,7 +116,7 @@ def evaluate_long(args, curves, truth: TruthCurves, curves_from: str) -> list[st
     result = evaluate(trace, ProblemInputs(curves, load_default_catalog(), 400.0), truth, rhos=rhos)
     total, cpu = time.perf_counter() - start, cpu_s() - cpu
     (plan,) = result.plans.values()
-    screen = plan.screen
+    screen = plan.weighing.screen
     rows = result.summary[["setup", "avg_jct_h", "jct_speedup"]].to_string(index=False)
     load = f"rho {args.rho:g}" if rhos else "the traced arrivals (20 jobs/h)"
     every = int(result.summary["replayed_one_in"].max())

@@ -84,6 +84,7 @@ def inputs(tmp: Path, models: int, gpus: int, jobs: int, budget: float) -> dict[
     from hetplan.codesign import workload_from_trace
     from hetplan.evaluation import load_points
     from hetplan.planner import build_problem
+    from hetplan.planner.baselines import baseline
     from hetplan.planner.entry import plan_with_baselines
     from hetplan.reference import build_reference, default_profiles
     from hetplan.sensitivity import fit_profiles
@@ -102,7 +103,7 @@ def inputs(tmp: Path, models: int, gpus: int, jobs: int, budget: float) -> dict[
     truth = TruthCurves.from_profiles(default_profiles(), fallback=curves)
     picked = synthetic(jobs, truth)
     problem = build_problem(curves, catalog, workload_from_trace(picked).demand, budget)
-    quo = plan_with_baselines(problem, baselines=True).baseline("status quo")
+    quo = baseline(plan_with_baselines(problem, baselines=True)[1], "status quo")
     nodes = nodes_from_counts(problem.shapes, quo.node_counts)
     rate = load_points(picked, picked.assign(sim_model=picked["model"]), truth, nodes, (0.8,), ())[0].plan_rate
     with_load(picked, rate, 0).to_csv(files["trace"], index=False)

@@ -256,22 +256,20 @@ REPLAYS = "replays"
 def shortlist_step(workspace: str | Path, run_key: str, *, budget: float, objective: str = "jct",
                    clouds: Sequence[str] = (), solver: str = "auto", time_limit: float = 60.0,
                    max_job_gpus: int | None = None) -> list[list[int]]:
-    """Stage 1 of a workload plan: propose and screen the candidates (`hetplan.codesign.shortlist_for`), keep
+    """Stage 1 of a workload plan: propose and screen the candidates (`hetplan.planning.shortlist`), keep
     the shortlist in `<run>/plan/stages/` and return the replay runs to do, [candidate, draw] each (none
     without a workload: the plan is then the steady-state one, made by `choose_step`)."""
     import pickle
 
-    from hetplan.codesign import shortlist_for
+    from hetplan.planning import shortlist
 
     setup = _plan_setup(workspace, run_key, budget, objective, clouds, solver, time_limit, max_job_gpus)
     stages = run_dir(workspace, run_key) / "plan" / "stages"
     if setup.workload is None:
         (stages / SHORTLIST).unlink(missing_ok=True)
         return []
-    request = setup.request
     with Reporter("shortlist") as progress:
-        listed = shortlist_for(setup.problem, setup.workload, objective=request.resolved(True), solver=request.solver,
-                               time_limit=request.time_limit, progress=progress)
+        listed = shortlist(setup.problem, replace(setup.request, progress=progress), setup.workload)
     for stale in (stages / REPLAYS).glob("*.json"):  # an earlier try's runs belong to an earlier shortlist
         stale.unlink()
     (stages / REPLAYS).mkdir(parents=True, exist_ok=True)
@@ -296,14 +294,14 @@ def choose_step(workspace: str | Path, run_key: str, *, budget: float, objective
                 stale_gpu_types: Sequence[str] = (), clouds: Sequence[str] = (), solver: str = "auto",
                 time_limit: float = 60.0, tracking_uri: str | None = None, mlflow: bool = True,
                 max_job_gpus: int | None = None) -> dict[str, Any]:
-    """Stage 3: the plan from the shortlist and every replay run's summary, with its prediction's interval,
-    written as `plan_step` writes it; the steady-state plan when `shortlist_step` found no workload."""
+    """Stage 3: the plan from the shortlist and every replay run's summary (`hetplan.planning.finish`: the choice,
+    the held-back check, the interval), written as `plan_step` writes it; the steady-state plan when
+    `shortlist_step` found no workload."""
     if not (run_dir(workspace, run_key) / "plan" / "stages" / SHORTLIST).is_file():
         return plan_step(workspace, run_key, budget=budget, objective=objective, stale_gpu_types=stale_gpu_types,
                          clouds=clouds, solver=solver, time_limit=time_limit, tracking_uri=tracking_uri,
                          mlflow=mlflow, max_job_gpus=max_job_gpus)
-    from hetplan.codesign.plan import chosen
-    from hetplan.planning.planned import outcome_of
+    from hetplan.planning import finish
 
     kept = _shortlist(workspace, run_key)
     listed, setup = kept["shortlist"], kept["setup"]
@@ -312,9 +310,9 @@ def choose_step(workspace: str | Path, run_key: str, *, budget: float, objective
     if missing:
         raise ContractError([Problem(str(replays), f"replay runs {missing} have no summary")])
     summaries = {run: json.loads((replays / f"{run[0]}-{run[1]}.json").read_text()) for run in listed.pending}
-    planned = chosen(setup.problem, listed, summaries, objective=setup.request.resolved(True), inputs=setup.inputs)
     with Reporter("choose") as progress:
-        outcome = outcome_of(setup.problem, replace(setup.request, progress=progress), setup.workload, planned)
+        outcome = finish(setup.problem, replace(setup.request, progress=progress), setup.workload, listed, summaries,
+                         setup.inputs)
     return _plan_outputs(workspace, run_key, outcome, stale_gpu_types, tracking_uri, mlflow)
 
 

@@ -87,9 +87,14 @@ class Rig:
     replicas: int = 2
     kills: list[tuple[float, str]] = field(default_factory=list)  # (time.time(), what) of every SIGKILL
     unserved: int = 0  # pods the webhook left to the default path (`run_pods` takes them off at once)
+    standin: dict[str, Any] = field(default_factory=dict)  # the stand-in's options (version, termination_seconds)
+    token: str | None = None  # the allocator's write token, given to the service and the controllers
 
     def __post_init__(self) -> None:
-        self.api = FakeApiServer().start()
+        self.api = FakeApiServer(**self.standin).start()
+        if self.token:
+            self.serve_args = [*self.serve_args, "--write-token", self.token]
+            self.controller_args = [*self.controller_args, "--write-token", self.token]
         self.api.nodes = self.nodes
         self.config = self.api.kubeconfig(self.root / "kubeconfig.yaml")
         self.url = f"http://127.0.0.1:{free_port()}"

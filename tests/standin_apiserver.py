@@ -34,6 +34,8 @@ import threading
 import time
 import urllib.request
 import uuid
+from collections import Counter
+from dataclasses import dataclass
 from decimal import Decimal
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -41,6 +43,10 @@ from typing import Any
 from urllib.parse import parse_qs, urlparse
 
 from kubernetes.utils.quantity import parse_quantity
+
+from standin_rules import (  # noqa: F401 - ApiError and status are imported from here by the tests
+    ApiError, disruptions_allowed, parse_version, qos_class, status, validate_create, validate_resize,
+)
 
 
 def k8s_node(name: str, product: str | None = "Tesla-T4", gpus: str | None = "4", cpu: str = "63500m",
@@ -206,15 +212,24 @@ def json_patch(doc: Any, ops: list[dict]) -> Any:
     return doc
 
 
-def status(code: int, reason: str, message: str, **extra: Any) -> dict:
-    return {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure", "message": message,
-            "reason": reason, "code": code, **extra}
+@dataclass
+class Fault:
+    """An injected API fault (not Kubernetes: the test's): requests whose method is `method` and whose path matches
+    `path` (a regex) are answered `code`, with probability `chance` (seeded), at most `times` times (None: no limit),
+    until `until` (time.monotonic(); None: no end). `commit`: the write is done first and only its answer lost (an
+    ambiguous write: a 500 or a timeout after etcd committed)."""
+
+    method: str
+    path: str
+    code: int
+    commit: bool = False
+    times: int | None = 1
+    chance: float = 1.0
+    until: float | None = None
 
 
-class ApiError(Exception):
-    def __init__(self, code: int, reason: str, message: str, **extra: Any) -> None:
-        super().__init__(message)
-        self.body = status(code, reason, message, **extra)
+FAULT_REASONS = {429: "TooManyRequests", 500: "InternalError", 503: "ServiceUnavailable", 504: "Timeout",
+                 410: "Expired"}
 
 
 class QuietServer(ThreadingHTTPServer):
@@ -230,7 +245,11 @@ class FakeApiServer:
     """The stand-in (see the module's docstring). Nodes: set `nodes` (what a list returns) and push events. Pods,
     ConfigMaps, Leases: through the API, or `add_pod`, `finish`, `pdbs` from the test."""
 
-    def __init__(self, history: int = 100_000) -> None:
+    def __init__(self, history: int = 100_000, version: str = "1.33", termination_seconds: float = 0.1,
+                 seed: int = 0) -> None:
+        self.version = parse_version(version)  # what `/version` says and which resize rules apply
+        self.termination_seconds = termination_seconds  # a deleted running pod's containers stop after this
+        # (capped by its grace period), then its terminal phase is reported, then it is removed
         self.nodes: dict[str, dict] = {}
         self.resource_version = "100"
         self.events: queue.Queue[dict] = queue.Queue()
@@ -259,6 +278,23 @@ class FakeApiServer:
         # seconds from creation to binding (a pod pinned before its peers' shrinks were actuated waits for room)
         self._unbound: dict[tuple[str, str], float] = {}
         self.call_times: list[float] = []  # when each of `calls` arrived (time.time())
+        self.static_cpu_nodes: set[str] = set()  # kubelets with the static CPU manager policy
+        self.created_at: dict[tuple[str, str], float] = {}  # time.monotonic() each pod was created
+        self.running_at: dict[tuple[str, str], float] = {}  # and first bound (Running)
+        self.evictions: Counter[tuple[str, str]] = Counter()  # eviction calls per pod (a terminating one included)
+        self.refused: list[tuple[str, str, int]] = []  # (method, path, code) of every error answered
+        self.faults: list[Fault] = []  # injected faults, matched in order
+        self.faulted: Counter[int] = Counter()  # injected faults answered, by code
+        self._rng = __import__("random").Random(seed)
+        self._terminations: dict[tuple[str, str], list[float]] = {}  # pod -> [containers stop at, removed at]
+        self.webhook_timeout = 10.0  # the webhook configuration's timeoutSeconds
+        self.webhook_failure_policy = "Ignore"  # and its failurePolicy: Fail refuses the pod when no answer
+        self.webhook_context: Any = None  # an ssl.SSLContext trusting the webhook's CA (HTTPS webhooks)
+        self.extender: dict[str, Any] | None = None  # the scheduler's extender (`configure_extender`)
+        self.extender_calls = 0
+        self.admission_warnings: list[str] = []  # the webhook's warnings, as kubectl would print them
+        self.resize_log: list[tuple[tuple[str, str], str, str]] = []  # (pod, what, "actuated"|"pending") per resize
+        # whose memory went down: what is "request" or "limit"
         outer = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -280,27 +316,47 @@ class FakeApiServer:
                     if method != "GET":
                         outer.call_times.append(time.time())
                         outer.calls.append((method, url.path, body))
-                    if url.path == "/api/v1/nodes" and method == "GET":
-                        return self._nodes(query)
-                    if url.path == "/api/v1/pods" and method == "GET":
-                        return self._pods(None, query)
-                    m = POD.match(url.path)
-                    if m:
-                        ns, name, sub = m.groups()
-                        if name is None:
-                            if method == "GET":
-                                return self._pods(ns, query)
-                            if method == "POST":
-                                return self._json(201, outer.create_pod(ns, body))
-                        else:
-                            ctype = self.headers.get("Content-Type", "")
-                            return self._json(*outer.pod_call(method, ns, name, sub, body, ctype))
-                    m = OBJECT.match(url.path)
-                    if m:
-                        return self._json(*outer.object_call(method, m.group(2), m.group(1), m.group(3), body))
-                    raise ApiError(404, "NotFound", f"the stand-in serves no {method} {url.path}")
+                    fault = outer.fault(method, url.path)
+                    if fault is not None and not fault.commit:
+                        raise outer.fault_error(fault)
+                    if fault is not None:  # an ambiguous write: done, and its answer lost
+                        self._mute = True
+                        try:
+                            self._dispatch(method, url, query, body)
+                        finally:
+                            self._mute = False
+                        raise outer.fault_error(fault)
+                    return self._dispatch(method, url, query, body)
                 except ApiError as exc:
+                    outer.refused.append((method, url.path, exc.body["code"]))
                     return self._json(exc.body["code"], exc.body)
+
+            def _dispatch(self, method: str, url: Any, query: dict, body: Any) -> None:
+                if url.path.rstrip("/") == "/version" and method == "GET":
+                    major, minor = outer.version
+                    return self._json(200, {"major": str(major), "minor": str(minor),
+                                            "gitVersion": f"v{major}.{minor}.2", "gitCommit": "stand-in", "gitTreeState": "clean",
+                                            "buildDate": "2026-11-01T00:00:00Z", "goVersion": "go1.24.4",
+                                            "compiler": "gc", "platform": "linux/amd64"})
+                if url.path == "/api/v1/nodes" and method == "GET":
+                    return self._nodes(query)
+                if url.path == "/api/v1/pods" and method == "GET":
+                    return self._pods(None, query)
+                m = POD.match(url.path)
+                if m:
+                    ns, name, sub = m.groups()
+                    if name is None:
+                        if method == "GET":
+                            return self._pods(ns, query)
+                        if method == "POST":
+                            return self._json(201, outer.create_pod(ns, body))
+                    else:
+                        ctype = self.headers.get("Content-Type", "")
+                        return self._json(*outer.pod_call(method, ns, name, sub, body, ctype))
+                m = OBJECT.match(url.path)
+                if m:
+                    return self._json(*outer.object_call(method, m.group(2), m.group(1), m.group(3), body))
+                raise ApiError(404, "NotFound", f"the stand-in serves no {method} {url.path}")
 
             def do_GET(self) -> None:  # noqa: N802 - the stdlib's names
                 self._route("GET")
@@ -341,6 +397,8 @@ class FakeApiServer:
                                             "metadata": {"resourceVersion": str(outer.rv)}, "items": items})
 
             def _json(self, code: int, body: dict) -> None:
+                if getattr(self, "_mute", False):
+                    return
                 data = json.dumps(body).encode()
                 self.send_response(code)
                 self.send_header("Content-Type", "application/json")
@@ -421,7 +479,87 @@ class FakeApiServer:
 
     def start(self) -> FakeApiServer:
         self._thread.start()
+        threading.Thread(target=self._kubelet_loop, name="standin-kubelet", daemon=True).start()
         return self
+
+    def configure_webhook(self, manifest: Path, url: str | list[str], ca_file: Path | None = None) -> dict:
+        """Call the webhook as the MutatingWebhookConfiguration in `manifest` says: its failurePolicy, timeoutSeconds
+        and objectSelector (a label that must exist); HTTPS trusting `ca_file` when given (the API server calls
+        webhooks over TLS only). Returns the webhook's entry."""
+        import ssl
+
+        import yaml
+
+        config = next(d for d in yaml.safe_load_all(manifest.read_text()) if d and
+                      d.get("kind") == "MutatingWebhookConfiguration")["webhooks"][0]
+        self.webhook_url = url
+        self.webhook_failure_policy = config.get("failurePolicy", "Fail")
+        self.webhook_timeout = float(config.get("timeoutSeconds", 10))
+        self.webhook_selector = ",".join(e["key"] for e in config["objectSelector"]["matchExpressions"]
+                                         if e["operator"] == "Exists")
+        self.webhook_context = ssl.create_default_context(cafile=str(ca_file)) if ca_file else None
+        return config
+
+    def configure_extender(self, config: Path, url: str) -> dict:
+        """Let the stand-in scheduler call an extender as the KubeSchedulerConfiguration in `config` says (its first
+        extender, at `url` instead of its urlPrefix): for a pod asking one of its managedResources, `filterVerb` with
+        the nodes that passed the scheduler's own fit check (`NodeNames` when nodeCacheCapable), keeping those it
+        passes; an extender that fails is skipped when `ignorable`, else the pod stays Pending."""
+        import yaml
+
+        extender = yaml.safe_load(config.read_text())["extenders"][0]
+        timeout = str(extender.get("httpTimeout", "30s"))
+        self.extender = {"url": url.rstrip("/"), "filter": extender["filterVerb"],
+                         "cache": bool(extender.get("nodeCacheCapable")), "ignorable": bool(extender.get("ignorable")),
+                         "managed": {m["name"] for m in extender.get("managedResources") or []},
+                         "timeout": float(timeout.rstrip("s")) if timeout.endswith("s") else 30.0}
+        return extender
+
+    def _extend(self, pod: dict, nodes: list[str]) -> list[str]:
+        """The nodes the extender passes for `pod` (see `configure_extender`)."""
+        ext = self.extender
+        if ext is None or not nodes or not set(pod_requests(pod)) & ext["managed"]:
+            return nodes
+        args: dict[str, Any] = {"Pod": pod}
+        if ext["cache"]:
+            args["NodeNames"] = nodes
+        else:
+            args["Nodes"] = {"items": [self.nodes[n] for n in nodes]}
+        self.extender_calls += 1
+        try:
+            request = urllib.request.Request(f"{ext['url']}/{ext['filter']}", json.dumps(args).encode(),
+                                             {"Content-Type": "application/json"})
+            with urllib.request.urlopen(request, timeout=ext["timeout"]) as answer:
+                result = json.loads(answer.read())
+        except (OSError, ValueError):
+            return nodes if ext["ignorable"] else []
+        if result.get("Error"):
+            return nodes if ext["ignorable"] else []
+        if ext["cache"]:
+            return [n for n in nodes if n in set(result.get("NodeNames") or [])]
+        return [n for n in nodes if n in {i["metadata"]["name"] for i in (result.get("Nodes") or {}).get("items", [])}]
+
+    # ------------------------------------------------------------------ faults
+
+    def fault(self, method: str, path: str) -> Fault | None:
+        """The injected fault this request meets, if any (and counts it)."""
+        with self.lock:
+            now = time.monotonic()
+            for f in self.faults:
+                if f.method != method or not re.search(f.path, path) or (f.times is not None and f.times <= 0) \
+                        or (f.until is not None and now > f.until) or self._rng.random() >= f.chance:
+                    continue
+                if f.times is not None:
+                    f.times -= 1
+                self.faulted[f.code] += 1
+                return f
+        return None
+
+    @staticmethod
+    def fault_error(f: Fault) -> ApiError:
+        reason = FAULT_REASONS.get(f.code, "InternalError")
+        return ApiError(f.code, reason, f"stand-in fault: {reason}" + (" (the write was committed)" if f.commit
+                                                                        else ""))
 
     def stop(self) -> None:
         self._closing.set()
@@ -490,14 +628,23 @@ current-context: stand-in
             meta["name"] = meta["generateName"] + uuid.uuid4().hex[:5]
         if self.webhook_url and matches(meta.get("labels") or {}, self.webhook_selector):
             pod = self._admit(pod)
+        validate_create(pod)
         with self.lock:
             if (namespace, meta["name"]) in self.pods:
                 raise ApiError(409, "AlreadyExists", f'pods "{meta["name"]}" already exists')
             pod["metadata"]["uid"] = str(uuid.uuid4())
+            self.created_at[(namespace, pod["metadata"]["name"])] = time.monotonic()
             pod["metadata"]["creationTimestamp"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
             pod["spec"].setdefault("schedulerName", "default-scheduler")
-            pod["status"] = {"phase": "Pending", "qosClass": "Burstable"}
+            pod["status"] = {"phase": "Pending", "qosClass": qos_class(pod["spec"])}
             self.pods[(namespace, pod["metadata"]["name"])] = pod
+            node = pod["spec"].get("nodeName")
+            if node:  # bound at creation (a daemon set's pod): the kubelet admits it if it fits, else fails it
+                if node in self.nodes and self._fits(node, pod, but=pod):
+                    self._bind(pod, node)
+                else:
+                    pod["status"] = {**pod["status"], "phase": "Failed", "reason": "OutOfcpu",
+                                     "message": "Pod was rejected: Node didn't have enough resource"}
             self._emit("ADDED", pod)
             self.schedule()
             if not pod["spec"].get("nodeName") and not pod["spec"].get("schedulingGates"):
@@ -505,29 +652,37 @@ current-context: stand-in
             return copy.deepcopy(pod)
 
     def _admit(self, pod: dict) -> dict:
-        """Call the mutating webhook (AdmissionReview v1) and apply its JSONPatch; failurePolicy Ignore."""
+        """Call the mutating webhook (AdmissionReview v1) with the configuration's timeout (HTTPS when
+        `webhook_context` is set) and apply its JSONPatch; no answer: admitted unchanged (failurePolicy Ignore) or
+        refused (Fail)."""
         review = {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": {
             "uid": str(uuid.uuid4()), "kind": {"group": "", "version": "v1", "kind": "Pod"},
             "resource": {"group": "", "version": "v1", "resource": "pods"}, "operation": "CREATE",
             "namespace": pod["metadata"]["namespace"], "name": pod["metadata"]["name"], "object": pod,
             "userInfo": {"username": "system:serviceaccount:default:launcher"}, "dryRun": False}}
-        response = None
+        response, failure = None, "no endpoint"
         for url in [self.webhook_url] if isinstance(self.webhook_url, str) else self.webhook_url or []:
             try:
                 request = urllib.request.Request(url, json.dumps(review).encode(), {"Content-Type": "application/json"})
-                with urllib.request.urlopen(request, timeout=10) as answer:
+                with urllib.request.urlopen(request, timeout=self.webhook_timeout,
+                                            context=self.webhook_context) as answer:
                     response = json.loads(answer.read())["response"]
                     break
-            except (OSError, ValueError, KeyError):
+            except (OSError, ValueError, KeyError) as exc:
+                failure = f"{type(exc).__name__}: {exc}"
                 continue
         if response is None:
             self.webhook_failures += 1
+            if self.webhook_failure_policy == "Fail":
+                raise ApiError(500, "InternalError", f'Internal error occurred: failed calling webhook '
+                               f'"pods.hetplan.io": {failure}')
             return pod  # failurePolicy: Ignore
         if response.get("uid") != review["request"]["uid"]:
             self.webhook_failures += 1
             return pod
         if not response.get("allowed"):
             raise ApiError(400, "BadRequest", f"admission webhook denied the request: {response.get('status')}")
+        self.admission_warnings += response.get("warnings") or []
         if response.get("patch"):
             import base64
             assert response.get("patchType") == "JSONPatch"
@@ -546,7 +701,7 @@ current-context: stand-in
             if sub is None and method == "GET":
                 return 200, copy.deepcopy(pod)
             if sub is None and method == "DELETE":
-                return 200, self._delete(pod)
+                return 200, self._delete(pod, (body or {}).get("gracePeriodSeconds"))
             if sub is None and method == "PATCH":
                 if isinstance(body, list):
                     new = json_patch(pod, body)
@@ -574,59 +729,130 @@ current-context: stand-in
                 self._bind(pod, body["target"]["name"])
                 return 201, status(201, "", "")
             if sub == "eviction" and method == "POST":
-                self._check_pdbs(pod)
-                self._delete(pod)
+                self._evict(pod, ((body or {}).get("deleteOptions") or {}).get("gracePeriodSeconds"))
                 return 201, {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201}
             raise ApiError(405, "MethodNotAllowed", f"the stand-in serves no {method} on pods/{sub}")
 
-    def _delete(self, pod: dict) -> dict:
+    def _delete(self, pod: dict, grace: int | None = None) -> dict:
+        """Graceful deletion: a pod that never ran, or ended, is removed at once; a running one gets its
+        `deletionTimestamp` now, its containers stop within its grace period (the stand-in's `termination_seconds`
+        at most), the kubelet reports its terminal phase, and only then is it removed (`_kubelet_loop`). Deleting a
+        pod that is already terminating changes nothing."""
         meta = pod["metadata"]
-        del self.pods[(meta["namespace"], meta["name"])]
-        self._emit("DELETED", pod)
-        self.schedule()
+        if meta.get("deletionTimestamp"):
+            return copy.deepcopy(pod)
+        if not pod["spec"].get("nodeName") or terminal(pod) or grace == 0:
+            self._remove(pod)
+            return copy.deepcopy(pod)
+        grace = int(pod["spec"].get("terminationGracePeriodSeconds", 30) if grace is None else grace)
+        meta["deletionTimestamp"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        meta["deletionGracePeriodSeconds"] = grace
+        self._terminations[(meta["namespace"], meta["name"])] = [time.monotonic() + min(grace,
+                                                                                      self.termination_seconds), 0.0]
+        self._emit("MODIFIED", pod)
         return copy.deepcopy(pod)
 
-    def _check_pdbs(self, pod: dict) -> None:
-        labels = pod["metadata"].get("labels") or {}
-        for pdb in self.pdbs:
-            want = pdb["spec"]["selector"]["matchLabels"]
-            if pdb["metadata"]["namespace"] != pod["metadata"]["namespace"] or \
-                    any(labels.get(k) != v for k, v in want.items()):
-                continue
-            healthy = sum(1 for p in self.pods.values() if (p.get("status") or {}).get("phase") == "Running"
-                          and all((p["metadata"].get("labels") or {}).get(k) == v for k, v in want.items()))
-            if healthy - 1 < int(pdb["spec"]["minAvailable"]):
+    def _remove(self, pod: dict) -> None:
+        meta = pod["metadata"]
+        self.pods.pop((meta["namespace"], meta["name"]), None)
+        self._terminations.pop((meta["namespace"], meta["name"]), None)
+        self._emit("DELETED", pod)
+        self.schedule()
+
+    def _kubelet_loop(self) -> None:
+        """The stand-in kubelets' side of graceful deletion: containers stopped when due (the pod's phase becomes
+        Succeeded if its trainer exited cleanly after its checkpoint, annotation `hetplan.io/checkpointed`, else
+        Failed: killed by SIGTERM), then the pod removed a moment later."""
+        while not self._closing.wait(0.02):
+            with self.lock:
+                now = time.monotonic()
+                for key, due in list(self._terminations.items()):
+                    pod = self.pods.get(key)
+                    if pod is None:
+                        self._terminations.pop(key, None)
+                    elif not due[1] and now >= due[0]:
+                        clean = "hetplan.io/checkpointed" in (pod["metadata"].get("annotations") or {})
+                        pod["status"]["phase"] = "Succeeded" if clean else "Failed"
+                        pod["status"]["containerStatuses"] = [
+                            {**c, "ready": False, "state": {"terminated": {"exitCode": 0 if clean else 143}}}
+                            for c in pod["status"].get("containerStatuses") or []]
+                        due[1] = now + self.termination_seconds / 2
+                        self._emit("MODIFIED", pod)
+                        self.schedule()
+                    elif due[1] and now >= due[1]:
+                        self._remove(pod)
+
+    def _evict(self, pod: dict, grace: int | None) -> None:
+        """policy/v1 Eviction: a pod that is pending, ended or already terminating is deleted without asking the
+        budgets (Kubernetes' `canIgnorePDB`); else the one PodDisruptionBudget that selects it must allow a
+        disruption (429 otherwise; a pod two budgets select is a 500), which is recorded in its `disruptedPods`,
+        the pod gets the condition `DisruptionTarget` and is deleted gracefully."""
+        meta = pod["metadata"]
+        self.evictions[(meta["namespace"], meta["name"])] += 1
+        if not pod["spec"].get("nodeName") or terminal(pod) or meta.get("deletionTimestamp"):
+            self._delete(pod, grace)
+            return
+        budgets = self._budgets(pod)
+        if len(budgets) > 1:
+            raise ApiError(500, "InternalError", "This pod has more than one PodDisruptionBudget, which the eviction "
+                                                 "subresource does not support.")
+        if budgets:
+            pdb = budgets[0]
+            allowed, healthy, desired = disruptions_allowed(pdb, self._selected(pdb), time.time())
+            if allowed < 1:
                 raise ApiError(429, "TooManyRequests", "Cannot evict pod as it would violate the pod's disruption "
                                "budget.", details={"causes": [{"reason": "DisruptionBudget", "message": (
-                                   f"The disruption budget {pdb['metadata']['name']} needs "
-                                   f"{pdb['spec']['minAvailable']} healthy pods and has {healthy} currently")}]})
+                                   f"The disruption budget {pdb['metadata']['name']} needs {desired} healthy pods "
+                                   f"and has {healthy} currently")}]})
+            pdb.setdefault("status", {}).setdefault("disruptedPods", {})[meta["name"]] = time.time()
+        conditions = [c for c in pod["status"].get("conditions") or [] if c["type"] != "DisruptionTarget"]
+        pod["status"]["conditions"] = conditions + [{"type": "DisruptionTarget", "status": "True",
+                                                     "reason": "EvictionByEvictionAPI",
+                                                     "message": "Eviction API: evicting"}]
+        self._delete(pod, grace)
+
+    def _budgets(self, pod: dict) -> list[dict]:
+        labels = pod["metadata"].get("labels") or {}
+        return [pdb for pdb in self.pdbs if pdb["metadata"]["namespace"] == pod["metadata"]["namespace"]
+                and all(labels.get(k) == v for k, v in pdb["spec"]["selector"]["matchLabels"].items())]
+
+    def _selected(self, pdb: dict) -> list[dict]:
+        want = pdb["spec"]["selector"]["matchLabels"]
+        return [p for p in self.pods.values() if p["metadata"]["namespace"] == pdb["metadata"]["namespace"]
+                and not terminal(p) and all((p["metadata"].get("labels") or {}).get(k) == v for k, v in want.items())]
 
     def _resize(self, pod: dict, body: dict) -> dict:
+        """The `resize` subresource: validated by the version's rules (`standin_rules.validate_resize`: a 422 when
+        refused), then actuated by the stand-in kubelet, or left `PodResizePending` Infeasible (a kubelet that never
+        will: `kubelet_refuses`, or a static CPU manager and a Guaranteed pod's cpu) or Deferred (no room now)."""
         new = merge_patch(pod, body, strategic=True)
-        for old_c, new_c in zip(pod["spec"]["containers"], new["spec"]["containers"]):
-            before, after = old_c.get("resources") or {}, new_c.get("resources") or {}
-            for part in ("requests", "limits"):
-                changed = {k for k in set(before.get(part) or {}) | set(after.get(part) or {})
-                           if (before.get(part) or {}).get(k) != (after.get(part) or {}).get(k)}
-                if changed - {"cpu", "memory"}:
-                    raise ApiError(422, "Invalid", f'Pod "{pod["metadata"]["name"]}" is invalid: spec: Forbidden: '
-                                   "only cpu and memory resources are mutable")
         if {k: v for k, v in new.items() if k not in ("spec", "metadata")} != \
                 {k: v for k, v in pod.items() if k not in ("spec", "metadata")}:
             raise ApiError(422, "Invalid", "the resize subresource changes spec.containers[*].resources only")
+        validate_resize(pod, new, self.version)
         key = (pod["metadata"]["namespace"], pod["metadata"]["name"])
+        shrunk = [what for what, before, after in (
+            ("request", pod_requests(pod).get("memory"), pod_requests(new).get("memory")),
+            ("limit", _limit(pod, "memory"), _limit(new, "memory"))) if before and after and after < before]
+        cpu_changed = [pod_requests({"spec": {"containers": [c]}}).get("cpu") for c in pod["spec"]["containers"]] != \
+            [pod_requests({"spec": {"containers": [c]}}).get("cpu") for c in new["spec"]["containers"]]
         pod["spec"]["containers"] = new["spec"]["containers"]
         conditions = [c for c in pod["status"].get("conditions") or [] if c["type"] != "PodResizePending"]
         node = pod["spec"].get("nodeName")
-        if node and key in self.kubelet_refuses:
+        static = node in self.static_cpu_nodes and cpu_changed and qos_class(pod["spec"]) == "Guaranteed"
+        if node and (key in self.kubelet_refuses or static):
             conditions.append({"type": "PodResizePending", "status": "True", "reason": "Infeasible",
-                               "message": "Node didn't have enough capacity: memory, requested: ..."})
+                               "message": "Resize is infeasible for Guaranteed Pods alongside CPU Manager static "
+                                          "policy" if static else "Node didn't have enough capacity: memory, "
+                                                                  "requested: ..."})
         elif node and not self._room_for(node, pod):
             conditions.append({"type": "PodResizePending", "status": "True", "reason": "Deferred",
                                "message": "Node didn't have enough resource: cpu"})
         elif node:
             pod["status"]["containerStatuses"] = self._actuated(pod)
         pod["status"]["conditions"] = conditions
+        state = "pending" if any(c["type"] == "PodResizePending" for c in conditions) or not node else "actuated"
+        self.resize_log += [(key, what, state) for what in shrunk]
         self._emit("MODIFIED", pod)
         return copy.deepcopy(pod)
 
@@ -661,10 +887,10 @@ current-context: stand-in
             used[k] = used.get(k, Decimal(0)) + v
         return all(v <= parse_quantity(allocatable.get(k, "0")) for k, v in used.items() if v > 0)
 
-    def _fits(self, node: str, pod: dict | None) -> bool:
-        """`pod` (None: none more) fits `node` with what runs there."""
+    def _fits(self, node: str, pod: dict | None, but: dict | None = None) -> bool:
+        """`pod` (None: none more) fits `node` with what runs there (but `but`)."""
         allocatable = self.nodes[node]["status"]["allocatable"]
-        used = self.used(node)
+        used = self.used(node, but=but)
         if pod is not None:
             for k, v in pod_requests(pod).items():
                 used[k] = used.get(k, Decimal(0)) + v
@@ -679,6 +905,7 @@ current-context: stand-in
         key = (pod["metadata"]["namespace"], pod["metadata"]["name"])
         if key in self._unbound:
             self.bind_waits[key] = time.monotonic() - self._unbound.pop(key)
+        self.running_at.setdefault(key, time.monotonic())
         pod["spec"]["nodeName"] = node
         pod["status"] = {**pod["status"], "phase": "Running", "containerStatuses": self._actuated(pod),
                          "conditions": [{"type": "PodScheduled", "status": "True"}]}
@@ -703,13 +930,26 @@ current-context: stand-in
             for pod in list(self.pods.values()):
                 spec = pod["spec"]
                 if spec.get("nodeName") or spec.get("schedulingGates") or terminal(pod) or \
+                        pod["metadata"].get("deletionTimestamp") or \
                         spec.get("schedulerName", "default-scheduler") != "default-scheduler":
                     continue
                 wanted = pinned(pod)
-                for node in ([wanted] if wanted else list(self.nodes)):
-                    if node in self.nodes and self._fits(node, pod):
-                        self._bind(pod, node)
-                        break
+                fit = [n for n in ([wanted] if wanted else list(self.nodes)) if n in self.nodes and self._fits(n, pod)]
+                passed = self._extend(pod, fit)
+                if passed:
+                    self._bind(pod, passed[0])
+
+    def add_daemons(self, cpu: str = "500m", memory: str = "1Gi") -> list[dict]:
+        """A daemon set's pod on every node (kube-system, bound at creation as the DaemonSet controller binds
+        them): what the kubelet counts and an allocator that reads only `allocatable` does not."""
+        made = []
+        for node in list(self.nodes):
+            pod = k8s_pod(f"node-agent-{node}", model=None, gpus=0, cpu=cpu, memory=memory, namespace="kube-system",
+                          labels={"app": "node-agent"})
+            pod["spec"]["nodeName"] = node
+            pod["spec"]["restartPolicy"] = "Always"
+            made.append(self.create_pod("kube-system", pod))
+        return made
 
     def finish(self, namespace: str, name: str, phase: str = "Succeeded") -> None:
         """The pod's containers exit: its phase becomes `phase` (the kubelet's report)."""
@@ -752,6 +992,12 @@ current-context: stand-in
             self.lease_history.append((time.time(), str((obj.get("spec") or {}).get("holderIdentity") or "")))
         self.objects[key] = obj
         return copy.deepcopy(obj)
+
+
+def _limit(pod: dict, resource: str) -> Decimal | None:
+    """The sum of the containers' limits of `resource` (None when one has none: unlimited)."""
+    limits = [((c.get("resources") or {}).get("limits") or {}).get(resource) for c in pod["spec"]["containers"]]
+    return None if any(v is None for v in limits) else sum((parse_quantity(v) for v in limits), Decimal(0))
 
 
 def pinned(pod: dict) -> str | None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import numpy as np
 import pandas as pd
@@ -91,7 +92,9 @@ def test_a_prediction_says_its_calibrated_interval_and_keeps_the_simulated_one()
     out = prediction.calibrate(calibration)
     assert out.speedup == prediction.speedup
     assert out.calibrated == Interval(*calibration.applied(2.0))
-    assert "calibrated on 32 evaluated predictions (rows): 1.60x" in out.line()
+    line = out.line()  # the calibrated interval first, the planner's own after it
+    assert line.startswith("predicted speedup over the status quo on its jobs 1.60x [")
+    assert "interval calibrated on 32 evaluated predictions, rows); the planner's own: 2.00x [1.80x, 2.20x]" in line
     record = out.to_dict()
     assert record["calibrated_speedup"]["point"] == pytest.approx(1.6)
     assert record["calibration"]["rows"] == 32
@@ -99,7 +102,9 @@ def test_a_prediction_says_its_calibrated_interval_and_keeps_the_simulated_one()
     nan = float("nan")
     no_quo = Prediction(Interval(nan, nan, nan), Interval(5.0, 4.0, 6.0), (), None, 500, True)
     assert no_quo.calibrate(calibration).calibrated is None  # nothing to calibrate
-    assert "no speedup over the status quo (its nodes cannot host" in no_quo.line() and "nan" not in no_quo.line()
+    assert "no speedup over the status quo (no status quo among" in no_quo.line() and "nan" not in no_quo.line()
+    kept = replace(prediction, kept=True).calibrate(calibration)
+    assert kept.calibrated == Interval(1.0, 1.0, 1.0) and kept.line().startswith("the plan keeps the status quo: 1x")
 
 
 def test_the_shipped_rows_calibrate():

@@ -9,7 +9,7 @@ import pytest
 from typer.testing import CliRunner
 
 from hetplan.cli import app
-from hetplan.codesign import choose, plan_workload, propose, workload_from_trace
+from hetplan.codesign import choose, decide, plan_workload, propose, workload_from_trace
 from hetplan.codesign.candidates import PROPORTIONAL, STATUS_QUO
 from hetplan.contracts import CURVES, ContractError, load_plan
 from hetplan.planner import build_problem
@@ -38,23 +38,55 @@ def test_plan_json_records_the_objective_every_candidate_and_the_winner(planned)
     planning = planned.result.plan.planning
     assert planning["objective"] == "jct" and planning["winner"] == planned.winner
     assert len(planning["candidates"]) == len(planned.candidates)
-    assert planning["workload"]["jobs"] == 40 and planning["workload"]["draws"] == 2
+    assert planning["workload"]["jobs"] == 40 and planning["workload"]["draws"] == 3  # traced, Poisson, stressed
+    assert planning["workload"]["stressed_draws"] == 1 and planning["decision"]["reason"]
     json.dumps(planning)  # JSON-able, NaN as null
     assert set(planned.result.hints["plan_id"]) <= {planned.result.plan.plan_id}
 
 
-@pytest.mark.parametrize(("rows", "objective", "target", "winner"), [
-    # the status quo stays unless beaten by more than the margin
-    ([("status quo", 10.0, 100, 0), ("a", 9.9, 90, 0)], "jct", None, "status quo"),
-    ([("status quo", 10.0, 100, 0), ("a", 9.0, 90, 0)], "jct", None, "a"),
-    # a candidate that cannot run every job is never chosen
-    ([("status quo", 10.0, 100, 0), ("a", 1.0, 90, 3)], "jct", None, "status quo"),
+CHOICE_COLUMNS = ["candidate", "core_avg_jct_h", "cost_per_hour", "rejected", "refused_quo_jobs", "lead_se",
+                  "worst_draw_speedup", "hosts_up_to"]
+QUO = ("status quo", 10.0, 100, 5, 0, 0.0, 1.0, 16)
+
+
+@pytest.mark.parametrize(("rows", "objective", "target", "host_gpus", "winner"), [
+    # the status quo stays unless beaten by more than the margin ...
+    ([QUO, ("a", 9.9, 90, 5, 0, 9.0, 1.01, 16)], "jct", None, None, "status quo"),
+    ([QUO, ("a", 9.0, 90, 5, 0, 9.0, 1.05, 16)], "jct", None, None, "a"),
+    # ... and by more than the noise (2 standard errors of the paired lead)
+    ([QUO, ("a", 9.0, 90, 5, 0, 1.5, 1.05, 16)], "jct", None, None, "status quo"),
+    # ... and never worse than 0.97x on any draw
+    ([QUO, ("a", 8.0, 90, 5, 0, 9.0, 0.95, 16)], "jct", None, None, "status quo"),
+    # a candidate that refuses a job the status quo runs is never chosen
+    ([QUO, ("a", 1.0, 90, 8, 3, 9.0, 2.0, 8)], "jct", None, None, "status quo"),
+    # hosting the jobs the status quo refuses: preferred when it costs its jobs at most 3 % ...
+    ([QUO, ("a", 8.0, 90, 5, 0, 9.0, 1.2, 16), ("b", 8.2, 90, 0, 0, 9.0, 1.2, 32)], "jct", None, None, "b"),
+    # ... declined when it costs more
+    ([QUO, ("a", 8.0, 90, 5, 0, 9.0, 1.2, 16), ("b", 9.0, 90, 0, 0, 9.0, 1.1, 32)], "jct", None, None, "a"),
+    # --max-job-gpus insists on a size: the status quo that cannot host it sets no floor
+    ([QUO, ("a", 8.0, 90, 5, 0, 9.0, 1.2, 16), ("b", 30.0, 90, 0, 0, -9.0, 0.3, 32)], "jct", None, 32, "b"),
     # cost: the cheapest that meets the target, ties to the faster
-    ([("status quo", 10.0, 100, 0), ("a", 12.0, 40, 0), ("b", 11.0, 40, 0), ("c", 30.0, 10, 0)], "cost", 12.0, "b"),
+    ([QUO, ("a", 12.0, 40, 5, 0, 0.0, 0.8, 16), ("b", 11.0, 40, 5, 0, 0.0, 0.9, 16),
+      ("c", 30.0, 10, 5, 0, 0.0, 0.3, 16)], "cost", 12.0, None, "b"),
 ])
-def test_the_choice_rule(rows, objective, target, winner):
-    table = pd.DataFrame(rows, columns=["candidate", "avg_jct_h", "cost_per_hour", "rejected"])
-    assert table.loc[choose(table, objective, target), "candidate"] == winner
+def test_the_choice_rule(rows, objective, target, host_gpus, winner):
+    table = pd.DataFrame(rows, columns=CHOICE_COLUMNS)
+    assert table.loc[choose(table, objective, target, host_gpus=host_gpus), "candidate"] == winner
+
+
+def test_a_declined_size_is_said_with_its_cost_and_how_to_insist():
+    table = pd.DataFrame([QUO, ("a", 8.0, 90, 5, 0, 9.0, 1.2, 16), ("b", 16.0, 90, 0, 0, 9.0, 1.2, 32)],
+                         columns=CHOICE_COLUMNS)
+    decision = decide(table, "jct")
+    assert table.loc[decision.index, "candidate"] == "a"
+    assert "declines 5 larger jobs" in decision.declined and "2.00x" in decision.declined
+    assert "--max-job-gpus 32" in decision.declined
+
+
+def test_the_status_quo_says_why_it_stays():
+    table = pd.DataFrame([QUO, ("a", 9.0, 90, 5, 0, 1.5, 1.05, 16)], columns=CHOICE_COLUMNS)
+    decision = decide(table, "jct")
+    assert decision.index == 0 and "does not beat it" in decision.reason and "(a, 1.11x" in decision.reason
 
 
 def test_a_jct_target_nobody_reaches_is_a_one_line_error():
@@ -89,10 +121,8 @@ def test_unprofiled_models_are_planned_never_dropped(curves, catalog):
 
 
 @pytest.mark.parametrize(("giant_gpus", "dropped"), [
-    (16, 0),  # larger than every node (8 GPUs): planned and replayed as gangs, nothing left out, nothing rejected
-    # ... and where every candidate is overloaded by them (no status quo: it hosts no 64-GPU job), the least
-    # loaded one is still replayed
-    (64, 0),
+    (16, 0),  # larger than every node (8 GPUs): planned and replayed as gangs (or declined, and said), none left out
+    (64, 0),  # the status quo hosts no 64-GPU job: it is still a candidate, and refuses them
     (4096, 3),  # no GPU type 60 $/h buys has 4,096 GPUs: left out of the replays, and counted
 ])
 def test_jobs_larger_than_every_shape_are_replayed_as_gangs_where_a_type_can_host_them(curves, catalog, giant_gpus,
@@ -103,8 +133,12 @@ def test_jobs_larger_than_every_shape_are_replayed_as_gangs_where_a_type_can_hos
     plan = plan_workload(problem, workload)
     assert plan.workload.summary.get("dropped_jobs", 0) == dropped and plan.workload.summary["jobs"] == 40 - dropped
     assert any(f"{dropped} of 40 jobs left out" in w for w in plan.warnings) == bool(dropped)
-    winner = plan.row(plan.winner)
-    assert winner["rejected"] == 0  # what a type of the winner can host, it runs
+    winner, quo = plan.row(plan.winner), plan.row(STATUS_QUO)
+    assert quo is not None and winner["refused_quo_jobs"] == 0  # it runs every job the status quo runs
+    if winner["rejected"]:  # never silently: the jobs it declines are counted, and what hosting them costs
+        assert f"declines {int(winner['rejected'])} larger jobs" in plan.decision.declined
+        assert plan.result.plan.planning["decision"]["declined"] == plan.decision.declined
+        return
     if dropped:
         return
     giants = plan.result.allocation[plan.result.allocation["num_gpus"] == giant_gpus]
@@ -118,23 +152,32 @@ def hosting_of(problem, candidate):
     return sizes.hosting_of(problem.shapes, candidate.counts)
 
 
-@pytest.mark.parametrize(("budget", "max_job_gpus", "gpus", "status_quo"), [
-    (30.0, None, 32, False),  # the status quo's single shape at 30 $/h hosts no 32-GPU job: not a candidate
+@pytest.mark.parametrize(("budget", "max_job_gpus", "gpus", "quo_hosts"), [
+    (30.0, None, 32, False),  # the status quo's single shape at 30 $/h hosts no 32-GPU job: still a candidate
     (150.0, None, 32, True),
     (60.0, 48, 48, False),  # --max-job-gpus above the workload's largest job
 ])
-def test_every_candidate_hosts_the_workloads_largest_job(curves, catalog, budget, max_job_gpus, gpus, status_quo):
+def test_the_milps_mixes_host_the_largest_job_and_others_decline_it_by_name(curves, catalog, budget, max_job_gpus,
+                                                                            gpus, quo_hosts):
     trace = jobs().assign(num_gpus=lambda f: np.where(f.index < 2, 32, f["num_gpus"]))
     problem = build_problem(curves, catalog, workload_from_trace(trace).demand, budget=budget,
                             max_job_gpus=max_job_gpus)
     candidates = propose(problem)
     assert problem.host.gpus == gpus and len(candidates) >= 5
+    names = {c.name for c in candidates}
+    assert {STATUS_QUO, f"{STATUS_QUO} + hints"} <= names  # the floor is always there
+    assert any(c.declines_above is not None for c in candidates)  # hosting the 32s is weighed, not assumed
     for candidate in candidates:
         hosting = hosting_of(problem, candidate)
-        assert hosting.up_to >= gpus, (candidate.name, hosting)
-        assert candidate.result.plan.planning["host_sizes"]["not_hosted"] == []
         assert candidate.cost_per_hour <= budget + 1e-6
-    assert (STATUS_QUO in {c.name for c in candidates}) == status_quo
+        if candidate.name.startswith(STATUS_QUO):
+            assert (hosting.up_to >= 32) == quo_hosts
+        elif candidate.declines_above is not None:
+            assert candidate.name.endswith(f", up to {candidate.declines_above} GPUs")
+            assert candidate.declines_above < 32
+        else:
+            assert hosting.up_to >= gpus, (candidate.name, hosting)
+            assert candidate.result.plan.planning["host_sizes"]["not_hosted"] == []
 
 
 def test_an_empty_workload_is_refused():
@@ -143,11 +186,24 @@ def test_an_empty_workload_is_refused():
 
 
 def test_draws_keep_the_jobs_and_the_mean_rate():
-    workload = workload_from_trace(jobs(n=200), draws=3)
+    workload = workload_from_trace(jobs(n=200), draws=3, stress=0)
     assert len(workload.draws) == 3 and all(len(d) == 200 for d in workload.draws)
     assert list(workload.draws[1]["job_id"]) == list(workload.draws[0]["job_id"])
     span = workload.draws[2]["arrival_s"].max() / 3600
     assert 199 / span == pytest.approx(workload.summary["jobs_per_hour"], rel=0.25)
+
+
+def test_a_stressed_draw_resamples_with_more_large_jobs_at_the_same_rate():
+    trace = jobs(n=400)
+    workload = workload_from_trace(trace, draws=2, stress=1)
+    assert len(workload.draws) == 3 and workload.summary["stressed_draws"] == 1
+    stressed = workload.draws[2]
+    assert len(stressed) == 400 and stressed["job_id"].is_unique
+    assert set(stressed["job_id"].str.split("~").str[0]) <= set(trace["job_id"].astype(str))
+    gpu_hours = (stressed["num_gpus"] * stressed["duration_s"]).mean()
+    assert gpu_hours > 1.1 * (trace["num_gpus"] * trace["duration_s"]).mean()  # heavier: the tail drawn twice as often
+    span = stressed["arrival_s"].max() / 3600
+    assert 399 / span == pytest.approx(workload.summary["jobs_per_hour"], rel=0.25)
 
 
 def test_candidates_cover_budget_fractions_speed_floors_and_gpu_types(curves, catalog):
@@ -183,7 +239,7 @@ def test_cli_plans_for_a_workload_and_says_why(files):
     assert "predicted for the workload:" in result.output and "predicted avg JCT" in result.output
     assert "simulated gain" in result.output
     assert "prediction: predicted speedup over the status quo" in result.output
-    assert "(nominal 90% interval: 2 arrival draws + 8 held-back jobs" in result.output
+    assert "(nominal 90% interval: 3 arrival draws + 8 held-back jobs" in result.output
     assert "warning: too few jobs to trust the prediction interval: 40 jobs" in result.output
     assert "calibrated on" in result.output and "hetplan/data/calibration" in result.output
     plan = load_plan(out / "plan.json")
@@ -410,7 +466,7 @@ def test_every_engine_replays_bit_for_bit_what_one_process_does(planned, engine)
     seen = []
     there = engines[engine].summaries(runs, runs.every(), lambda done, total, label: seen.append(label))
     here = Serial().summaries(runs, runs.every())
-    assert list(here) == runs.every() and len(here) == 4 and len(seen) == 4
+    assert list(here) == runs.every() and len(here) == len(seen) == 2 * len(draws) == 6
     assert [(run, json.dumps(there[run])) for run in here] == [(run, json.dumps(here[run])) for run in here]
 
 

@@ -31,7 +31,8 @@ from servers import free_port
 from venvs import REPO, build_wheel, clean_env, download_pip, make_venv
 
 SECRETS = {"AIRFLOW_JWT_SECRET": "jwt-test", "AIRFLOW_FERNET_KEY": "fernet-test", "HETPLAN_ADMIN_TOKEN": "token-test",
-           "MLFLOW_ADMIN_PASSWORD": "mlflow-test-password", "MLFLOW_SECRET_KEY": "mlflow-secret-test"}
+           "HETPLAN_WRITE_TOKEN": "write-test", "MLFLOW_ADMIN_PASSWORD": "mlflow-test-password",
+           "MLFLOW_SECRET_KEY": "mlflow-secret-test"}
 UID = "4242"
 HETPLAN_IMAGE = "hetplan:0.1.0"
 INIT = "airflow-init"

@@ -56,12 +56,12 @@ def test_four_setups_replay_the_unseen_trace_at_each_rho(result):
     assert (summary["cost_per_hour"] <= 60.0 + 1e-6).all()
     assert (summary["completed"] + summary["rejected_too_big"] == 30).all() and (summary["replayed_one_in"] == 1).all()
     assert set(result.jobs["job_id"]) == {f"j{i}" for i in range(30, 60)}  # the replayed trace, not the planner's
-    assert set(result.plans) == {"rho 0.5", "rho 1.3"} and set(result.predictions) == set(result.plans)
+    assert set(result.plans) == {"rho 0.5", "rho 1.3"} and all(p.prediction for p in result.plans.values())
     assert not any(w.startswith("in-sample") for w in result.warnings)
     for label, setups in result.setups.items():
         by_name = {s.name: s for s in setups}
         assert by_name["status quo + sensitivity-aware"].nodes == by_name["status quo"].nodes
-        winner = result.plans[label].candidate(result.plans[label].winner)
+        winner = result.plans[label].weighing.candidate(result.plans[label].winner)
         assert by_name["hetplan"].policy == winner.policy
 
 
@@ -69,7 +69,7 @@ def test_each_row_puts_the_planners_predicted_speedup_beside_the_realised_one(re
     summary = result.summary.set_index(["rho", "setup"])
     for label, rho in (("rho 0.5", 0.5), ("rho 1.3", 1.3)):
         hetplan, quo = summary.loc[(rho, "hetplan")], summary.loc[(rho, "status quo")]
-        predicted = result.predictions[label].speedup
+        predicted = result.plans[label].prediction.speedup
         assert hetplan["predicted_jct_speedup"] == pytest.approx(predicted.point)
         assert hetplan["predicted_low"] <= hetplan["predicted_jct_speedup"] <= hetplan["predicted_high"]
         assert hetplan["realised_over_predicted"] == pytest.approx(hetplan["jct_speedup"] / predicted.point)
@@ -225,11 +225,11 @@ def test_an_owned_fleet_without_a_budget_is_its_own_status_quo(inputs):
 
 
 @pytest.mark.parametrize(("plan_largest", "max_job_gpus", "replay_largest"), [
-    (32, None, 32),  # the plan trace's largest job
-    (4, 24, 24),  # a size the plan trace never had, asked for with --max-job-gpus (unasked: 16 GPUs of a type)
+    (32, None, 32),  # the plan trace's largest job: hosted, or declined and said so with its cost
+    (4, 24, 24),  # a size the plan trace never had, insisted on with --max-job-gpus: hosted
 ])
-def test_hetplan_rejects_no_job_size_the_plan_was_asked_to_host(inputs, plan_largest, max_job_gpus, replay_largest):
-    """The catalog's largest node has 8 GPUs: the big jobs run as gangs over one GPU type, on every plan."""
+def test_hetplan_refuses_no_job_size_silently(inputs, plan_largest, max_job_gpus, replay_largest):
+    """The catalog's largest node has 8 GPUs: the big jobs run as gangs over one GPU type where a plan hosts them."""
     profiles, curves, catalog = inputs
     truth = TruthCurves.from_profiles(profiles, fallback=curves)
     plan_jobs = trace(20, 1).assign(num_gpus=lambda f: np.where(f.index == 3, plan_largest, f["num_gpus"]))
@@ -238,8 +238,13 @@ def test_hetplan_rejects_no_job_size_the_plan_was_asked_to_host(inputs, plan_lar
     out = evaluate(replay_jobs, ProblemInputs(curves, catalog, 60.0, max_job_gpus=max_job_gpus), truth,
                    plan_trace=plan_jobs, rhos=(0.8,))
     hetplan = out.summary.set_index("setup").loc["hetplan"]
-    assert hetplan["rejected_too_big"] == 0 and hetplan["completed"] == 20
-    assert out.plans["rho 0.8"].result.plan.planning["host_sizes"]["hosts_up_to"] >= replay_largest
+    planning = out.plans["rho 0.8"].result.plan.planning
+    assert hetplan["rejected_too_big"] + hetplan["completed"] == 20
+    if max_job_gpus is not None or not hetplan["rejected_too_big"]:
+        assert hetplan["rejected_too_big"] == 0 and hetplan["completed"] == 20
+        assert planning["host_sizes"]["hosts_up_to"] >= replay_largest
+    else:  # declined: the plan says which jobs and what hosting them would cost
+        assert "declines" in planning["decision"]["declined"]
 
 
 def test_speedups_compare_only_the_jobs_every_setup_ran():

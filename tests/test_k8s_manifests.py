@@ -37,10 +37,11 @@ def test_every_object_validates_against_kubernetes_openapi_schema(where, doc, ve
 
 def test_the_manifests_hold_what_docs_kubernetes_md_names():
     kinds = sorted(d["kind"] for _, d in DOCS)
-    assert kinds == sorted(["Namespace", "ServiceAccount", "ServiceAccount", "ClusterRole", "ClusterRoleBinding",
-                            "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding", "PersistentVolumeClaim",
-                            "Deployment", "Service", "Deployment", "Service", "PodDisruptionBudget",
-                            "MutatingWebhookConfiguration", "Issuer", "Certificate", "KubeSchedulerConfiguration"])
+    assert kinds == sorted(["Namespace", "ServiceAccount", "ServiceAccount", "ServiceAccount", "ClusterRole",
+                            "ClusterRoleBinding", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding",
+                            "PersistentVolumeClaim", "Deployment", "Service", "Deployment", "PodDisruptionBudget",
+                            "Deployment", "Service", "PodDisruptionBudget", "MutatingWebhookConfiguration",
+                            "Issuer", "Certificate", "KubeSchedulerConfiguration"] + ["NetworkPolicy"] * 4)
 
 
 def test_the_objects_without_a_schema_have_the_fields_they_need():
@@ -62,24 +63,78 @@ def test_webhook_is_fail_open_and_opt_in():
     assert hook["objectSelector"]["matchExpressions"] == [{"key": "hetplan.io/model", "operator": "Exists"}]
 
 
-# The API calls the code makes (hetplan/allocator/k8s/controller.py, lease.py, nodes.py), as (resource, verb).
+# The API calls the code makes (hetplan/allocator/k8s/controller.py, cursor.py, lease.py, nodes.py), as (resource,
+# verb), and the names of the objects it reads and updates in its own namespace.
 CONTROLLER_CALLS = {("pods", "get"), ("pods", "list"), ("pods", "watch"), ("pods", "create"), ("pods", "patch"),
-                    ("pods", "delete"), ("pods/resize", "patch"), ("pods/eviction", "create"), ("leases", "get"), ("leases", "create"),
-                    ("leases", "update"), ("configmaps", "get"), ("configmaps", "create"), ("configmaps", "update")}
-NODE_SYNC_CALLS = {("nodes", "get"), ("nodes", "list"), ("nodes", "watch")}
+                    ("pods", "delete"), ("pods/resize", "patch"), ("pods/eviction", "create"), ("leases", "get"),
+                    ("leases", "create"), ("leases", "update"), ("configmaps", "get"), ("configmaps", "create"),
+                    ("configmaps", "update")}
+CONTROLLER_OBJECTS = {"leases": ["hetplan-controller"], "configmaps": ["hetplan-controller-cursor"]}
+NODE_SYNC_CALLS = {("nodes", "list"), ("nodes", "watch"), ("pods", "list"), ("pods", "watch")}
+
+
+def rules_of(account: str) -> list[dict]:
+    roles = {(d["kind"], d["metadata"]["name"]): d for _, d in DOCS if d["kind"] in ("ClusterRole", "Role")}
+    return [rule for _, binding in DOCS if binding["kind"] in ("ClusterRoleBinding", "RoleBinding")
+            and any(s["name"] == account for s in binding["subjects"])
+            for rule in roles[(binding["roleRef"]["kind"], binding["roleRef"]["name"])]["rules"]]
 
 
 def granted(account: str) -> set[tuple[str, str]]:
-    roles = {(d["kind"], d["metadata"]["name"]): d for _, d in DOCS if d["kind"] in ("ClusterRole", "Role")}
-    out = set()
-    for _, binding in DOCS:
-        if binding["kind"] in ("ClusterRoleBinding", "RoleBinding") and \
-                any(s["name"] == account for s in binding["subjects"]):
-            role = roles[(binding["roleRef"]["kind"], binding["roleRef"]["name"])]
-            out |= {(r, v) for rule in role["rules"] for r in rule["resources"] for v in rule["verbs"]}
-    return out
+    return {(r, v) for rule in rules_of(account) for r in rule["resources"] for v in rule["verbs"]}
 
 
 def test_rbac_grants_exactly_the_verbs_the_code_uses():
     assert granted("hetplan-controller") == CONTROLLER_CALLS
     assert granted("hetplan-allocator") == NODE_SYNC_CALLS
+    assert granted("hetplan-webhook") == set()  # it only calls the allocator
+
+
+def test_the_controllers_own_objects_are_pinned_by_name():
+    """get and update on Leases and ConfigMaps only for the controller's two objects; create (which a name cannot
+    limit) alone on its own rule."""
+    for rule in rules_of("hetplan-controller"):
+        for resource in rule["resources"]:
+            if resource in CONTROLLER_OBJECTS:
+                if rule["verbs"] == ["create"]:
+                    assert "resourceNames" not in rule
+                else:
+                    assert rule.get("resourceNames") == CONTROLLER_OBJECTS[resource], rule
+
+
+def deployments() -> dict[str, dict]:
+    return {d["metadata"]["name"]: d for _, d in DOCS if d["kind"] == "Deployment"}
+
+
+@pytest.mark.parametrize("name", ["hetplan-allocator", "hetplan-controller", "hetplan-webhook"])
+def test_every_deployment_runs_hardened_with_probes_and_the_write_token(name):
+    pod = deployments()[name]["spec"]["template"]["spec"]
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    for c in pod["containers"]:
+        sc = c["securityContext"]
+        assert sc["allowPrivilegeEscalation"] is False and sc["readOnlyRootFilesystem"] is True
+        assert sc["capabilities"] == {"drop": ["ALL"]}
+        assert {"readinessProbe", "livenessProbe"} <= set(c)
+        env = {e["name"]: e.get("valueFrom", {}).get("secretKeyRef") for e in c["env"]}
+        assert env["HETPLAN_WRITE_TOKEN"] == {"name": "hetplan-tokens", "key": "write"}  # required, one Secret
+
+
+def test_the_webhook_runs_apart_without_rights_and_the_controller_serves_no_webhook():
+    webhook = deployments()["hetplan-webhook"]["spec"]["template"]["spec"]
+    assert webhook["serviceAccountName"] == "hetplan-webhook" and webhook["automountServiceAccountToken"] is False
+    assert webhook["containers"][0]["args"][0] == "webhook"
+    controller = deployments()["hetplan-controller"]["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert controller[controller.index("--webhook-port") + 1] == "0"
+    service = next(d for _, d in DOCS if d["kind"] == "Service" and d["metadata"]["name"] == "hetplan-webhook")
+    assert service["spec"]["selector"]["app.kubernetes.io/component"] == "webhook"
+
+
+def test_network_policies_admit_only_what_each_component_serves():
+    policies = {d["metadata"]["name"]: d["spec"] for _, d in DOCS if d["kind"] == "NetworkPolicy"}
+    assert policies["hetplan-default-deny"] == {"podSelector": {}, "policyTypes": ["Ingress"]}
+    sources = policies["hetplan-allocator"]["ingress"][0]["from"][0]["podSelector"]["matchExpressions"][0]
+    assert sources["values"] == ["controller", "webhook"]
+    ports = {name: [p["port"] for rule in spec["ingress"] for p in rule["ports"]] for name, spec in policies.items()
+             if name != "hetplan-default-deny"}
+    assert ports == {"hetplan-allocator": [8080], "hetplan-webhook": [8443], "hetplan-controller": [8081]}

@@ -22,6 +22,7 @@ from hetplan.hints import HintStore
 from servers import TOKEN
 
 ADMIN = {"Authorization": f"Bearer {TOKEN}"}
+WRITES = {"/v1/allocate", "/v1/release", "/v1/adopt"}  # with a write token configured, they need it (401)
 NODES = [{"name": "v100-a", "gpu_type": "V100", "gpus": 8, "cpus": 64, "mem_gb": 488},
          {"name": "a100-a", "gpu_type": "A100-80GB", "gpus": 8, "cpus": 96, "mem_gb": 1152},
          {"name": "t4-a", "gpu_type": "T4", "gpus": 4, "cpus": 48, "mem_gb": 192, "labels": {"pool": "small"}}]
@@ -50,7 +51,8 @@ def app(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
     HintStore(root / "store").publish(make_plan("p1"), hints_frame("p1"))
     (root / "nodes.json").write_text(json.dumps(NODES))
     CURRENT.app = create_app(ServiceSettings(db=root / "allocator.db", store=root / "store",
-                                             nodes=root / "nodes.json", token=request.param, tick_seconds=0,
+                                             nodes=root / "nodes.json", token=request.param,
+                                             write_token=request.param, tick_seconds=0,
                                              synchronous="NORMAL"))
     return CURRENT.app
 
@@ -85,7 +87,7 @@ def test_every_answer_is_documented(app: FastAPI, case: schemathesis.Case) -> No
     options = {"excluded_checks": [positive_data_acceptance], "additional_checks": [quantity_refused_by_name]} \
         if extender else {}
     case.call_and_validate(**options)
-    if "admin" in case.operation.tags:
+    if "admin" in case.operation.tags or case.operation.path in WRITES:
         case.call_and_validate(headers=ADMIN, **options)
 
 
@@ -106,3 +108,4 @@ def test_every_post_documents_the_body_limit_and_every_admin_route_the_token_che
             codes = set(operation["responses"])
             assert method != "post" or {"400", "413"} <= codes, (method, path, codes)
             assert "admin" not in operation["tags"] or {"401", "403"} <= codes, (method, path, codes)
+            assert path not in WRITES or "401" in codes, (method, path, codes)

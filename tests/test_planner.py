@@ -17,6 +17,7 @@ from hetplan.planner import (
     sweep,
 )
 from hetplan.gangs import GANG_SCALING
+from hetplan.planner.baselines import baseline
 from hetplan.planner.entry import plan_with_baselines
 from hetplan.planner.model import x_columns
 from hetplan.planner.sizes import cheapest_hosting, describe, restore_hosting
@@ -143,12 +144,12 @@ def test_auto_solves_models_beyond_gurobis_licence_with_highs():
 def test_hetplan_is_at_least_as_good_as_every_baseline(derived_problem_parts):
     curves, catalog, demand = derived_problem_parts
     problem = build_problem(curves, catalog, demand, budget=150.0)
-    planned = plan_with_baselines(problem, gap=1e-4)
-    evaluations = {e.name: e for e in planned.baselines}
+    result, baselines = plan_with_baselines(problem, gap=1e-4)
+    evaluations = {e.name: e for e in baselines}
     assert set(evaluations) == {"status quo", "status quo + sensitivity-aware", "GPU-only mix", "hetplan"}
     for name, evaluation in evaluations.items():
         assert evaluation.cost_per_hour <= 150.0 + 1e-6
-        assert planned.result.plan.objective >= evaluation.value * (1 - 1e-3), name
+        assert result.plan.objective >= evaluation.value * (1 - 1e-3), name
     # sensitivity-aware allocation on the same cluster can only help
     assert evaluations["status quo + sensitivity-aware"].value >= evaluations["status quo"].value * (1 - 1e-3)
 
@@ -307,9 +308,9 @@ def test_a_class_no_shape_can_run_does_not_zero_the_fair_plan():
 def test_baselines_carry_the_same_objective():
     problem = build_problem(BOX_CURVES, BOX, BOX_DEMAND, budget=10.0, demand_gpus=4)
     for objective in ("mix", "sum"):
-        planned = plan_with_baselines(problem, objective=objective, fairness=1.0)
-        for evaluation in planned.baselines:
-            assert planned.result.plan.objective >= evaluation.value * (1 - 1e-3), (objective, evaluation.name)
+        result, baselines = plan_with_baselines(problem, objective=objective, fairness=1.0)
+        for evaluation in baselines:
+            assert result.plan.objective >= evaluation.value * (1 - 1e-3), (objective, evaluation.name)
 
 
 def test_fallback_hints_give_the_whole_proportional_share():
@@ -339,7 +340,7 @@ def test_status_quo_is_a_shape_that_runs_every_job():
     catalog = pd.DataFrame([shape("four", "V100", 4, 8, 200, 4.0), shape("eight", "V100", 8, 16, 400, 10.0)])
     demand = pd.DataFrame({"model": ["img", "img"], "num_gpus": [1, 8], "share": [0.5, 0.5]})
     problem = build_problem(curves, catalog, demand, budget=40.0)
-    status_quo = plan_with_baselines(problem).baselines[0]
+    status_quo = plan_with_baselines(problem)[1][0]
     assert status_quo.name == "status quo" and status_quo.node_counts == {"eight": 4}
 
 
@@ -350,7 +351,7 @@ def test_status_quo_ignores_shapes_the_budget_cannot_buy_when_sizing_jobs():
     demand = pd.DataFrame({"model": ["img", "img"], "num_gpus": [1, 8], "share": [0.5, 0.5]})
     problem = build_problem(curves, catalog, demand, budget=40.0)
     assert problem.unplannable.empty  # img x8: no 8-GPU shape can be had, it runs as a gang over 4-GPU nodes
-    status_quo = plan_with_baselines(problem).baselines[0]
+    status_quo = plan_with_baselines(problem)[1][0]
     assert status_quo.name == "status quo" and status_quo.node_counts == {"four": 10}
 
 
@@ -418,7 +419,8 @@ def test_the_status_quo_respects_availability_caps():
     curves = curve("img", "V100", [(2, 50, 10.0)])
     catalog = pd.DataFrame([shape("scarce", "V100", 1, 4, 100, 1.0, 2), shape("plenty", "V100", 1, 4, 100, 1.0, 2492)])
     demand = pd.DataFrame({"model": ["img"], "num_gpus": [1], "share": [1.0]})
-    status_quo = plan_with_baselines(build_problem(curves, catalog, demand, budget=10.0)).baseline("status quo")
+    status_quo = baseline(plan_with_baselines(build_problem(curves, catalog, demand, budget=10.0))[1],
+                          "status quo")
     assert status_quo.node_counts == {"plenty": 10}
 
 
@@ -502,7 +504,7 @@ def test_the_status_quo_is_valued_at_the_share_it_really_gets():
     curves = curve("img", "V100", [(4, 20.83, 1.0), (4, 62.5, 3.0)])
     catalog = pd.DataFrame([shape("v8", "V100", 8, 32, 448, 8.0)])
     demand = pd.DataFrame({"model": ["img"], "num_gpus": [1], "share": [1.0]})
-    quo = plan_with_baselines(build_problem(curves, catalog, demand, budget=8.0)).baseline("status quo")
+    quo = baseline(plan_with_baselines(build_problem(curves, catalog, demand, budget=8.0))[1], "status quo")
     per_gpu = 1.0 + (56 - 20.83) / (62.5 - 20.83) * 2.0
     assert quo.value == pytest.approx(8 * per_gpu / 3.0, rel=1e-6)  # normalised by t_ref = 3 (4 cores, 62.5 GB)
 
@@ -545,20 +547,20 @@ def hosts(result):
 def test_every_steady_state_plan_hosts_the_largest_job_on_one_gpu_type(budget, objective, target, counts):
     problem = build_problem(HOST_CURVES, HOST_CATALOG, host_demand(1, 32), budget=budget)
     assert problem.host.gpus == 32 and problem.unplannable.empty  # no node runs img x32 whole: a gang
-    planned = plan_with_baselines(problem, objective=objective, target=target)
-    assert hosts(planned.result) >= 32 and planned.result.plan.cost_per_hour <= budget + 1e-6
+    result, baselines = plan_with_baselines(problem, objective=objective, target=target)
+    assert hosts(result) >= 32 and result.plan.cost_per_hour <= budget + 1e-6
     if counts is not None:
-        assert planned.result.plan.node_counts == counts
-    record = planned.result.plan.planning["host_sizes"]
+        assert result.plan.node_counts == counts
+    record = result.plan.planning["host_sizes"]
     assert record["hosts_up_to"] >= 32 and record["hosted"] == [1, 32] and record["not_hosted"] == []
 
 
 def test_baselines_are_valued_without_the_hosting_requirement():
     """The status quo is what it is: two A100 nodes (16 GPUs) at 40 $/h, valued although they host no 32-GPU job
     (on img x1 alone: the gang class it cannot run is left out of its valuation, not a zero)."""
-    planned = plan_with_baselines(build_problem(HOST_CURVES, HOST_CATALOG, host_demand(1, 32), budget=40.0))
-    quo = planned.baseline("status quo")
-    assert quo.node_counts == {"a8": 2} and quo.value > planned.result.plan.objective > 0
+    result, baselines = plan_with_baselines(build_problem(HOST_CURVES, HOST_CATALOG, host_demand(1, 32), budget=40.0))
+    quo = baseline(baselines, "status quo")
+    assert quo.node_counts == {"a8": 2} and quo.value > result.plan.objective > 0
 
 
 @pytest.mark.parametrize(("sizes", "history", "requested", "budget", "gpus", "not_hosted"), [

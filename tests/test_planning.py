@@ -102,12 +102,13 @@ def large(curves, catalog):
 def test_a_workload_plans_interval_contains_the_spread_of_its_arrival_draws(large):
     for outcome in large:
         prediction = outcome.prediction
-        assert len(prediction.speedup_by_draw) == 2
+        assert len(prediction.speedup_by_draw) == 3  # traced, Poisson, stressed
         assert prediction.speedup.low <= min(prediction.speedup_by_draw) <= max(prediction.speedup_by_draw) \
             <= prediction.speedup.high
-        quo = outcome.workload_plan.row(STATUS_QUO)
-        assert prediction.speedup.point == pytest.approx(quo["avg_jct_h"] / outcome.candidates.query("chosen")
-                                                         ["avg_jct_h"].iloc[0])
+        quo = outcome.weighing.row(STATUS_QUO)
+        chosen = outcome.candidates.query("chosen").iloc[0]  # on the status quo's jobs: it runs every one here
+        assert chosen["rejected"] == 0 and chosen["core_avg_jct_h"] == pytest.approx(chosen["avg_jct_h"])
+        assert prediction.speedup.point == pytest.approx(quo["avg_jct_h"] / chosen["core_avg_jct_h"])
         assert prediction.avg_jct_h.low <= prediction.avg_jct_h.point <= prediction.avg_jct_h.high
 
 
@@ -152,7 +153,8 @@ def test_the_same_plan_call_makes_a_steady_plan_without_a_workload(curves, catal
     workload = workload_from_trace(jobs(20))
     problem = build_problem(curves, catalog, workload.demand, budget=60.0)
     outcome = plan(problem, PlanRequest(sweep=(30.0,)), None)
-    assert outcome.objective is Objective.throughput and outcome.prediction is None and outcome.steady is not None
+    assert outcome.objective is Objective.throughput and outcome.prediction is None and outcome.weighing is None
+    assert outcome.baseline(STATUS_QUO) is not None and outcome.winner == "hetplan"
     assert outcome.mix.total() == NodeMix.of_plan(outcome.result.plan).total()
     assert set(outcome.frontier["budget"]) == {30.0}
     assert "predicted" in outcome.summary and outcome.setup("hetplan", problem.shapes).gpus > 0

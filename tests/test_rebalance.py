@@ -142,6 +142,37 @@ def test_a_job_larger_than_any_node_runs_as_a_gang_of_one_gpu_type_all_or_nothin
     assert alloc.rebalance([Job("huge", "m", 13)]) == []  # more than any one GPU type has
 
 
+# an 8-GPU job of a class whose hints rank the 4-GPU T4 first: two 8-GPU A100 nodes, four 4-GPU T4 nodes
+WHOLE_NODES = [Node(f"a{i}", "A100-80GB", 8, 96, 1000) for i in range(2)] + \
+    [Node(f"t{i}", "T4", 4, 48, 192) for i in range(4)]
+WHOLE_HINTS = hints({"m": {"T4": (4, 16, 2.0), "A100-80GB": (4, 16, 1.0)}}, gpus=8)
+
+
+@pytest.mark.parametrize("busy_a100s,expected", [
+    (0, ("a0",)),  # an A100 node is free: one node, though the hints prefer T4s
+    (1, ("a1",)),  # one is busy: the other
+    (2, None),  # both busy: it waits (no capacity), never two T4 parts (issue 33: 0 of 37 served)
+])
+def test_a_job_that_fits_one_node_of_a_usable_type_runs_on_one_node_never_as_a_gang(busy_a100s, expected):
+    alloc = allocator(WHOLE_NODES, WHOLE_HINTS)
+    for i in range(busy_a100s):
+        alloc.cluster.apply(Allocation(f"busy{i}", "m", f"a{i}", "A100-80GB", 1, 1000, 1000, None, "x",
+                                       "proportional"))
+    decision = alloc.allocate(Job("whole", "m", 8))
+    if expected is None:
+        assert decision.reason.value == "no-capacity" and "whole" not in alloc.running()
+    else:
+        assert where(alloc)["whole"] == expected and decision.gpus == 8
+    assert not [job for job, parts in alloc.running().items() if len(parts) > 1]  # no gang, ever
+    assert not alloc.cluster.check()
+
+
+def test_a_job_larger_than_every_usable_node_still_runs_as_a_gang():
+    alloc = allocator(WHOLE_NODES[2:], HintSet.empty())  # T4s only: 8 GPUs fit no node
+    alloc.allocate(Job("wide", "m", 8))
+    assert len(alloc.running()["wide"]) == 2
+
+
 # ---------------------------------------------------------------------- the mechanism
 
 def test_a_trial_leaves_the_cluster_exactly_as_it_found_it():

@@ -9,11 +9,11 @@ from __future__ import annotations
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass, replace
 
 from hetplan.allocator.admission import contenders
-from hetplan.allocator.cluster import Cluster, OvercommitError, StateError
+from hetplan.allocator.cluster import Cluster, Fit, OvercommitError, StateError
 from hetplan.allocator.policies import Policy, get_policy
 from hetplan.allocator.rebalance import Action, CoAdaptive, diff
 from hetplan.allocator.sources import HintSource, StaticHints
@@ -107,6 +107,91 @@ class Allocator:
                     self.place_gangs([job])
             parts = self.running([job.job_id]).get(job.job_id)
             return parts[0] if parts else self._rejection(job, decision)
+
+    def adopt(self, job: Job, node: str, unbound: Collection[str] = ()) -> Decision:
+        """Give `job`, whose pod already runs on `node` with its own request, an allocation there: that request (the
+        floor), which the next re-sizing step grows toward its hinted share. For pods that took the default path
+        (the allocator had no room when they were created, or could not be reached) and that Kubernetes placed
+        since. Asking again for a job that holds resources answers as `allocate` does.
+
+        `unbound`: jobs none of whose pods is bound to a node yet (the caller reads the cluster's pods). A pod that
+        runs holds its room whatever the allocator thinks; an allocation whose pod is not bound holds nothing yet.
+        So where `node` has no room for the running pod, the newest of those jobs' allocations there give theirs
+        back (`_adopt_over`), never an overcommit."""
+        with self.lock:
+            decision = self._existing(job)
+            if decision is not None:
+                return decision
+            hints = self.hint_source.current()
+            if node not in self.cluster or not job.whole:
+                why = f"unknown node {node!r}" if node not in self.cluster else "a GPU share is not adopted"
+                return Rejection(job.job_id, Reason.TOO_BIG, why, hints.version, self.policy.name)
+            fit = self._fit_floor(job, node)
+            if fit is None:
+                victims = self._victims(job, node, unbound)
+                if victims is not None:
+                    return self._adopt_over(job, node, victims, hints)
+                return Rejection(job.job_id, Reason.NO_CAPACITY, f"node {node} has not {job.num_gpus} GPUs, "
+                                 f"{job.cpu_m or 0}m cores and {job.mem_mib or 0} MiB free", hints.version,
+                                 self.policy.name)
+            a = self._adopted(job, fit, hints)
+            self._commit([Action("start", job.job_id, (), (a,))], apply=True)
+            return a
+
+    def _fit_floor(self, job: Job, node: str) -> Fit | None:
+        floor = (job.cpu_m or 0, job.mem_mib or 0)
+        return self.cluster.fit_on(node, job.num_gpus, lambda shape: floor)
+
+    def _adopted(self, job: Job, fit: Fit, hints: HintSet) -> Allocation:
+        return Allocation(job.job_id, job.model, fit.node, fit.gpu_type, job.num_gpus, fit.cpu_m, fit.mem_mib,
+                          hints.version, self.policy.name, "reduced", request_cpu_m=job.cpu_m,
+                          request_mem_mib=job.mem_mib)
+
+    def _victims(self, job: Job, node: str, unbound: Collection[str]) -> list[Allocation] | None:
+        """The newest allocations on `node` of jobs in `unbound` (whole GPUs, not a gang's part), as few as hold
+        `job`'s GPUs and floor with what is free there; None when all of them would not (or the node is closed)."""
+        if not unbound or not self.cluster.node(node).open:
+            return None
+        parts = {p for gang in self._gangs.values() for p in gang}
+        free = self.cluster.free(node)
+        gpus, cpu_m, mem_mib = free.gpus, free.cpu_m, free.mem_mib
+        taken: list[Allocation] = []
+        for a in reversed(self.cluster.allocations()):
+            if a.node != node or a.job_id not in unbound or a.job_id in parts or a.gpu_milli \
+                    or a.job_id == job.job_id:
+                continue
+            taken.append(a)
+            gpus, cpu_m, mem_mib = gpus + a.gpus, cpu_m + a.cpu_m, mem_mib + a.mem_mib
+            if gpus >= job.num_gpus and cpu_m >= (job.cpu_m or 0) and mem_mib >= (job.mem_mib or 0):
+                return taken
+        return None
+
+    def _adopt_over(self, job: Job, node: str, victims: Sequence[Allocation], hints: HintSet) -> Allocation:
+        """Adopt `job` on `node` in the room of `victims` (`_victims`), as one change: each victim placed again
+        where the policy puts it now (`migrate`), else stopped (its pod, not bound, waits to be placed again)."""
+        self._apply([Action("stop", v.job_id, (v,), ()) for v in victims])
+        applied: list[Allocation] = []
+        try:
+            fit = self._fit_floor(job, node)
+            if fit is None:
+                raise StateError(f"{job.job_id}: no room on {node} after taking back {len(victims)} allocation(s)")
+            a = self._adopted(job, fit, hints)
+            self.cluster.apply(a)
+            applied.append(a)
+            actions = [Action("start", job.job_id, (), (a,))]
+            for v in victims:
+                again = self.policy.place(v.job(), self.cluster, hints)
+                if not isinstance(again, Allocation):
+                    actions.append(Action("stop", v.job_id, (v,), ()))
+                    continue
+                self.cluster.apply(again)
+                applied.append(again)
+                actions.append(Action("migrate" if again.node != v.node else "resize", v.job_id, (v,), (again,)))
+        except BaseException:
+            self._undo(victims, applied)
+            raise
+        self._commit(actions)
+        return a
 
     def decide(self, job: Job) -> Decision:
         """What a placement-only `allocate` would return, without applying it (the policy's own answer)."""

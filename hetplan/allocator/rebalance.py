@@ -19,7 +19,8 @@ One step, given every job that wants to run (running and waiting) in priority or
 3. **Placement**: jobs keeping their type keep their node(s). The others, in priority order, take their
    hinted share (best fit), else the largest share down to their floor; else the peers on a node with the
    GPUs free shrink to their floors to make room (Synergy-TUNE); else another type. A job larger than any
-   node of its type runs as a gang over several nodes of that type, all or nothing.
+   node of every usable type (its hints', or any with `strict` off) runs as a gang over several nodes of one
+   type, all or nothing; a job one node of some usable type could hold waits for such a node instead.
 4. **Backfill**: jobs left out, in priority order, take what is still free (a preempted job its old place
    first).
 5. **Re-sizing**: on every node touched since the last step, jobs grow in priority order into free cores and
@@ -625,13 +626,15 @@ class _Step:
         elif gpu_type is not None and preference[0] != gpu_type:
             preference = (gpu_type, *(t for t in preference if t != gpu_type))
         g = job.num_gpus
-        for t in preference:
-            if self.type_gpus[t] < g or (self.policy.strict and view.speeds[t] <= 0):
-                continue
+        usable = [t for t in preference if self.type_gpus[t] >= g and not (self.policy.strict and view.speeds[t] <= 0)]
+        # a gang only when no node of a usable type could hold the job: a job that fits one node waits for one
+        # (an 8-GPU pod is one pod on an 8-GPU node, never two 4-GPU parts while the 8-GPU nodes are busy)
+        whole = any(g <= self.type_largest[t] for t in usable)
+        for t in usable:
             if t != gpu_type and not self._may_run_on(job, t):
                 continue
             if g > self.type_largest[t]:
-                if self._place_gang(job, t):
+                if not whole and self._place_gang(job, t):
                     return True
             elif (job.model, g, job.cpu_m, job.mem_mib, t) in self.full:
                 continue

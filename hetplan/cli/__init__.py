@@ -37,6 +37,7 @@ COMMANDS: dict[str, Lazy] = {
     "hints": Lazy("hints", "app", "Published hint tables (what the online allocator reads)."),
     "serve": Lazy("serve", "serve", "Run the online allocator service on a hint store."),
     "controller": Lazy("controller", "controller", "Apply the allocator's decisions to a Kubernetes cluster."),
+    "webhook": Lazy("controller", "webhook", "Serve the Kubernetes admission webhook alone (no cluster rights)."),
     "report": Lazy("report", "report", "Write the one-page report of a plan: node mix, curves, predicted JCT."),
     "evaluate": Lazy("evaluate", "evaluate", "Plan on one trace, replay another: four setups side by side."),
     "simulate": Lazy("simulate", "simulate", "Replay a trace on a given fleet with one policy, no planning."),

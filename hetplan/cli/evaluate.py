@@ -181,8 +181,9 @@ def _write(result: EvaluationResult, report: dict, warnings: list[str], out_dir:
     setups = {label: [{"name": s.name, "policy": s.policy, "hints": s.hints.version, "node_counts": s.node_counts,
                        "gpus": s.gpus, "cost_per_hour": s.cost_per_hour} for s in setups]
               for label, setups in result.setups.items()}
-    chosen = {label: {"winner": plan.winner, "objective": plan.objective,
-                      "prediction": result.predictions[label].to_dict() if label in result.predictions else None}
+    chosen = {label: {"winner": plan.winner, "objective": str(plan.objective),
+                      "decision": (plan.result.plan.planning or {}).get("decision"),
+                      "prediction": plan.prediction.to_dict() if plan.prediction is not None else None}
               for label, plan in result.plans.items()}
     atomic_write_bytes(files[2], json.dumps({"report": report, "warnings": warnings, "setups": setups,
                                              "plans": chosen}, indent=2).encode())
@@ -221,27 +222,41 @@ def _print(result: EvaluationResult) -> None:
         rows = _of_run(result.summary, rho, load, scheduler)
         table = Table("setup", "GPUs", "$/h", "avg JCT h", "median h", "p95 h", "p99 h", "makespan h", "queue h",
                       "GPU util", "CPU util", "work/$", "JCT speedup", "predicted", "real/pred",
-                      "work/$ ratio", "too big", title=label, title_justify="left")
+                      "work/$ ratio", "too big", "only it ran", title=label, title_justify="left")
         for r in rows.itertuples():
             table.add_row(r.setup, str(r.gpus), f"{r.cost_per_hour:.1f}", f"{r.avg_jct_h:.3g}", f"{r.median_jct_h:.3g}",
                           f"{r.p95_jct_h:.3g}", f"{r.p99_jct_h:.3g}", f"{r.makespan_h:.4g}", f"{r.avg_queue_h:.3g}",
                           f"{r.gpu_util:.0%}", f"{r.cpu_util:.0%}", f"{r.work_per_dollar:.3g}", f"{r.jct_speedup:.2f}x",
                           _predicted_text(r), "-" if math.isnan(r.realised_over_predicted)
                           else f"{r.realised_over_predicted:.2f}", f"{r.work_per_dollar_ratio:.2f}x",
-                          str(r.rejected_too_big))
+                          str(r.rejected_too_big), _only_text(r))
         console.print(table)
     for label, plan in result.plans.items():
         console.print(f"hetplan at {label}: {plan.winner} ({plan.objective} objective); "
                       + describe((plan.result.plan.planning or {}).get("host_sizes") or {}), highlight=False,
                       soft_wrap=True)
-        if label in result.predictions:
-            console.print(f"  planner's {result.predictions[label].line()}", highlight=False, soft_wrap=True)
-    console.print("JCT speedup = status quo avg JCT / setup avg JCT; work/$ = reference GPU-hours completed per "
+        decision = (plan.result.plan.planning or {}).get("decision") or {}
+        for line in (decision.get("reason"), decision.get("declined")):
+            if line:
+                console.print(f"  {line}", highlight=False, soft_wrap=True)
+        if plan.prediction is not None:
+            console.print(f"  planner's {plan.prediction.line()}", highlight=False, soft_wrap=True)
+    console.print("JCT speedup = status quo avg JCT / setup avg JCT, over the jobs every setup ran; too big = jobs "
+                  "a setup refused (larger than it hosts); only it ran = jobs a setup ran that the status quo did not, "
+                  "and their avg JCT; work/$ = reference GPU-hours completed per "
                   "US$ over the makespan; queue = arrival to first start; predicted = the planner's avg JCT "
                   "speedup over the status quo (its curves, simulated on the plan trace) and its interval; "
                   "real/pred = JCT speedup / predicted. Speeds come from the truth profiles "
                   "(where a warning says so, from the planner's curves), the plans from the fitted curves.",
                   highlight=False, soft_wrap=True)
+
+
+def _only_text(row) -> str:
+    """`37 (129 h)`: the jobs a setup ran that the status quo did not, with their average JCT; `-` for none."""
+    extra = getattr(row, "extra_jobs", -1)
+    if not extra or extra < 0:
+        return "-"
+    return f"{int(extra)} ({row.extra_avg_jct_h:.3g} h)"
 
 
 def _predicted_text(row) -> str:

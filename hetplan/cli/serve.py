@@ -44,6 +44,8 @@ def serve(
                                            "'in-cluster': the pod's service account). Default: no sync."),
     token: str | None = typer.Option(None, "--token", envvar="HETPLAN_ADMIN_TOKEN", show_envvar=True,
                                      help="Bearer token for the admin endpoints (none: admin disabled)."),
+    write_token: str | None = typer.Option(None, "--write-token", envvar="HETPLAN_WRITE_TOKEN", show_envvar=True,
+                                           help="Bearer token allocate, release and adopt need (none: open)."),
     poll: float = typer.Option(1.0, "--hint-poll", min=0, help="Seconds between checks of the store's LATEST."),
     max_body: int = typer.Option(64 * 1024, "--max-body", min=1, help="Request body limit (bytes)."),
     max_extender_body: int = typer.Option(32 * 1024 * 1024, "--max-extender-body", min=1,
@@ -77,7 +79,7 @@ def serve(
 
     try:
         settings = ServiceSettings(db=db, store=store, policy=policy, strict=strict, token=token,
-                                   hint_poll_seconds=poll, max_body_bytes=max_body,
+                                   write_token=write_token, hint_poll_seconds=poll, max_body_bytes=max_body,
                                    max_extender_body_bytes=max_extender_body, synchronous=synchronous.upper(),
                                    tick_seconds=tick, kubeconfig=kubeconfig)
     except ValidationError as exc:
@@ -87,6 +89,9 @@ def serve(
         _check_kubeconfig(kubeconfig)
     if seed:
         _seed_nodes(settings.db, seed, settings.synchronous)
+    if write_token is None:
+        log.warning("allocator writes (allocate, release, adopt) are not authenticated: set --write-token or "
+                    "HETPLAN_WRITE_TOKEN")
     uvicorn.run(create_app(settings), host=host, port=port, log_level=log_level, access_log=False,
                 workers=1, timeout_graceful_shutdown=5)
 

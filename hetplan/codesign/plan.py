@@ -16,14 +16,17 @@ screen did and how sure the choice is (`Plan.planning`), so `plan.json` says wha
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import pandas as pd
 
 from hetplan.codesign.candidates import BUDGET_FRACTIONS, PROPORTIONAL, STATUS_QUO, Candidate, propose
 from hetplan.codesign.engines import Engine, ProcessPool, Run, held_open
-from hetplan.codesign.objectives import MARGIN, WorkloadObjective, choose, workload_objective
+from hetplan.codesign.objectives import (
+    FLOOR, HOST_SLACK, MARGIN, NOISE_Z, Decision, WorkloadObjective, decide, declined, workload_objective,
+)
 from hetplan.codesign.replay import Replayed, table
+from hetplan.codesign.versus import versus
 from hetplan.codesign.screen import (
     REPLAY_JOBS, SCREEN, SCREEN_JOBS, SCREENED_OUT, TWIN_SUFFIX, Shortlist, screened_metric, fastest_first, fluid_load,
     ranks_steer, shortlist,
@@ -31,29 +34,32 @@ from hetplan.codesign.screen import (
 from hetplan.codesign.workload import Workload, without_classes
 from hetplan.contracts.table import ContractError, Problem
 from hetplan.planner.baselines import GPU_ONLY, HETPLAN, Evaluation
-from hetplan.planner.planner import PlanResult, plan_id
+from hetplan.planner.planner import MilpPlan, plan_id
 from hetplan.planner.problem import PlanningProblem
+from hetplan.planner.sizes import hosting_of
 from hetplan.planner.solvers import SolverName
 from hetplan.progress import Progress
 from hetplan.sim.engine import SimConfig
 
 COST_FRACTIONS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
 PRUNE_LOAD = 1.25
-__all__ = ["WorkloadPlan", "chosen", "fastest_first", "fluid_load", "plan_workload", "ranks_steer", "shortlist_for"]
+__all__ = ["Weighing", "chosen", "fastest_first", "fluid_load", "plan_workload", "ranks_steer", "shortlist_for"]
 
 
 @dataclass
-class WorkloadPlan:
-    """The chosen plan, every candidate weighed, and the workload they were weighed on."""
+class Weighing:
+    """A workload plan's weighing: every candidate replayed, the one chosen and why, and the workload they were
+    weighed on (inside `hetplan.planning.PlanOutcome`)."""
 
     problem: PlanningProblem
-    result: PlanResult
+    result: MilpPlan
     winner: str
     candidates: pd.DataFrame  # hetplan.codesign.replay.table plus `chosen`
     replayed: list[Replayed]
     workload: Workload
     objective: str
     warnings: list[str] = field(default_factory=list)
+    decision: Decision | None = None  # why the winner won (and what it declined to host)
 
     def candidate(self, name: str) -> Candidate | None:
         return next((r.candidate for r in self.replayed if r.candidate.name == name), None)
@@ -93,10 +99,40 @@ class WorkloadPlan:
                 f"p95 {chosen['p95_jct_h']:.3g} h at {chosen['cost_per_hour']:.2f} $/h")
         if quo is not None:
             line += (f"; status quo {quo['avg_jct_h']:.3g} h / {quo['p95_jct_h']:.3g} h at {quo['cost_per_hour']:.2f} "
-                     f"$/h: simulated gain {quo['avg_jct_h'] / chosen['avg_jct_h']:.2f}x avg JCT, "
-                     f"{quo['p95_jct_h'] / chosen['p95_jct_h']:.2f}x p95; predicted mix served "
+                     f"$/h: simulated gain on its jobs {self.speedup():.2f}x avg JCT, "
+                     f"{quo['p95_jct_h'] / _core(chosen, 'p95_jct_h'):.2f}x p95; predicted mix served "
                      f"{chosen['mix_served'] / quo['mix_served']:.2f}x")
+        if self.decision is not None:
+            line += f"; {self.decision.reason}"
         return line + " (the planner's curves, simulated; not measured)"
+
+    def with_winner(self, name: str, reason: str) -> Weighing:
+        """This plan with candidate `name` as the winner instead, `reason` saying why (the held-back check
+        overruling the replays' choice); the plan record and the table say so."""
+        candidate = self.candidate(name)
+        if candidate is None:
+            raise ValueError(f"no candidate {name!r}")
+        table = self.candidates.assign(chosen=self.candidates["candidate"] == name)
+        index = int(table.index[table["chosen"]][0])
+        decision = Decision(index, reason, declined(table[table["screen"] != SCREENED_OUT], index, self.objective))
+        planning = {**(self.result.plan.planning or {}), "winner": name, "candidates": _records(table),
+                    "decision": {"reason": reason, "declined": decision.declined or None, "overruled": self.winner}}
+        result = _stamped(candidate.result, dict(self.result.plan.inputs), planning)
+        return replace(self, result=result, winner=name, candidates=table, decision=decision)
+
+    def speedup(self) -> float:
+        """The winner's simulated average-JCT speedup over the status quo on the status quo's jobs (NaN: no
+        status quo among the candidates)."""
+        chosen, quo = self.row(self.winner), self.row(STATUS_QUO)
+        if quo is None or chosen is None:
+            return float("nan")
+        return float(quo["avg_jct_h"]) / _core(chosen, "avg_jct_h")
+
+
+def _core(row: pd.Series, metric: str) -> float:
+    """A candidate's figure on the status quo's jobs where the table has it, else on all it completed."""
+    value = row.get(f"core_{metric}", float("nan"))
+    return float(value) if value == value else float(row[metric])
 
 
 def plan_workload(problem: PlanningProblem, workload: Workload, *, objective: WorkloadObjective = "jct",
@@ -104,7 +140,7 @@ def plan_workload(problem: PlanningProblem, workload: Workload, *, objective: Wo
                   solver: SolverName = "auto", time_limit: float = 60.0, inputs: dict[str, str] | None = None,
                   prune_load: float | None = PRUNE_LOAD, progress: Progress | None = None,
                   workers: int | None = None, screen: int | None = SCREEN, screen_jobs: int = SCREEN_JOBS,
-                  replay_jobs: int | None = REPLAY_JOBS, engine: Engine | None = None) -> WorkloadPlan:
+                  replay_jobs: int | None = REPLAY_JOBS, engine: Engine | None = None) -> Weighing:
     """Choose the cluster and hints for `workload` under `problem`'s budget by `objective` (see the module).
 
     A candidate whose fluid load (the workload's offered work per hour over the mix the MILP says it serves)
@@ -150,26 +186,46 @@ def shortlist_for(problem: PlanningProblem, workload: Workload, *, objective: Wo
 
 def chosen(problem: PlanningProblem, listed: Shortlist, summaries: dict[Run, dict], *,
            objective: WorkloadObjective = "jct", max_avg_jct: float | None = None,
-           inputs: dict[str, str] | None = None, prune_load: float | None = PRUNE_LOAD) -> WorkloadPlan:
+           inputs: dict[str, str] | None = None, prune_load: float | None = PRUNE_LOAD) -> Weighing:
     """Stage 3: the plan the objective chooses from the shortlist and its replay runs' summaries (`pending`)."""
     replayed = listed.replayed(summaries)
-    weighed = table(replayed, problem).assign(screen=list(listed.stage), screen_score=list(listed.screen_scores),
+    host_gpus = problem.host.requested if problem.host is not None else None  # --max-job-gpus: insisted on
+    weighed = weigh(problem, replayed).assign(screen=list(listed.stage), screen_score=list(listed.screen_scores),
                                               avg_jct_se_h=listed.standard_errors(summaries))
-    pick = choose(weighed[weighed["screen"] != SCREENED_OUT], objective, max_avg_jct)
-    weighed["chosen"] = weighed.index == pick
-    winner = replayed[pick].candidate
+    decision = decide(weighed[weighed["screen"] != SCREENED_OUT], objective, max_avg_jct, host_gpus=host_gpus)
+    weighed["chosen"] = weighed.index == decision.index
+    winner = replayed[decision.index].candidate
     config = listed.runs.config
     planning = {
-        "objective": str(objective), "metric": workload_objective(objective).metric, "max_avg_jct_h": max_avg_jct,
-        "scheduler": config.scheduler, "round_s": config.round_s, "margin": MARGIN, "prune_load": prune_load,
-        "workload": listed.workload.summary, "winner": winner.name,
+        "objective": str(objective), "metric": workload_objective(objective).metric,
+        "judged_on": "the status quo's jobs (those it completes), paired job by job on the same draws",
+        "max_avg_jct_h": max_avg_jct, "scheduler": config.scheduler, "round_s": config.round_s, "margin": MARGIN,
+        "floor": FLOOR, "noise_z": NOISE_Z, "host_slack": HOST_SLACK, "host_gpus": host_gpus,
+        "prune_load": prune_load, "workload": listed.workload.summary, "winner": winner.name,
+        "decision": {"reason": decision.reason, "declined": decision.declined or None},
         "speeds": "the planner's curves (fitted, defaults for unprofiled models); simulated, not measured",
         "screen": {**listed.record, "confidence": confidence(weighed, objective)},
         "candidates": _records(weighed),
     }
     result = _stamped(winner.result, inputs or {}, planning)
     warnings = [*problem.warnings, *listed.workload.warnings, *listed.warnings]
-    return WorkloadPlan(problem, result, winner.name, weighed, replayed, listed.workload, objective, warnings)
+    return Weighing(problem, result, winner.name, weighed, replayed, listed.workload, objective, warnings,
+                        decision)
+
+
+def weigh(problem: PlanningProblem, replayed: list[Replayed]) -> pd.DataFrame:
+    """The candidate table (`hetplan.codesign.replay.table`) with each replayed candidate's figures on the status
+    quo's jobs, paired with the status quo's runs (`hetplan.codesign.versus`), and the job size it hosts."""
+    frame = table(replayed, problem)
+    frame["hosts_up_to"] = [hosting_of(problem.shapes, r.candidate.counts).up_to for r in replayed]
+    quo = next((r for r in replayed if r.candidate.name == STATUS_QUO and r.jct_by_job), None)
+    rows = []
+    for r in replayed:
+        if quo is None or not r.jct_by_job:
+            rows.append({})
+            continue
+        rows.append(versus(r.jct_by_job, quo.jct_by_job).to_dict())
+    return pd.concat([frame, pd.DataFrame(rows, index=frame.index)], axis=1)
 
 
 def confidence(weighed: pd.DataFrame, objective: str) -> dict:
@@ -199,14 +255,14 @@ def _finite(value: float) -> float | None:
     return value if math.isfinite(value) else None
 
 
-def _stamped(result: PlanResult, inputs: dict[str, str], planning: dict) -> PlanResult:
+def _stamped(result: MilpPlan, inputs: dict[str, str], planning: dict) -> MilpPlan:
     """The winner's plan with its own id, the inputs' fingerprints and the record of the choice."""
     plan = result.plan
     pid = plan_id(inputs, plan.budget_per_hour, plan.created_at)
     hints = result.hints.assign(plan_id=pid) if len(result.hints) else result.hints
     stamped = plan.model_copy(update={"plan_id": pid, "inputs": inputs, "planning": {**(plan.planning or {}),
                                                                                    **planning}})
-    return PlanResult(stamped, hints, result.allocation, result.nodes, result.solution, result.warnings)
+    return MilpPlan(stamped, hints, result.allocation, result.nodes, result.solution, result.warnings)
 
 
 def _records(frame: pd.DataFrame) -> list[dict]:

@@ -18,7 +18,7 @@ from hetplan.allocator.spec import Node
 from hetplan.codesign.engines import START_METHOD, Engine, ProcessPool, usable_cpus
 from hetplan.hints import HintSet
 from hetplan.planner.problem import PlanningProblem
-from hetplan.planning.mix import NodeMix
+from hetplan.sim.setups import NodeMix
 from hetplan.progress import Progress
 from hetplan.sim.engine import SimConfig, SimResult, simulate
 from hetplan.sim.metrics import summarize
@@ -27,6 +27,9 @@ from hetplan.sim.truth import TruthCurves
 __all__ = ["START_METHOD", "Replayed", "Runs", "candidate_nodes", "planner_truth", "replay", "table", "usable_cpus"]
 
 METRICS = ("avg_jct_h", "p95_jct_h", "makespan_h", "avg_queue_h", "gpu_util")
+JCT_BY_JOB = "jct_h_by_job"
+"""A run summary's per-job JCTs (hours, NaN: not completed) in the draw's job order: what pairs two candidates'
+runs of the same draw job by job (`hetplan.codesign.versus`)."""
 
 
 @dataclass(frozen=True)
@@ -40,6 +43,7 @@ class Replayed:
     rejected: int  # jobs larger than every node of this candidate
     fluid_load: float = float("nan")  # offered work / the mix it serves: above 1 its queue grows without bound
     pruned: bool = False
+    jct_by_job: tuple[np.ndarray, ...] = ()  # per draw, each job's JCT in hours (NaN: not completed)
 
     @classmethod
     def skipped(cls, candidate: Candidate, fluid_load: float) -> Replayed:
@@ -48,9 +52,10 @@ class Replayed:
     @classmethod
     def of(cls, candidate: Candidate, summaries: Sequence[dict], fluid_load: float = float("nan")) -> Replayed:
         """The figures of a candidate from its runs' summaries, one per draw in draw order."""
-        frame = pd.DataFrame(list(summaries))
+        frame = pd.DataFrame([{k: v for k, v in s.items() if k != JCT_BY_JOB} for s in summaries])
         return cls(candidate, {m: float(frame[m].mean()) for m in METRICS},
-                   tuple(float(v) for v in frame["avg_jct_h"]), int(frame["rejected_too_big"].max()), fluid_load)
+                   tuple(float(v) for v in frame["avg_jct_h"]), int(frame["rejected_too_big"].max()), fluid_load,
+                   jct_by_job=tuple(np.asarray(s.get(JCT_BY_JOB, ()), dtype=float) for s in summaries))
 
 
 def planner_truth(problem: PlanningProblem) -> TruthCurves:
@@ -60,7 +65,7 @@ def planner_truth(problem: PlanningProblem) -> TruthCurves:
 
 
 def candidate_nodes(problem: PlanningProblem, candidate: Candidate) -> tuple[Node, ...]:
-    """The nodes of a candidate: the owned fleet plus its added nodes (`hetplan.planning.NodeMix`)."""
+    """The nodes of a candidate: the owned fleet plus its added nodes (`hetplan.sim.setups.NodeMix`)."""
     return NodeMix.by_index(problem.shapes, candidate.counts).nodes(problem.shapes)
 
 
@@ -102,7 +107,7 @@ class Runs:
         """Simulate one run and summarise it (`hetplan.sim.metrics.summarize`)."""
         result = self.simulated(run)
         return {**summarize(result, self.candidates[run[0]].cost_per_hour),
-                "avg_jct_se_h": batch_means_se(result.jobs)}
+                "avg_jct_se_h": batch_means_se(result.jobs), JCT_BY_JOB: jct_by_job(result.jobs)}
 
     def label(self, run: tuple[int, int]) -> str:
         """What the progress line says of a run: `replaying <candidate>, draw <d>` (draws from 1)."""
@@ -113,6 +118,12 @@ class Runs:
 
 
 BATCHES = 10
+
+
+def jct_by_job(jobs: pd.DataFrame) -> list[float]:
+    """Each job's JCT in hours in the run's job order (the draw's), NaN where it did not complete."""
+    jct = jobs["jct_s"].to_numpy(float) / 3600.0
+    return np.where(jobs["status"].to_numpy() == "completed", jct, np.nan).tolist()
 
 
 def batch_means_se(jobs: pd.DataFrame, batches: int = BATCHES) -> float:

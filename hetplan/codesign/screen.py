@@ -28,7 +28,8 @@ import pandas as pd
 from hetplan.codesign.candidates import PROPORTIONAL, STATUS_QUO, Candidate
 from hetplan.codesign.engines import Engine, ProcessPool, Run
 from hetplan.codesign.objectives import workload_objective
-from hetplan.codesign.replay import METRICS, Replayed, Runs
+from hetplan.codesign.replay import JCT_BY_JOB, METRICS, Replayed, Runs
+from hetplan.codesign.versus import versus
 from hetplan.codesign.workload import Workload
 from hetplan.planner.problem import PlanningProblem
 from hetplan.progress import Progress, prefixed
@@ -126,6 +127,7 @@ def shortlist(problem: PlanningProblem, candidates: Sequence[Candidate], workloa
         replay_jobs = min(replay_jobs, screen_jobs)
     draws, every = sampled(workload.draws, replay_jobs)
     scores, rejected = [float("nan")] * len(candidates), [0] * len(candidates)
+    refused = [0] * len(candidates)  # the status quo's jobs a candidate's screen run did not complete
     done: dict[Run, dict] = {}
     record: dict = {"shortlist": screen, "replay_sample": _sample_record(workload.draws[0], draws[0], every),
                     "overloaded": overload or None}
@@ -137,13 +139,15 @@ def shortlist(problem: PlanningProblem, candidates: Sequence[Candidate], workloa
         (screen_draw,), screen_every = sampled(workload.draws[:1], screen_jobs)
         runs = Runs(problem, tuple(candidates[i] for i in kept), (screen_draw,), config)
         summaries = (engine or ProcessPool()).summaries(runs, runs.every(), prefixed(progress, "screen"))
+        quo = next((summaries[(k, 0)] for k, i in enumerate(kept) if candidates[i].name == STATUS_QUO), None)
         for k, i in enumerate(kept):
-            scores[i] = float(summaries[(k, 0)][screened_metric(objective)])
+            scores[i], refused[i] = _screen_score(summaries[(k, 0)], quo, objective)
             rejected[i] = int(summaries[(k, 0)]["rejected_too_big"])
             if screen_every == every:  # the same sample of draw 0 (every draw itself when 1): not run again
                 done[(i, 0)] = summaries[(k, 0)]
         chosen = {i for i in kept if candidates[i].name == STATUS_QUO}
-        chosen |= set(_best(candidates, challengers, scores, rejected, objective, max_avg_jct, screen))
+        chosen |= set(_best(candidates, challengers, scores, refused, objective, max_avg_jct, screen))
+        chosen |= set(_best_per_hosting(challengers, scores, refused, rejected))
         record["screen_sample"] = _sample_record(workload.draws[0], screen_draw, screen_every)
     done = {run: s for run, s in done.items() if run[0] in chosen}
     stage = [REPLAYED if i in chosen else PRUNED if i not in kept else SCREENED_OUT for i in range(len(candidates))]
@@ -192,12 +196,36 @@ def screened_metric(objective: str) -> str:
     return "avg_jct_h" if objective == "cost" else workload_objective(objective).metric
 
 
-def _best(candidates: Sequence[Candidate], pool: Sequence[int], scores: Sequence[float], rejected: Sequence[int],
+def _screen_score(summary: dict, quo: dict | None, objective: str) -> tuple[float, int]:
+    """A screened candidate's figure for the objective, on the status quo's jobs where it is a JCT (the choice's
+    own figure, `hetplan.codesign.objectives`), and how many of the status quo's jobs it did not complete."""
+    metric = screened_metric(objective)
+    if quo is None or metric not in ("avg_jct_h", "p95_jct_h") or JCT_BY_JOB not in summary:
+        return float(summary[metric]), 0
+    paired = versus([summary[JCT_BY_JOB]], [quo[JCT_BY_JOB]])
+    return float(paired.avg_jct_h if metric == "avg_jct_h" else paired.p95_jct_h), paired.refused
+
+
+def _best_per_hosting(pool: Sequence[int], scores: Sequence[float], refused: Sequence[int],
+                      rejected: Sequence[int]) -> list[int]:
+    """The best screened candidate at each count of jobs refused (each hosting level: those that host the largest
+    jobs and those that do not), among those that run every job the status quo runs: so the choice can weigh
+    hosting a job size against what it costs the rest."""
+    levels: dict[int, int] = {}
+    for i in pool:
+        if refused[i] == 0 and scores[i] == scores[i] and (
+                rejected[i] not in levels or scores[i] < scores[levels[rejected[i]]]):
+            levels[rejected[i]] = i
+    return list(levels.values())
+
+
+def _best(candidates: Sequence[Candidate], pool: Sequence[int], scores: Sequence[float], refused: Sequence[int],
           objective: str, max_avg_jct: float | None, k: int) -> list[int]:
     """The `k` candidates of `pool` the screen ranks best: by the objective's figure (those that run every job
-    first), or for the cost objective the `k` cheapest within `COST_SLACK` of the JCT target plus the fastest."""
+    the status quo runs first), or for the cost objective the `k` cheapest within `COST_SLACK` of the JCT target
+    plus the fastest."""
     def figure(i: int) -> tuple:
-        return (rejected[i] > 0, scores[i] if scores[i] == scores[i] else math.inf)
+        return (refused[i] > 0, scores[i] if scores[i] == scores[i] else math.inf)
 
     ranked = sorted(pool, key=figure)
     if objective != "cost" or max_avg_jct is None:
@@ -232,15 +260,19 @@ def fastest_first(candidate: Candidate) -> Candidate:
         hints = hints.sort_values(["model", "num_gpus", "normalized_throughput"], ascending=[True, True, False],
                                   kind="stable")
         hints = hints.assign(rank=hints.groupby(["model", "num_gpus"]).cumcount() + 1).reset_index(drop=True)
-    return Candidate(f"{candidate.name}{TWIN_SUFFIX}", candidate.counts, candidate.policy,
-                     replace(candidate.result, hints=hints))
+    return replace(candidate, name=f"{candidate.name}{TWIN_SUFFIX}", result=replace(candidate.result, hints=hints))
 
 
 def fluid_load(workload: Workload, candidate: Candidate) -> float:
     """The workload's offered work (reference GPU-hours per hour over its arrival span) over the mix the
-    candidate serves per hour by the MILP: a lower bound on its utilisation, ignoring packing."""
+    candidate serves per hour by the MILP: a lower bound on its utilisation, ignoring packing. A candidate
+    planned without the largest classes (`declines_above`) is offered only the work of the jobs it plans for."""
     span = float(workload.summary.get("span_h", 0.0))
     served = candidate.result.plan.objective
     if not span > 0 or not served > 0:
         return float("nan")
-    return float(workload.summary["reference_gpu_hours"]) / span / served
+    offered = float(workload.summary["reference_gpu_hours"])
+    if candidate.declines_above is not None:
+        jobs = workload.jobs[workload.jobs["num_gpus"] <= candidate.declines_above]
+        offered = float((jobs["num_gpus"] * jobs["duration_s"]).sum()) / 3600.0
+    return offered / span / served

@@ -30,18 +30,15 @@ from hetplan.allocator.spec import Node, to_mib, to_milli
 from hetplan.codesign import workload_from_trace
 from hetplan.codesign.candidates import HINT, STATUS_QUO
 from hetplan.codesign.engines import Engine, ProcessPool, Serial, held_open
-from hetplan.codesign.plan import WorkloadPlan
 from hetplan.codesign.screen import sampled
 from hetplan.codesign.workload import Workload
 from hetplan.contracts import demand_from_trace
 from hetplan.gangs import gang_speed, parts_needed
 from hetplan.hints import HintSet
 from hetplan.planner.baselines import GPU_ONLY, HETPLAN, SENSITIVITY_AWARE
-from hetplan.planner.entry import Planned
 from hetplan.planner.problem import PlanningProblem, build_problem
 from hetplan.planner.solvers import SolverName
-from hetplan.planning import NodeMix, Objective, PlanRequest, ReplaySizes, plan
-from hetplan.planning.planned import PlanOutcome
+from hetplan.planning import NodeMix, Objective, PlanOutcome, PlanRequest, ReplaySizes, plan
 from hetplan.planning.calibration import Calibration
 from hetplan.planning.prediction import Prediction
 from hetplan.planning.request import HOLDOUT
@@ -78,8 +75,7 @@ class EvaluationResult:
     jobs: pd.DataFrame  # one row per job and run
     timelines: pd.DataFrame  # resource use over time per run
     setups: dict[str, list[Setup]]  # by load label
-    plans: dict[str, WorkloadPlan]  # the workload plan behind `hetplan` at each load (not for `throughput`)
-    predictions: dict[str, Prediction] = field(default_factory=dict)  # its prediction's interval, by load label
+    plans: dict[str, PlanOutcome]  # the workload plan behind `hetplan` at each load (not for `throughput`)
     report: dict[str, object] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
 
@@ -125,28 +121,25 @@ def evaluate(trace: pd.DataFrame, problem_inputs: ProblemInputs, truth: TruthCur
         problem = problem_inputs.problem(demand_from_trace(plan_trace))
         truth = truth.extended(problem.defaults.curves)
         warnings += problem.warnings + replay.warnings
-        steady_outcome = plan(problem, replace(request, objective=Objective.throughput))
-        steady = steady_outcome.steady
-        status_quo = steady.baseline(STATUS_QUO) if steady is not None else None
-        if steady is None or status_quo is None:
+        steady = plan(problem, replace(request, objective=Objective.throughput))
+        status_quo = steady.baseline(STATUS_QUO)
+        if status_quo is None:
             raise ValueError("no shape can run every job class at the proportional share: there is no status quo")
         quo_nodes = NodeMix.on_fleet(problem.shapes, status_quo.node_counts).nodes(problem.shapes)
         truth.require(replay.jobs["sim_model"], {n.gpu_type for n in quo_nodes})
         points = load_points(plan_trace, replay.jobs, truth, quo_nodes, rhos, loads)
         baselines = _baselines(problem, steady, quo_nodes)
-        setups_by_load, plans, predictions, replayed, sampled_every = {}, {}, {}, [], []
+        setups_by_load, plans, replayed, sampled_every = {}, {}, [], []
         for k, point in enumerate(points):
             label = _label(point)
             if progress:
                 progress(k, len(points), f"planning for {label}")
-            outcome = steady_outcome
+            outcome = steady
             if objective.for_workload:
                 at = replace(request, progress=nested(progress, f"planning for {label}"))
                 outcome = plan(problem, at, _workload_at(plan_trace, point, seed))
-                if outcome.workload_plan is not None:
-                    plans[label] = outcome.workload_plan
-                if outcome.prediction is not None:
-                    predictions[label] = outcome.prediction
+                if outcome.weighing is not None:
+                    plans[label] = outcome
                 warnings += [f"planning for {label}: {w}" for w in outcome.warnings if w not in warnings]
             setups_by_load[label] = [*baselines, outcome.setup(HETPLAN, problem.shapes)]
             jobs_at = replay.jobs if point.replay_rate is None else with_load(replay.jobs, point.replay_rate,
@@ -165,8 +158,9 @@ def evaluate(trace: pd.DataFrame, problem_inputs: ProblemInputs, truth: TruthCur
             key = {**point.key, "scheduler": scheduler, "setup": setup.name}
             rows.append({**key, "replayed_one_in": sampled_every[run[0]], "policy": setup.policy, "gpus": setup.gpus,
                          "cost_per_hour": setup.cost_per_hour,
-                         "predicted_mix": setup.predicted_mix, **results[run]["summary"],
-                         **_predicted(setup.name, predictions.get(_label(point)))})
+                         "predicted_mix": setup.predicted_mix, "winner": _winner(setup.name, plans.get(_label(point))),
+                         **results[run]["summary"],
+                         **_predicted(setup.name, _prediction_of(plans.get(_label(point))))})
             job_frames.append(results[run]["jobs"].assign(**key))
             timelines.append(results[run]["timeline"].assign(**key))
         all_jobs = pd.concat(job_frames, ignore_index=True)
@@ -174,7 +168,7 @@ def evaluate(trace: pd.DataFrame, problem_inputs: ProblemInputs, truth: TruthCur
         warnings += truth_warnings(truth, set(replay.jobs["sim_model"]),
                                    [s for setups in setups_by_load.values() for s in setups])
         return EvaluationResult(summary, all_jobs, pd.concat(timelines, ignore_index=True), setups_by_load, plans,
-                                predictions, {**replay.report, "stability": (stability or Stability()).to_dict()},
+                                {**replay.report, "stability": (stability or Stability()).to_dict()},
                                 warnings)
 
 
@@ -185,7 +179,7 @@ def _sampled_if_overloaded(jobs: pd.DataFrame, outcome: PlanOutcome, label: str,
     trace's length, and the truth replays sample as many jobs as the plan's replays did (`--replay-jobs`, capped
     at the screen's size) by the planner's rule (`screen.sampled`: 1 job in m, at the same rate and mix), saying
     so."""
-    screen = outcome.workload_plan.screen if outcome.workload_plan is not None else {}
+    screen = outcome.weighing.screen if outcome.weighing is not None else {}
     sample = (screen.get("replay_sample") or {}).get("jobs")
     if not screen.get("overloaded") or not sample or len(jobs) <= sample:
         return jobs, 1
@@ -305,7 +299,17 @@ def _workload_at(plan_trace: pd.DataFrame, point: LoadPoint, seed: int) -> Workl
     return workload_from_trace(jobs, seed=seed)
 
 
+def _winner(setup: str, planned: PlanOutcome | None) -> str:
+    """The candidate a workload plan chose, on hetplan's row (what `--calibration` reads: a plan that kept the
+    status quo predicts 1x exactly); empty elsewhere."""
+    return planned.winner if setup == HETPLAN and planned is not None else ""
+
+
 PREDICTED = ("predicted_jct_speedup", "predicted_low", "predicted_high", "calibrated_low", "calibrated_high")
+
+
+def _prediction_of(outcome: PlanOutcome | None) -> Prediction | None:
+    return outcome.prediction if outcome is not None else None
 
 
 def _predicted(setup: str, prediction: Prediction | None) -> dict[str, float]:
@@ -335,7 +339,7 @@ def with_predictions(summary: pd.DataFrame) -> pd.DataFrame:
                           within_calibrated=within("calibrated_low", "calibrated_high"))
 
 
-def _baselines(problem: PlanningProblem, steady: Planned, quo_nodes: Sequence[Node]) -> list[Setup]:
+def _baselines(problem: PlanningProblem, steady: PlanOutcome, quo_nodes: Sequence[Node]) -> list[Setup]:
     """The three baselines (a baseline the budget cannot buy is left out)."""
     status_quo = steady.baseline(STATUS_QUO)
     setups = [Setup(STATUS_QUO, tuple(quo_nodes), "proportional", HintSet.empty(), status_quo.cost_per_hour,
@@ -376,21 +380,31 @@ def with_ratios(summary: pd.DataFrame, jobs: pd.DataFrame | None = None) -> pd.D
 
     With `jobs` (the per-job frames), the speedup compares average JCTs over the jobs *every* setup of the run
     completed (`common_jobs`): a setup that could not run some jobs (larger than all its GPUs of one type) is
-    not credited with the JCT of jobs it never ran.
+    not credited with the JCT of jobs it never ran. The jobs only some setups ran are counted apart: per setup,
+    `refused_quo_jobs` (the status quo completed them, the setup did not), `extra_jobs` (the setup completed
+    them, the status quo did not) and their average JCT `extra_avg_jct_h`.
     """
     keys = list(zip(summary["rho"].fillna(-1.0), summary["load_jobs_per_h"].fillna(-1.0), summary["scheduler"]))
     jct = summary["avg_jct_h"].to_numpy(float).copy()
     common = np.full(len(summary), -1)
+    refused, extra = np.full(len(summary), -1), np.full(len(summary), -1)
+    extra_jct = np.full(len(summary), np.nan)
     if jobs is not None and len(jobs):
         done = jobs[jobs["status"] == "completed"]
         done = done.assign(_run=list(zip(done["rho"].fillna(-1.0), done["load_jobs_per_h"].fillna(-1.0),
                                          done["scheduler"])))
         for run, group in done.groupby("_run", sort=False):
-            shared = set.intersection(*(set(g["job_id"]) for _, g in group.groupby("setup", sort=False)))
+            ran = {name: set(g["job_id"]) for name, g in group.groupby("setup", sort=False)}
+            shared = set.intersection(*ran.values())
+            quo_ran = ran.get(STATUS_QUO, set())
             means = group[group["job_id"].isin(shared)].groupby("setup")["jct_s"].mean() / 3600
             for i, (key, name) in enumerate(zip(keys, summary["setup"])):
                 if key == run and name in means:
                     jct[i], common[i] = float(means[name]), len(shared)
+                    refused[i], only = len(quo_ran - ran[name]), ran[name] - quo_ran
+                    extra[i] = len(only)
+                    mine = group[(group["setup"] == name) & group["job_id"].isin(only)]
+                    extra_jct[i] = float(mine["jct_s"].mean()) / 3600 if len(mine) else np.nan
     base = {k: (j, wpd) for k, j, wpd, name in zip(keys, jct, summary["work_per_dollar"], summary["setup"])
             if name == STATUS_QUO}
     nan = (float("nan"), float("nan"))
@@ -398,4 +412,6 @@ def with_ratios(summary: pd.DataFrame, jobs: pd.DataFrame | None = None) -> pd.D
         jct_speedup=[base.get(k, nan)[0] / j for k, j in zip(keys, jct)],
         work_per_dollar_ratio=[wpd / base.get(k, nan)[1] if base.get(k, nan)[1] > 0 else float("nan")
                                for k, wpd in zip(keys, summary["work_per_dollar"])])
-    return out.assign(common_jobs=common) if jobs is not None else out
+    if jobs is None:
+        return out
+    return out.assign(common_jobs=common, refused_quo_jobs=refused, extra_jobs=extra, extra_avg_jct_h=extra_jct)

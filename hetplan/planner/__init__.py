@@ -12,14 +12,14 @@ from hetplan.planner.baselines import Evaluation, evaluate_baselines
 from hetplan.planner.kueue import kueue_manifests, kueue_yaml
 from hetplan.planner.model import OBJECTIVES, MilpModel, build_model
 from hetplan.planner.pareto import SweepPoint, frontier_table, sweep
-from hetplan.planner.planner import PlanResult, plan_cluster, require_allocation
+from hetplan.planner.planner import MilpPlan, plan_cluster, require_allocation
 from hetplan.planner.problem import PlanningProblem, build_problem
 from hetplan.planner.solvers import (
     SOLVERS, InfeasibleError, LicenceError, Solution, SolveError, SolveTimeout, solve,
 )
 
 __all__ = [
-    "OBJECTIVES", "SOLVERS", "Evaluation", "InfeasibleError", "LicenceError", "MilpModel", "PlanResult",
+    "OBJECTIVES", "SOLVERS", "Evaluation", "InfeasibleError", "LicenceError", "MilpModel", "MilpPlan",
     "PlanningProblem", "Solution", "SolveError", "SolveTimeout", "SweepPoint", "build_model", "build_problem",
     "evaluate_baselines", "frontier_table", "kueue_manifests", "kueue_yaml", "plan_cluster", "require_allocation",
     "solve", "sweep", "write_plan_artifacts",

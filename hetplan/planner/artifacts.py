@@ -10,12 +10,12 @@ from hetplan.contracts import HINTS, write_plan
 from hetplan.fsio import atomic_write_bytes
 from hetplan.planner.baselines import Evaluation, evaluations_table
 from hetplan.planner.kueue import kueue_yaml
-from hetplan.planner.planner import PlanResult
+from hetplan.planner.planner import MilpPlan
 
 ARTIFACTS = ("plan.json", "hints.parquet", "kueue.yaml", "baselines.csv")
 
 
-def write_plan_artifacts(result: PlanResult, baselines: Sequence[Evaluation], out_dir: Path) -> list[Path]:
+def write_plan_artifacts(result: MilpPlan, baselines: Sequence[Evaluation], out_dir: Path) -> list[Path]:
     """Write the plan's files into `out_dir` (created); return their paths in `ARTIFACTS` order."""
     out_dir.mkdir(parents=True, exist_ok=True)
     plan_path = write_plan(result.plan, out_dir / "plan.json")

@@ -22,7 +22,7 @@ import numpy as np
 import pandas as pd
 
 from hetplan.planner.model import MilpModel, build_model, proportional_mask
-from hetplan.planner.planner import PlanResult, read_solution
+from hetplan.planner.planner import MilpPlan, read_solution
 from hetplan.planner.problem import OptionSet, PlanningProblem
 from hetplan.planner.solvers import InfeasibleError, SolveError, SolverName, solve
 
@@ -45,6 +45,11 @@ class Evaluation:
     @property
     def per_dollar(self) -> float:
         return self.value / self.cost_per_hour if self.cost_per_hour > 0 else 0.0
+
+
+def baseline(evaluations: list[Evaluation], name: str) -> Evaluation | None:
+    """The evaluation named `name` (None: not valued, e.g. the budget cannot buy it)."""
+    return next((e for e in evaluations if e.name == name), None)
 
 
 def proportional_columns(problem: PlanningProblem, model: MilpModel) -> np.ndarray:
@@ -96,7 +101,7 @@ def gpu_only_counts(problem: PlanningProblem, model: MilpModel, solver: SolverNa
 
 
 def value_of(problem: PlanningProblem, model: MilpModel, counts: dict[int, int], proportional: bool,
-             solver: SolverName = "auto", time_limit: float = 60.0) -> PlanResult | None:
+             solver: SolverName = "auto", time_limit: float = 60.0) -> MilpPlan | None:
     """The plan on a fixed cluster (`counts` added nodes) with the proportional or the free allocation; None
     when the cluster cannot serve the objective's constraints."""
     fixed = model.pinned(counts)
@@ -108,7 +113,7 @@ def value_of(problem: PlanningProblem, model: MilpModel, counts: dict[int, int],
         return None
 
 
-def evaluate_baselines(problem: PlanningProblem, hetplan: PlanResult, model: MilpModel, solver: SolverName = "auto",
+def evaluate_baselines(problem: PlanningProblem, hetplan: MilpPlan, model: MilpModel, solver: SolverName = "auto",
                        time_limit: float = 60.0, fairness: float = 0.0) -> list[Evaluation]:
     """Value the three baselines and hetplan's plan with `model` (the one the plan was solved with), the
     baselines without its hosting rows."""

@@ -8,7 +8,6 @@ The CLI, the nightly pipeline and the simulator's setups all go through these tw
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
@@ -16,27 +15,14 @@ import pandas as pd
 from hetplan.contracts import CATALOG, CURVES, FLEET, ContractError, Problem, fingerprint, gpu_declarations
 from hetplan.contracts.table import Column, TableSchema
 from hetplan.planner.baselines import Evaluation, evaluate_baselines
-from hetplan.planner.model import MilpModel, Objective, build_model
-from hetplan.planner.planner import PlanResult, plan_cluster, require_allocation
+from hetplan.planner.model import Objective, build_model
+from hetplan.planner.planner import MilpPlan, plan_cluster, require_allocation
 from hetplan.planner.problem import PlanningProblem, build_problem
 from hetplan.planner.solvers import InfeasibleError, SolverName
 
 LEGACY_OWNED = TableSchema("owned fleet (name,count)", (Column("name", "str"), Column("count", "int", min=0)),
                            key=("name",))
 OWNED_PREFIX = "owned:"
-
-
-@dataclass
-class Planned:
-    """A plan with everything behind it: the problem, the model it was solved with, the baselines."""
-
-    problem: PlanningProblem
-    model: MilpModel
-    result: PlanResult
-    baselines: list[Evaluation]
-
-    def baseline(self, name: str) -> Evaluation | None:
-        return next((b for b in self.baselines if b.name == name), None)
 
 
 def read_catalog(path: str | Path, clouds: Sequence[str] = ()) -> pd.DataFrame:
@@ -93,8 +79,9 @@ def load_problem(curves: str | Path, catalog: str | Path, demand: pd.DataFrame, 
 def plan_with_baselines(problem: PlanningProblem, *, objective: Objective = "mix", target: float | None = None,
                         fairness: float = 0.0, solver: SolverName = "auto", time_limit: float = 60.0,
                         gap: float = 1e-3, inputs: dict[str, str] | None = None, baselines: bool = True,
-                        source: str = "<catalog>") -> Planned:
-    """Plan (raising `ContractError` when nothing can be planned) and value the baselines the same way."""
+                        source: str = "<catalog>") -> tuple[MilpPlan, list[Evaluation]]:
+    """Plan (raising `ContractError` when nothing can be planned) and value the baselines the same way
+    (`hetplan.planner.baselines.baseline` picks one by name)."""
     model = build_model(problem, objective, fairness, target)
     try:
         result = plan_cluster(problem, solver=solver, time_limit=time_limit, gap=gap, inputs=inputs, model=model)
@@ -103,4 +90,4 @@ def plan_with_baselines(problem: PlanningProblem, *, objective: Objective = "mix
     require_allocation(problem, result, source)
     evaluations = evaluate_baselines(problem, result, model, solver, time_limit, fairness) \
         if baselines and objective != "cost" else []
-    return Planned(problem, model, result, evaluations)
+    return result, evaluations

@@ -12,7 +12,7 @@ import pandas as pd
 
 from hetplan.planner.baselines import evaluate_baselines, evaluations_table
 from hetplan.planner.model import Objective, build_model
-from hetplan.planner.planner import PlanResult, plan_cluster
+from hetplan.planner.planner import MilpPlan, plan_cluster
 from hetplan.planner.problem import PlanningProblem, with_budget
 from hetplan.planner.solvers import SolveError, SolverName
 
@@ -20,7 +20,7 @@ from hetplan.planner.solvers import SolveError, SolverName
 @dataclass
 class SweepPoint:
     budget: float
-    result: PlanResult | None
+    result: MilpPlan | None
     evaluations: pd.DataFrame  # name, cost_per_hour, value, per_dollar, proportional, node_counts
 
 

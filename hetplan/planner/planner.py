@@ -21,8 +21,9 @@ EPSILON = 1e-6
 
 
 @dataclass
-class PlanResult:
-    """A solved plan: the contract object, the hint table, and the tables behind them."""
+class MilpPlan:
+    """The MILP's plan of one cluster: the contract object, the hint table, and the tables behind them (what a
+    candidate carries; the plan a user gets is `hetplan.planning.PlanOutcome`)."""
 
     plan: Plan
     hints: pd.DataFrame
@@ -46,7 +47,7 @@ def plan_id(inputs: dict[str, str], budget: float | None, created: datetime) -> 
 def plan_cluster(problem: PlanningProblem, *, objective: Objective = "mix", target: float | None = None,
                  fairness: float = 0.0, solver: SolverName = "auto", time_limit: float = 60.0, gap: float = 1e-3,
                  inputs: dict[str, str] | None = None, model: MilpModel | None = None,
-                 bound: bool = True) -> PlanResult:
+                 bound: bool = True) -> MilpPlan:
     """Build (or reuse) the MILP, solve it, and read the plan, allocation and hints off the solution."""
     if model is None:
         model = build_model(problem, objective, fairness, target)
@@ -54,7 +55,7 @@ def plan_cluster(problem: PlanningProblem, *, objective: Objective = "mix", targ
     return read_solution(problem, model, solution, inputs or {})
 
 
-def read_solution(problem: PlanningProblem, model: MilpModel, solution: Solution, inputs: dict[str, str]) -> PlanResult:
+def read_solution(problem: PlanningProblem, model: MilpModel, solution: Solution, inputs: dict[str, str]) -> MilpPlan:
     shapes = problem.shapes
     budget = None if model.budget_row is None else float(model.row_upper[model.budget_row])
     x = solution.values[model.n_shapes : model.t_column]
@@ -102,11 +103,11 @@ def read_solution(problem: PlanningProblem, model: MilpModel, solution: Solution
         "shape": shapes.loc[allocation["s"], "name"].to_numpy(), "gpu_type": allocation["gpu_type"],
         "cpus_per_gpu": allocation["cpus"], "mem_gb_per_gpu": allocation["mem_gb"], "gpus": allocation["gpus"],
         "throughput": allocation["throughput"] * allocation["gpus"], "value": allocation["value"] * allocation["gpus"]})
-    return PlanResult(plan, hints, table, nodes, solution, list(problem.warnings),
+    return MilpPlan(plan, hints, table, nodes, solution, list(problem.warnings),
                       {s: n for s, n in counts.items() if n > 0})
 
 
-def require_allocation(problem: PlanningProblem, result: PlanResult, source: str) -> None:
+def require_allocation(problem: PlanningProblem, result: MilpPlan, source: str) -> None:
     """Raise `ContractError` when a plan allocates nothing (a budget below every useful node): such a plan
     has no hints and must not be written or published."""
     if len(result.allocation) and result.plan.objective > EPSILON:
@@ -143,5 +144,5 @@ def trim_idle_nodes(problem: PlanningProblem, model: MilpModel, values: np.ndarr
     return {s: int(c) for s, c in enumerate(trimmed)}
 
 
-def total_gpus(result: PlanResult) -> int:
+def total_gpus(result: MilpPlan) -> int:
     return int(np.sum(result.nodes["gpus"] * (result.nodes["added"] + result.nodes["owned"])))

@@ -33,7 +33,7 @@ from hetplan.planner.sizes import HostSizes, implied_sizes, settle
 logger = logging.getLogger(__name__)
 
 __all__ = ["REFERENCE", "OptionSet", "PlanningProblem", "Surface", "build_problem", "default_demand_gpus", "frontier",
-           "prune_dominated_shapes", "with_budget"]
+           "hosting_at_most", "prune_dominated_shapes", "with_budget"]
 
 
 @dataclass(frozen=True)
@@ -207,6 +207,24 @@ def build_problem(curves: pd.DataFrame, catalog: pd.DataFrame, demand: pd.DataFr
     host, short = settle(implied_sizes(demand["num_gpus"], history_gpus, max_job_gpus), shapes, budget)
     warnings += short
     return PlanningProblem(shapes, classes, options, budget, warnings, fixed, completion, unplannable, host)
+
+
+def hosting_at_most(problem: PlanningProblem, gpus: int) -> PlanningProblem:
+    """The problem for plans that host jobs of at most `gpus` GPUs: the classes larger than that are declined
+    (left out of the plan, their shares dropped, the others' kept in proportion) and no larger size must be
+    hosted. Declined is not unplannable: a workload's declined jobs are still offered to the cluster, which
+    refuses them when it cannot host them (`hetplan.codesign.candidates`)."""
+    keep = np.flatnonzero(problem.classes["num_gpus"].to_numpy(int) <= gpus)
+    if len(keep) == len(problem.classes):
+        return problem
+    if not len(keep):
+        raise ValueError(f"no class of at most {gpus} GPUs to plan for")
+    remap = {int(old): new for new, old in enumerate(keep)}
+    classes = problem.classes.iloc[keep].reset_index(drop=True)
+    classes["share"] = classes["share"] / classes["share"].sum()
+    options = {(remap[j], g): o for (j, g), o in problem.options.items() if j in remap}
+    host = None if problem.host is None else replace(problem.host, gpus=min(problem.host.gpus, gpus))
+    return replace(problem, classes=classes, options=options, host=host)
 
 
 def default_demand_gpus(shapes: pd.DataFrame, budget: float | None) -> float:

@@ -8,13 +8,13 @@ from pathlib import Path
 
 import mlflow
 
-from hetplan.planner.planner import PlanResult
+from hetplan.planner.planner import MilpPlan
 from hetplan.tracking import experiment_id, tracking_uri
 
 EXPERIMENT = "hetplan-planning"
 
 
-def log_planning_run(result: PlanResult, files: list[Path], baselines: dict[str, float], uri: str | None = None,
+def log_planning_run(result: MilpPlan, files: list[Path], baselines: dict[str, float], uri: str | None = None,
                      metrics: dict[str, float] | None = None) -> str:
     """Log one plan with its artifacts (`files`: plan, hints, plots, Kueue YAML) and extra `metrics` (a
     workload plan's predicted JCTs); return the run id."""

@@ -1,31 +1,20 @@
-"""Planning, above the planner and co-design: one request, one objective vocabulary, one node-mix type, one
-`plan` function that the CLI (`hetplan plan`, `hetplan evaluate`) and the nightly pipeline call.
+"""Planning, above the planner and co-design: one request, one result, one dispatch that the CLI (`hetplan plan`,
+`hetplan evaluate`) and the nightly DAG's tasks share.
 
     from hetplan.planning import Objective, PlanRequest, plan
     outcome = plan(problem, PlanRequest(Objective.jct, scheduler="las"), workload)
 
-`plan` and `PlanOutcome` load on first use (`hetplan.planning.planned`), so that `hetplan.codesign` can use
-the objective and the node mix without importing itself back.
+`plan` runs a workload plan's three stages in this process; the nightly DAG runs the same stages as tasks:
+`shortlist` (propose and screen), each replay run (`Shortlist.runs.summary`), `finish` (choose, the held-back
+check and its floor, the interval). Either way the result is one `PlanOutcome`.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
-
-from hetplan.planning.mix import NodeMix
-from hetplan.planning.objective import WORKLOAD_OBJECTIVES, Objective
+from hetplan.codesign.objectives import WORKLOAD_OBJECTIVES, Objective
+from hetplan.planning.planned import PlanOutcome, finish, plan, shortlist
 from hetplan.planning.request import PlanRequest, ReplaySizes, RequestError
-
-if TYPE_CHECKING:
-    from hetplan.planning.planned import PlanOutcome, plan
+from hetplan.sim.setups import NodeMix
 
 __all__ = ["WORKLOAD_OBJECTIVES", "NodeMix", "Objective", "PlanOutcome", "PlanRequest", "ReplaySizes", "RequestError",
-           "plan"]
-
-
-def __getattr__(name: str) -> Any:
-    if name in ("plan", "PlanOutcome"):
-        from hetplan.planning import planned
-
-        return getattr(planned, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+           "finish", "plan", "shortlist"]

@@ -28,7 +28,7 @@ import numpy as np
 import pandas as pd
 
 from hetplan.contracts.table import ContractError, Problem
-from hetplan.planner.baselines import HETPLAN
+from hetplan.planner.baselines import HETPLAN, STATUS_QUO
 from hetplan.resources import data_path
 
 COVERAGE = 0.90
@@ -37,25 +37,38 @@ SHIPPED = "calibration/prediction_errors.csv"
 """The rows hetplan ships (hetplan/data): bench/evaluate.py's out-of-sample grid, simulated on derived data."""
 
 
+ABSOLUTE, SCALED = "absolute", "scaled"
+SCALES = (ABSOLUTE, SCALED)
+"""How a row's error is scored: `absolute` |e - shift|; `scaled` |e - shift| over the planner's own log half-width
+(at least `MIN_HALF_WIDTH`), so the calibrated interval is wide where the planner itself is unsure."""
+MIN_HALF_WIDTH = 0.05
+
+
 @dataclass(frozen=True)
 class Calibration:
-    """A shift and a margin (both in log space) learned from `rows` evaluated predictions, and where from."""
+    """A shift and a margin (both in log space) learned from `rows` evaluated predictions, and where from; with
+    the `scaled` score the margin is in units of the planner's own log half-width."""
 
     shift: float
     margin: float
     rows: int
     source: str
     coverage: float = COVERAGE
+    scale: str = ABSOLUTE
 
     @classmethod
-    def fit(cls, rows: pd.DataFrame, source: str, coverage: float = COVERAGE) -> Calibration:
-        """The calibration of `rows` (`COLUMNS`; rows missing any of them are skipped). ContractError naming
-        `source` when too few rows are left for `coverage`."""
-        missing = [c for c in COLUMNS if c not in rows.columns]
+    def fit(cls, rows: pd.DataFrame, source: str, coverage: float = COVERAGE, scale: str = ABSOLUTE) -> Calibration:
+        """The calibration of `rows` (`COLUMNS`, and `predicted_low`/`predicted_high` for the `scaled` score; rows
+        missing any of them are skipped). ContractError naming `source` when too few rows are left for
+        `coverage`."""
+        if scale not in SCALES:
+            raise ValueError(f"scale must be one of {', '.join(SCALES)}, got {scale!r}")
+        needed = list(COLUMNS) + (["predicted_low", "predicted_high"] if scale == SCALED else [])
+        missing = [c for c in needed if c not in rows.columns]
         if missing:
             raise ContractError([Problem(source, f"no column {', '.join(missing)}: calibration needs "
-                                         f"{', '.join(COLUMNS)} (hetplan evaluate's summary.csv has them)")])
-        frame = rows[list(COLUMNS)].apply(pd.to_numeric, errors="coerce")
+                                         f"{', '.join(needed)} (hetplan evaluate's summary.csv has them)")])
+        frame = rows[needed].apply(pd.to_numeric, errors="coerce")
         usable = frame[(frame > 0).all(axis=1) & np.isfinite(frame).all(axis=1)]
         need = rows_needed(coverage)
         if len(usable) < need:
@@ -63,19 +76,65 @@ class Calibration:
                                          f"realised speedups); a {coverage:.0%} calibration needs {need}")])
         errors = np.log(usable["jct_speedup"].to_numpy(float) / usable["predicted_jct_speedup"].to_numpy(float))
         shift = float(np.median(errors))
+        scores = np.abs(errors - shift)
+        if scale == SCALED:
+            scores = scores / half_widths(usable)
         rank = math.ceil((len(errors) + 1) * coverage)
-        return cls(shift, float(np.sort(np.abs(errors - shift))[rank - 1]), len(usable), source, coverage)
+        return cls(shift, float(np.sort(scores)[rank - 1]), len(usable), source, coverage, scale)
 
-    def applied(self, point: float) -> tuple[float, float, float]:
-        """The calibrated (point, low, high) of a predicted `point`: shifted by the bias, +- the margin."""
+    def applied(self, point: float, low: float | None = None, high: float | None = None) -> tuple[float, float, float]:
+        """The calibrated (point, low, high) of a predicted `point` (the planner's interval `low`, `high` for the
+        `scaled` score): shifted by the bias, +- the margin."""
+        margin = self.margin
+        if self.scale == SCALED:
+            margin *= float(half_widths(pd.DataFrame({"predicted_jct_speedup": [point], "predicted_low": [low],
+                                                      "predicted_high": [high]}))[0])
         centre = point * math.exp(self.shift)
-        return centre, centre * math.exp(-self.margin), centre * math.exp(self.margin)
+        return centre, centre * math.exp(-margin), centre * math.exp(margin)
 
     def to_dict(self) -> dict:
+        per = " x the planner's log half-width" if self.scale == SCALED else ""
         return {"shift_log": round(self.shift, 6), "margin_log": round(self.margin, 6), "rows": self.rows,
-                "source": self.source, "coverage": self.coverage,
+                "source": self.source, "coverage": self.coverage, "scale": self.scale,
                 "method": "split conformal on e = log(realised / predicted): shift = median e, margin = the "
-                          "ceil((n + 1) x coverage)-th smallest |e - shift|"}
+                          f"ceil((n + 1) x coverage)-th smallest |e - shift|{' / half-width' if per else ''}{per}"}
+
+
+def half_widths(rows: pd.DataFrame) -> np.ndarray:
+    """The planner's log half-width of each row's interval (the larger side), at least `MIN_HALF_WIDTH`; where
+    the interval is missing, `MIN_HALF_WIDTH`."""
+    point = rows["predicted_jct_speedup"].to_numpy(float)
+    low, high = rows["predicted_low"].to_numpy(float), rows["predicted_high"].to_numpy(float)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        width = np.fmax(np.log(high / point), np.log(point / low))
+    return np.where(np.isfinite(width), np.maximum(width, MIN_HALF_WIDTH), MIN_HALF_WIDTH)
+
+
+def coverage_by_group(rows: pd.DataFrame, method: str,
+                      coverage: float = COVERAGE) -> tuple[list[bool], list[float], dict[str, list[bool]]]:
+    """Leave one trace group out (`group` column): each row's interval calibrated on the other groups' rows only
+    (`method` an element of `SCALES`, or `planner` for the planner's own interval, uncalibrated); per row whether
+    the replayed speedup lies inside, the interval's width (high / low), and the hits per group. A row whose
+    other groups hold too few rows to calibrate is skipped."""
+    hits: list[bool] = []
+    widths: list[float] = []
+    per_group: dict[str, list[bool]] = {}
+    for i, row in rows.iterrows():
+        if method == "planner":
+            low, high = float(row["predicted_low"]), float(row["predicted_high"])
+        else:
+            try:
+                fitted = Calibration.fit(rows[rows["group"] != row["group"]], "other groups", coverage,
+                                         SCALED if method == SCALED else ABSOLUTE)
+            except ContractError:
+                continue
+            _, low, high = fitted.applied(float(row["predicted_jct_speedup"]), float(row["predicted_low"]),
+                                          float(row["predicted_high"]))
+        inside = bool(low <= float(row["jct_speedup"]) <= high)
+        hits.append(inside)
+        widths.append(high / low if low > 0 else math.inf)
+        per_group.setdefault(str(row["group"]), []).append(inside)
+    return hits, widths, per_group
 
 
 def rows_needed(coverage: float = COVERAGE) -> int:
@@ -98,6 +157,8 @@ def load_rows(paths: list[Path]) -> pd.DataFrame:
                                          "(hetplan evaluate's summary.csv)")])
         if "setup" in frame.columns:  # evaluate's summary: hetplan's rows (the status quo's are 1 by definition)
             frame = frame[frame["setup"] == HETPLAN]
+        if "winner" in frame.columns:  # a plan that is the status quo itself predicts 1x exactly: nothing to learn
+            frame = frame[frame["winner"] != STATUS_QUO]
         frames.append(frame[frame["predicted_jct_speedup"].notna()])
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=list(COLUMNS))
 

@@ -1,11 +1,14 @@
-"""`plan`: the one way to plan, for the CLI, the nightly pipeline and the evaluation.
+"""`plan`: the one way to plan, for the CLI, the nightly pipeline and the evaluation, and its stages.
 
     plan(problem, request)            -> the steady-state MILP plan (`hetplan.planner`) and its baselines
-    plan(problem, request, workload)  -> for a workload objective, candidates replayed (`hetplan.codesign`),
-                                         the winner, and the interval of its prediction (`prediction`)
+    plan(problem, request, workload)  -> for a workload objective: shortlist, replay runs, finish, in this process
+    shortlist(problem, request, workload)                  stage 1: the MILP proposes, the screen shortlists
+    Shortlist.runs.summary(run)                            stage 2: one replay run (the nightly DAG maps them)
+    finish(problem, request, workload, listed, summaries)  stage 3: the choice and its floor, the held-back check
+                                                           (which can overrule it), the interval, the sweep
 
-A sweep (`request.sweep`) plans again at each budget: the frontier. A budget of the sweep that plans nothing
-is a gap in the frontier, named in `PlanOutcome.warnings`.
+Every path returns one `PlanOutcome`. A sweep (`request.sweep`) plans again at each budget: the frontier. A budget
+of the sweep that plans nothing is a gap in the frontier, named in `PlanOutcome.warnings`.
 """
 
 from __future__ import annotations
@@ -14,35 +17,38 @@ from dataclasses import dataclass, field, replace
 
 import pandas as pd
 
-from hetplan.codesign import WorkloadPlan, plan_workload, workload_from_trace
-from hetplan.codesign.candidates import HINT
-from hetplan.codesign.engines import ProcessPool, held_open
-from hetplan.codesign.screen import REPLAY_JOBS
+from hetplan.codesign import Weighing, plan_workload, shortlist_for, workload_from_trace
+from hetplan.codesign.candidates import HINT, STATUS_QUO
+from hetplan.codesign.engines import ProcessPool, Run, held_open
+from hetplan.codesign.objectives import Objective, figure_column, passes_floor
+from hetplan.codesign.plan import chosen
+from hetplan.codesign.screen import REPLAY_JOBS, Shortlist
 from hetplan.codesign.workload import Workload
 from hetplan.contracts import ContractError
 from hetplan.hints import HintSet
 from hetplan.planner import frontier_table, sweep
-from hetplan.planner.baselines import STATUS_QUO, Evaluation
-from hetplan.planner.entry import Planned, plan_with_baselines
-from hetplan.planner.planner import PlanResult
+from hetplan.planner.baselines import Evaluation, baseline
+from hetplan.planner.entry import plan_with_baselines
+from hetplan.planner.planner import MilpPlan
 from hetplan.planner.problem import PlanningProblem, with_budget
-from hetplan.planning.mix import NodeMix
-from hetplan.planning.objective import Objective
-from hetplan.planning.prediction import Prediction, held_back_check, predict, split
+from hetplan.planning.prediction import HeldBack, Prediction, held_back_check, mix_shift, predict, split
 from hetplan.planning.request import PlanRequest
 from hetplan.progress import prefixed
 from hetplan.sim.engine import SimConfig
-from hetplan.sim.setups import Setup
+from hetplan.sim.setups import NodeMix, Setup
 
 PREDICTION_SEED = 7  # the held-back plan's Poisson draws: other arrivals than the plan's own
+CHECK_DRAWS = 2  # the held-back check's draws: the traced arrivals and one Poisson redraw
 
 
 @dataclass
 class PlanOutcome:
-    """What planning produced: the plan, its baselines, for a workload its candidates, frontier and prediction."""
+    """A plan as its users get it: the MILP plan of the chosen cluster (`result`: plan.json, hints), its
+    baselines, its nodes and policy; for a workload also every candidate weighed (`weighing`), the frontier and
+    the prediction with its interval."""
 
     objective: Objective
-    result: PlanResult
+    result: MilpPlan
     baselines: list[Evaluation]
     unit: str  # what `result.plan.objective` counts: "mix served" or "normalised throughput"
     mix: NodeMix  # the plan's nodes, added and owned
@@ -53,8 +59,16 @@ class PlanOutcome:
     summary: str = ""
     warnings: list[str] = field(default_factory=list)
     prediction: Prediction | None = None
-    workload_plan: WorkloadPlan | None = None
-    steady: Planned | None = None
+    weighing: Weighing | None = None  # a workload plan's candidates, replays and choice
+
+    @property
+    def winner(self) -> str:
+        """The chosen candidate's name (`hetplan` for a steady plan)."""
+        return self.weighing.winner if self.weighing is not None else "hetplan"
+
+    def baseline(self, name: str) -> Evaluation | None:
+        """The baseline named `name` (`hetplan.planner.baselines`), None where it was not valued."""
+        return baseline(self.baselines, name)
 
     def setup(self, name: str, shapes: pd.DataFrame) -> Setup:
         """The plan as a simulator setup named `name` (`shapes`: the problem's, for the nodes)."""
@@ -70,9 +84,51 @@ def plan(problem: PlanningProblem, request: PlanRequest, workload: Workload | No
     Raises `RequestError` for options that do not go together, `ContractError` when nothing can be planned."""
     owned = bool((problem.shapes["owned"] > 0).any())
     request.check(workload=workload is not None, budget=problem.budget, owned=owned)
-    if workload is not None and request.replays(True):
-        return _for_workload(problem, request, workload, inputs or {})
-    return _steady(problem, request, request.resolved(workload is not None), inputs or {}, source)
+    if workload is None or not request.replays(True):
+        return _steady(problem, request, request.resolved(workload is not None), inputs or {}, source)
+    engine = request.engine or ProcessPool(request.workers)
+    with held_open(engine, warm=True):  # one pool of workers for every stage, the sweep and the held-back check
+        request = replace(request, engine=engine)
+        listed = shortlist(problem, request, workload)
+        summaries = engine.summaries(listed.runs, listed.pending, request.progress)
+        return finish(problem, request, workload, listed, summaries, inputs)
+
+
+def shortlist(problem: PlanningProblem, request: PlanRequest, workload: Workload) -> Shortlist:
+    """Stage 1 of a workload plan: the candidates proposed and screened, and the replay runs to do (`pending`)."""
+    return shortlist_for(problem, workload, **_options(request))
+
+
+def finish(problem: PlanningProblem, request: PlanRequest, workload: Workload, listed: Shortlist,
+           summaries: dict[Run, dict], inputs: dict[str, str] | None = None) -> PlanOutcome:
+    """Stage 3: the choice from the shortlist and its replay runs' summaries, the held-back check and its floor,
+    the interval of the prediction and the sweep's frontier around it."""
+    objective = request.resolved(True)
+    weighed = chosen(problem, listed, summaries, objective=objective, max_avg_jct=request.max_avg_jct,
+                     inputs=inputs)
+    warnings = [w for w in weighed.warnings if w not in problem.warnings]  # the problem's: said where it is built
+    plans = []
+    for budget in request.sweep:
+        try:
+            plans.append(_plan_workload(with_budget(problem, budget), request, workload))
+        except ContractError as exc:  # a budget of the sweep that plans nothing is a gap in the frontier
+            warnings.append(f"--sweep {budget:g}: {'; '.join(p.message for p in exc.problems)}")
+    frontier = pd.concat([p.candidates.assign(budget=p.problem.budget) for p in [*plans, weighed]],
+                         ignore_index=True)
+    weighed, prediction = _checked(problem, request, objective, workload, weighed)
+    prediction = prediction.calibrate(request.calibration)
+    warnings += prediction.warnings
+    if weighed.decision is not None and weighed.decision.declined:
+        warnings.append(f"{weighed.winner} {weighed.decision.declined}")
+    plan_record = {**(weighed.result.plan.planning or {}), "prediction": prediction.to_dict()}
+    result = replace(weighed.result, plan=weighed.result.plan.model_copy(update={"planning": plan_record}))
+    winner = weighed.candidate(weighed.winner)
+    mix = NodeMix.by_index(problem.shapes, winner.counts) if winner is not None else NodeMix.of_plan(result.plan)
+    metrics = {**weighed.metrics(), "predicted.speedup": prediction.speedup.point,
+               "predicted.speedup_low": prediction.speedup.low, "predicted.speedup_high": prediction.speedup.high}
+    return PlanOutcome(objective, result, weighed.baselines(), "mix served", mix,
+                       winner.policy if winner is not None else HINT, weighed.candidates, frontier, metrics,
+                       weighed.summary(), warnings, prediction, weighed)
 
 
 def _steady(problem: PlanningProblem, request: PlanRequest, objective: Objective, inputs: dict[str, str],
@@ -80,89 +136,89 @@ def _steady(problem: PlanningProblem, request: PlanRequest, objective: Objective
     kind = objective.milp
     if request.progress is not None:  # one step of unknown length: a spinner, or heartbeat lines
         request.progress(0, 0, "solving the MILP and valuing its baselines")
-    planned = plan_with_baselines(problem, objective=kind, target=request.target, fairness=request.fairness,
-                                  solver=request.solver, time_limit=request.time_limit, gap=request.gap,
-                                  inputs=inputs, source=source)
+    result, baselines = plan_with_baselines(problem, objective=kind, target=request.target,
+                                            fairness=request.fairness, solver=request.solver,
+                                            time_limit=request.time_limit, gap=request.gap, inputs=inputs,
+                                            source=source)
     frontier = frontier_table(sweep(problem, list(request.sweep), request.solver, request.time_limit, request.gap,
                                     kind, request.fairness, request.target)) if request.sweep else None
-    result = planned.result
-    quo = planned.baseline(STATUS_QUO)
+    quo = baseline(baselines, STATUS_QUO)
     unit = "normalised throughput" if kind == "sum" else "mix served"
     summary = f"{unit} {result.plan.objective:.1f} reference GPUs per hour at {result.plan.cost_per_hour:.2f} $/h"
     if quo is not None and quo.value > 0:
         summary += (f"; status quo {quo.value:.1f} at {quo.cost_per_hour:.2f} $/h: predicted "
                     f"{result.plan.objective / quo.value:.2f}x")
-    return PlanOutcome(objective, result, planned.baselines, unit, NodeMix.of_plan(result.plan), HINT,
-                       frontier=frontier, summary=summary + " (the planner's curves; not measured)", steady=planned)
+    return PlanOutcome(objective, result, baselines, unit, NodeMix.of_plan(result.plan), HINT,
+                       frontier=frontier, summary=summary + " (the planner's curves; not measured)")
 
 
-def _for_workload(problem: PlanningProblem, request: PlanRequest, workload: Workload,
-                  inputs: dict[str, str]) -> PlanOutcome:
-    engine = request.engine or ProcessPool(request.workers)
-    with held_open(engine, warm=True):  # one pool of workers for the plan, its sweep and its held-back check
-        request = replace(request, engine=engine)
-        planned = _plan_workload(problem, request, request.resolved(True), workload, inputs)
-        return outcome_of(problem, request, workload, planned)
+def _options(request: PlanRequest, label: str = "") -> dict:
+    """`request` as `hetplan.codesign`'s stages take it."""
+    return dict(objective=request.resolved(True).value, max_avg_jct=request.max_avg_jct,
+                scheduler=request.scheduler, round_s=request.round_s, solver=request.solver,
+                time_limit=request.time_limit, engine=request.engine,
+                progress=prefixed(request.progress, label) if label else request.progress, **request.sizes.options())
 
 
-def outcome_of(problem: PlanningProblem, request: PlanRequest, workload: Workload,
-               planned: WorkloadPlan) -> PlanOutcome:
-    """The outcome of `planned`, the workload plan `request` asked for (made in one call, or by the nightly
-    DAG's stages): the sweep's frontier around it and the interval of its prediction."""
-    objective = request.resolved(True)
-    warnings = [w for w in planned.warnings if w not in problem.warnings]  # the problem's: said where it is built
-    plans = []
-    for budget in request.sweep:
-        try:
-            plans.append(_plan_workload(with_budget(problem, budget), request, objective, workload, None))
-        except ContractError as exc:  # a budget of the sweep that plans nothing is a gap in the frontier
-            warnings.append(f"--sweep {budget:g}: {'; '.join(p.message for p in exc.problems)}")
-    frontier = pd.concat([p.candidates.assign(budget=p.problem.budget) for p in [*plans, planned]],
-                         ignore_index=True)
-    prediction = _prediction(problem, request, objective, workload, planned).calibrate(request.calibration)
-    warnings += prediction.warnings
-    plan_record = {**(planned.result.plan.planning or {}), "prediction": prediction.to_dict()}
-    result = replace(planned.result, plan=planned.result.plan.model_copy(update={"planning": plan_record}))
-    winner = planned.candidate(planned.winner)
-    mix = NodeMix.by_index(problem.shapes, winner.counts) if winner is not None else NodeMix.of_plan(result.plan)
-    metrics = {**planned.metrics(), "predicted.speedup": prediction.speedup.point,
-               "predicted.speedup_low": prediction.speedup.low, "predicted.speedup_high": prediction.speedup.high}
-    return PlanOutcome(objective, result, planned.baselines(), "mix served", mix,
-                       winner.policy if winner is not None else HINT, planned.candidates, frontier, metrics,
-                       planned.summary(), warnings, prediction, planned)
+def _plan_workload(problem: PlanningProblem, request: PlanRequest, workload: Workload,
+                   label: str = "") -> Weighing:
+    """A whole weighing in one call (the sweep's budgets, the held-back check's first part)."""
+    return plan_workload(problem, workload, workers=request.workers, **_options(request, label))
 
 
-def _plan_workload(problem: PlanningProblem, request: PlanRequest, objective: Objective, workload: Workload,
-                   inputs: dict[str, str] | None, label: str = "") -> WorkloadPlan:
-    progress = prefixed(request.progress, label) if label else request.progress
-    return plan_workload(problem, workload, objective=objective.value, max_avg_jct=request.max_avg_jct,
-                         scheduler=request.scheduler, round_s=request.round_s, solver=request.solver,
-                         time_limit=request.time_limit, inputs=inputs, progress=progress,
-                         workers=request.workers, engine=request.engine, **request.sizes.options())
+def _checked(problem: PlanningProblem, request: PlanRequest, objective: Objective, workload: Workload,
+             planned: Weighing) -> tuple[Weighing, Prediction]:
+    """`planned` after the held-back check, and the interval of its prediction.
+
+    The check plans again on the first part of the workload and replays that plan's winner, the status quo, the
+    whole plan's winner and the status quo with hints on the whole workload, judged on the held-back jobs. The
+    floor holds there too: a winner that does not beat the status quo on the held-back jobs by more than the
+    margin and their noise (`HeldBack.verdict`) is overruled by the status quo with hints where that wins on
+    both the replays and the held-back jobs, else by the status quo, and the plan says why."""
+    held = _held_back(problem, request, objective, workload, planned)
+    if isinstance(held, str):  # the check could not run: the interval without it, and why
+        out = predict(planned, None, request.holdout)
+        return planned, replace(out, warnings=[*out.warnings, held]) if held else out
+    against = held.verdict(planned.winner) if objective is not Objective.cost else None
+    if against is not None:
+        planned = planned.with_winner(*_fallback(planned, held, against))
+    return planned, predict(planned, held, request.holdout)
 
 
-def _prediction(problem: PlanningProblem, request: PlanRequest, objective: Objective, workload: Workload,
-                planned: WorkloadPlan) -> Prediction:
-    """The interval of `planned`'s prediction, with the held-back check where the workload allows one."""
+def _fallback(planned: Weighing, held: HeldBack, against: str) -> tuple[str, str]:
+    """The candidate that stands in for an overruled winner, and the reason the plan records."""
+    hinted = f"{STATUS_QUO} + hints"
+    row = planned.row(hinted)
+    quo = planned.row(STATUS_QUO)
+    if row is not None and quo is not None and hinted != planned.winner and held.verdict(hinted) is None \
+            and passes_floor(row, quo, figure_column(planned.candidates, Objective.parse(planned.objective))):
+        return hinted, f"{hinted}: {planned.winner} was overruled by the held-back check ({against})"
+    return STATUS_QUO, (f"the status quo: {planned.winner} was overruled by the held-back check ({against}), and "
+                        f"the status quo with hints does not beat it on both the replays and the held-back jobs")
+
+
+def _held_back(problem: PlanningProblem, request: PlanRequest, objective: Objective, workload: Workload,
+               planned: Weighing) -> HeldBack | str:
+    """The held-back check of `planned` (see `_checked`), or why it could not run ("": the workload is too
+    small to hold any back, which the interval's own warning says)."""
     replay_sample = planned.screen.get("replay_sample") or {}
     recent = _recent(planned.workload.jobs, int(replay_sample.get("jobs", REPLAY_JOBS)))
     parts = split(recent, request.holdout)
     if parts is None:
-        return predict(planned, None, request.holdout)
+        return ""
     first, rest = parts
-    draws = len(workload.draws)
-    first_workload = workload_from_trace(first, draws=draws, seed=PREDICTION_SEED, source="<held-back check>")
-    checked = planned.workload if len(recent) == len(planned.workload.jobs) else \
-        workload_from_trace(recent, draws=draws, seed=PREDICTION_SEED, source="<held-back check>")
+    first_workload = workload_from_trace(first, draws=CHECK_DRAWS, seed=PREDICTION_SEED, source="<held-back check>")
+    # the replays judged on the held-back jobs: those jobs themselves, never a bootstrap of them
+    checked = workload_from_trace(recent, draws=CHECK_DRAWS, seed=PREDICTION_SEED, source="<held-back check>",
+                                  stress=0)
     try:
-        first_plan = _plan_workload(problem, request, objective, first_workload, None, "held-back check")
+        first_plan = _plan_workload(problem, request, first_workload, "held-back check")
     except ContractError as exc:  # e.g. no candidate meets the JCT target on the first part alone
-        out = predict(planned, None, request.holdout)
-        return replace(out, warnings=[*out.warnings, "the held-back check could not plan on the first part: "
-                                      + "; ".join(p.message for p in exc.problems)])
-    held = held_back_check(first_plan, checked, set(rest["job_id"].astype(str)),
-                           SimConfig(request.scheduler, request.round_s), request.engine, request.progress)
-    return predict(planned, held, request.holdout)
+        return "the held-back check could not plan on the first part: " + "; ".join(p.message for p in exc.problems)
+    also = [c for c in (planned.candidate(planned.winner), planned.candidate(f"{STATUS_QUO} + hints")) if c]
+    return held_back_check(first_plan, checked, set(rest["job_id"].astype(str)),
+                           SimConfig(request.scheduler, request.round_s), request.engine, request.progress, also,
+                           mix_shift(first, rest))
 
 
 def _recent(jobs: pd.DataFrame, limit: int) -> pd.DataFrame:

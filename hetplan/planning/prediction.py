@@ -29,10 +29,12 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 import pandas as pd
 
-from hetplan.codesign import WorkloadPlan
-from hetplan.codesign.candidates import STATUS_QUO
+from hetplan.codesign import Weighing
+from hetplan.codesign.candidates import STATUS_QUO, Candidate
 from hetplan.codesign.engines import Engine, Serial
-from hetplan.codesign.replay import Runs
+from hetplan.codesign.objectives import FLOOR, beats
+from hetplan.codesign.replay import JCT_BY_JOB, Runs, jct_by_job
+from hetplan.codesign.versus import Versus, versus
 from hetplan.codesign.workload import Workload
 from hetplan.planning.calibration import Calibration
 from hetplan.progress import Progress
@@ -43,6 +45,9 @@ Z = 1.6449  # the standard normal's 95th percentile: a two-sided 90 % interval
 MIN_JOBS = 50  # fewer jobs: the interval is printed but not to be trusted
 MIN_HELD_BACK = 20  # fewer held-back jobs: one held-back error says too little
 HOUR = 3600.0
+HELD_BACK_Z = 1.0  # the held-back window is small: a plan wins there by at least one standard error
+SHIFT_DISTANCE = 0.25  # a held-back mix this far from the first part's (total variation) is said to differ
+SHIFT_LOAD = 1.25  # ... or an offered load this many times higher or lower
 
 
 @dataclass(frozen=True)
@@ -63,7 +68,8 @@ class Interval:
 
 @dataclass(frozen=True)
 class HeldBack:
-    """The held-back check: the smaller plan's prediction and what its replays gave on the held-back jobs."""
+    """The held-back check: the smaller plan's prediction and what its replays gave on the held-back jobs, and
+    every checked candidate against the status quo on those jobs (`checked`, by name)."""
 
     jobs: int  # held-back jobs
     winner: str  # the winner of the plan on the first part
@@ -71,6 +77,8 @@ class HeldBack:
     realised_speedup: float
     predicted_avg_jct_h: float
     realised_avg_jct_h: float
+    checked: dict[str, Versus] = field(default_factory=dict)
+    shift: MixShift | None = None  # how the held-back jobs differ from the first part's
 
     @property
     def speedup_error(self) -> float:
@@ -80,6 +88,63 @@ class HeldBack:
     @property
     def jct_error(self) -> float:
         return _log_ratio(self.realised_avg_jct_h, self.predicted_avg_jct_h)
+
+    def verdict(self, name: str) -> str | None:
+        """None when candidate `name` wins on the held-back jobs (`beats`), else why not (one line); a
+        candidate the check did not replay has no verdict against it."""
+        if name == STATUS_QUO or name not in self.checked:
+            return None
+        v = self.checked[name]
+        if beats(v, HELD_BACK_Z):
+            return None
+        return (f"on the {self.jobs} held-back jobs {name} realised {v.speedup:.2f}x the status quo (at worst "
+                f"{v.worst:.2f}x on a draw, lead {v.lead_se:.1f} standard errors"
+                + (f", {v.refused} of its jobs refused" if v.refused else "")
+                + f"): not more than the margin and the noise ({HELD_BACK_Z:g} standard errors), floor {FLOOR:g}x")
+
+
+@dataclass(frozen=True)
+class MixShift:
+    """How the held-back jobs' mix differs from the first part's: the total variation distance between their
+    shares of GPU time by (model, GPUs) class, and the ratio of their offered work per hour."""
+
+    distance: float  # 0: the same mix; 1: nothing in common
+    load_ratio: float  # held-back offered GPU-hours per hour over the first part's
+
+    @property
+    def log_error(self) -> float:
+        """What the shift adds to the interval's sigma: how far the distance and the log of the load ratio go past
+        what `differs` allows (sampling alone moves a small window's mix that far), in quadrature; 0 within."""
+        load = abs(math.log(self.load_ratio)) if self.load_ratio > 0 and math.isfinite(self.load_ratio) else 0.0
+        return math.hypot(max(0.0, self.distance - SHIFT_DISTANCE), max(0.0, load - math.log(SHIFT_LOAD)))
+
+    @property
+    def differs(self) -> bool:
+        return self.distance > SHIFT_DISTANCE or not (1 / SHIFT_LOAD <= self.load_ratio <= SHIFT_LOAD)
+
+    def line(self) -> str:
+        return (f"the held-back jobs' mix differs from the first part's (distance {self.distance:.2f} of GPU time by "
+                f"model and size, offered load x{self.load_ratio:.2f}): the interval is widened by it")
+
+    def to_dict(self) -> dict:
+        return {"distance": round(self.distance, 6), "load_ratio": _finite(self.load_ratio), "differs": self.differs,
+                "log_error": round(self.log_error, 6)}
+
+
+def mix_shift(first: pd.DataFrame, rest: pd.DataFrame) -> MixShift:
+    """The `MixShift` of the jobs `rest` against `first` (trace columns)."""
+    def shares(jobs: pd.DataFrame) -> pd.Series:
+        work = (jobs["num_gpus"] * jobs["duration_s"]).groupby([jobs["model"], jobs["num_gpus"]]).sum()
+        return work / work.sum() if work.sum() > 0 else work
+
+    a, b = shares(first), shares(rest)
+    distance = 0.5 * float(a.sub(b, fill_value=0.0).abs().sum())
+
+    def offered(jobs: pd.DataFrame) -> float:
+        span = float(jobs["arrival_s"].max() - jobs["arrival_s"].min()) / HOUR
+        return float((jobs["num_gpus"] * jobs["duration_s"]).sum()) / HOUR / span if span > 0 else float("nan")
+
+    return MixShift(distance, offered(rest) / offered(first))
 
 
 @dataclass(frozen=True)
@@ -95,13 +160,17 @@ class Prediction:
     warnings: list[str] = field(default_factory=list)
     calibration: Calibration | None = None
     calibrated: Interval | None = None  # the speedup's interval calibrated on evaluated predictions
+    kept: bool = False  # the plan is the status quo itself: 1x by definition, nothing to calibrate
 
     def calibrate(self, calibration: Calibration | None) -> Prediction:
         """This prediction with its speedup's interval calibrated (`hetplan.planning.calibration`)."""
         if calibration is None or not math.isfinite(self.speedup.point):  # no prediction: nothing to calibrate
             return replace(self, calibration=None, calibrated=None)
+        if self.kept:
+            return replace(self, calibration=calibration, calibrated=Interval(1.0, 1.0, 1.0))
         return replace(self, calibration=calibration,
-                       calibrated=Interval(*calibration.applied(self.speedup.point)))
+                       calibrated=Interval(*calibration.applied(self.speedup.point, self.speedup.low,
+                                                                  self.speedup.high)))
 
     @property
     def method(self) -> str:
@@ -115,23 +184,28 @@ class Prediction:
                 "keeps the whole workload's demand mix: only its jobs and arrivals are held back)")
 
     def line(self) -> str:
-        """One line for the CLI."""
+        """One line for the CLI: the interval to go by first (the calibrated one where there is one), then the
+        planner's own and what it is made of."""
         s, j = self.speedup, self.avg_jct_h
-        gain = (f"speedup over the status quo {s.point:.2f}x [{s.low:.2f}x, {s.high:.2f}x], " if math.isfinite(s.point)
-                else "no speedup over the status quo (its nodes cannot host the workload's largest job, so it is no "
-                     "candidate), ")
-        text = (f"predicted {gain}avg JCT {j.point:.3g} h [{j.low:.3g}, {j.high:.3g}] h (nominal {NOMINAL:.0%} "
-                f"interval: {len(self.speedup_by_draw) or 'its'} arrival draws")
+        if self.kept:
+            return (f"the plan keeps the status quo: 1x its speed by definition; predicted avg JCT {j.point:.3g} h "
+                    f"[{j.low:.3g}, {j.high:.3g}] h")
+        if not math.isfinite(s.point):
+            gain = ("no speedup over the status quo (no status quo among the candidates), predicted avg JCT "
+                    f"{j.point:.3g} h [{j.low:.3g}, {j.high:.3g}] h")
+            return gain + ("" if self.trusted else "; too little data to trust it")
+        text = "predicted speedup over the status quo on its jobs "
+        if self.calibrated is not None and self.calibration is not None:
+            c, k = self.calibrated, self.calibration
+            text += (f"{c.point:.2f}x [{c.low:.2f}x, {c.high:.2f}x] ({k.coverage:.0%} interval calibrated on "
+                     f"{k.rows} evaluated predictions, {k.source}); the planner's own: ")
+        text += (f"{s.point:.2f}x [{s.low:.2f}x, {s.high:.2f}x], avg JCT {j.point:.3g} h [{j.low:.3g}, {j.high:.3g}] h "
+                 f"(nominal {NOMINAL:.0%} interval: {len(self.speedup_by_draw) or 'its'} arrival draws")
         if self.held_back:
             h = self.held_back
             text += (f" + {h.jobs} held-back jobs, where the plan on the rest predicted {h.predicted_speedup:.2f}x "
                      f"and replayed {h.realised_speedup:.2f}x")
-        text += ")" + ("" if self.trusted else "; too little data to trust it")
-        if self.calibrated is not None and self.calibration is not None:
-            c, k = self.calibrated, self.calibration
-            text += (f"; calibrated on {k.rows} evaluated predictions ({k.source}): {c.point:.2f}x "
-                     f"[{c.low:.2f}x, {c.high:.2f}x] ({k.coverage:.0%} conformal)")
-        return text
+        return text + ")" + ("" if self.trusted else "; too little data to trust it")
 
     def to_dict(self) -> dict:
         """For plan.json's `planning.prediction`."""
@@ -151,15 +225,20 @@ class Prediction:
                 "calibration": self.calibration.to_dict() if self.calibration else None}
 
 
-def predict(planned: WorkloadPlan, held_back: HeldBack | None, holdout: float) -> Prediction:
-    """The interval of `planned`'s prediction (see the module), widened by `held_back`'s error when given."""
-    winner, quo = _by_draw(planned, planned.winner), _by_draw(planned, STATUS_QUO)
-    chosen, status_quo = planned.row(planned.winner), planned.row(STATUS_QUO)
+def predict(planned: Weighing, held_back: HeldBack | None, holdout: float) -> Prediction:
+    """The interval of `planned`'s prediction (see the module), widened by `held_back`'s error and by the mix
+    shift between the held-back jobs and the rest when given. The speedup is on the status quo's jobs."""
+    winner = _by_draw(planned, planned.winner)
+    paired = _paired(planned, planned.winner)
+    chosen = planned.row(planned.winner)
     jct = float(chosen["avg_jct_h"])
-    speedup = float(status_quo["avg_jct_h"]) / jct if status_quo is not None and jct > 0 else float("nan")
-    by_draw = tuple(q / w for q, w in zip(quo, winner) if w > 0) if quo else ()
-    e_speedup = held_back.speedup_error if held_back else 0.0
-    e_jct = held_back.jct_error if held_back else 0.0
+    speedup = planned.speedup()
+    by_draw = paired.speedups if paired is not None else ()
+    shift = held_back.shift.log_error if held_back and held_back.shift else 0.0
+    e_speedup = math.hypot(held_back.speedup_error, shift) if held_back else 0.0
+    if planned.winner == STATUS_QUO:  # the status quo against itself: 1x, whatever the draws and the check
+        e_speedup = 0.0
+    e_jct = math.hypot(held_back.jct_error, shift) if held_back else 0.0
     jobs = int(planned.workload.summary["jobs"])
     warnings = []
     if holdout <= 0:
@@ -168,13 +247,15 @@ def predict(planned: WorkloadPlan, held_back: HeldBack | None, holdout: float) -
     elif held_back is None:
         warnings.append(f"the workload ({jobs} jobs) is too small to hold back {holdout:.0%} of it: the interval is "
                         "the arrival draws' spread alone")
+    if held_back is not None and held_back.shift is not None and held_back.shift.differs:
+        warnings.append(held_back.shift.line())
     small = jobs < MIN_JOBS or held_back is None or held_back.jobs < MIN_HELD_BACK
     if small and holdout > 0:
         held = 0 if held_back is None else held_back.jobs
         warnings.append(f"too few jobs to trust the prediction interval: {jobs} jobs (trusted from {MIN_JOBS}), "
                         f"{held} held back (trusted from {MIN_HELD_BACK})")
     return Prediction(interval(speedup, by_draw, e_speedup), interval(jct, winner, e_jct), by_draw, held_back, jobs,
-                      not small and holdout > 0, warnings)
+                      not small and holdout > 0, warnings, kept=planned.winner == STATUS_QUO)
 
 
 def interval(point: float, by_draw: Sequence[float], error: float) -> Interval:
@@ -200,37 +281,51 @@ def split(jobs: pd.DataFrame, holdout: float) -> tuple[pd.DataFrame, pd.DataFram
     return ordered.iloc[:cut].reset_index(drop=True), ordered.iloc[cut:].reset_index(drop=True)
 
 
-def held_back_check(first: WorkloadPlan, workload: Workload, held_back_ids: set[str], config: SimConfig,
-                    engine: Engine | None = None, progress: Progress | None = None) -> HeldBack:
-    """Replay the winner and the status quo of `first` (planned on the first part) on every draw of the whole
-    `workload` (on `engine`; default: this process); compare their figures on the held-back jobs with `first`'s
-    prediction."""
+def held_back_check(first: Weighing, workload: Workload, held_back_ids: set[str], config: SimConfig,
+                    engine: Engine | None = None, progress: Progress | None = None,
+                    also: Sequence[Candidate] = (), shift: MixShift | None = None) -> HeldBack:
+    """Replay the winner and the status quo of `first` (planned on the first part), and the candidates `also`
+    (the whole workload's plan's winner, say), on every draw of the whole `workload` (on `engine`; default: this
+    process); compare their figures on the held-back jobs with `first`'s prediction and with the status quo."""
     names = [n for n in dict.fromkeys((first.winner, STATUS_QUO)) if first.candidate(n) is not None]
-    runs = _HeldBackRuns(Runs(first.problem, tuple(first.candidate(n) for n in names), tuple(workload.draws),
-                              config), frozenset(held_back_ids))
-    out = (engine or Serial()).summaries(runs, runs.every(), progress)
+    chosen_ones = [first.candidate(n) for n in names]
+    chosen_ones += [c for c in also if c.name not in names]
+    runs = Runs(first.problem, tuple(chosen_ones), tuple(workload.draws), config)
+    out = (engine or Serial()).summaries(_HeldBackRuns(runs), runs.every(), progress)
+    draws = range(len(workload.draws))
+    masks = [d["job_id"].astype(str).isin(held_back_ids).to_numpy() for d in workload.draws]
+    by_job = {c.name: [np.asarray(out[(i, d)][JCT_BY_JOB], dtype=float) for d in draws]
+              for i, c in enumerate(chosen_ones)}
 
     def held_back_jct(name: str) -> float:
-        if name not in names:
+        if name not in by_job:
             return float("nan")
-        i = names.index(name)
-        return float(np.mean([out[(i, d)]["held_back_jct_h"] for d in range(len(workload.draws))]))
+        return float(np.mean([np.nanmean(v[m]) if np.isfinite(v[m]).any() else np.nan
+                              for v, m in zip(by_job[name], masks)]))
 
+    checked = {}
+    if STATUS_QUO in by_job:
+        for name, jct in by_job.items():
+            checked[name] = _versus_on(jct, by_job[STATUS_QUO], masks)
     chosen, status_quo = first.row(first.winner), first.row(STATUS_QUO)
-    realised, realised_quo = held_back_jct(first.winner), held_back_jct(STATUS_QUO)
-    predicted = float(status_quo["avg_jct_h"]) / float(chosen["avg_jct_h"]) if status_quo is not None \
-        else float("nan")
-    return HeldBack(len(held_back_ids), first.winner, predicted, realised_quo / realised,
-                    float(chosen["avg_jct_h"]), realised)
+    realised = held_back_jct(first.winner)
+    quo_paired = checked.get(first.winner)
+    realised_speedup = quo_paired.speedup if quo_paired is not None else held_back_jct(STATUS_QUO) / realised
+    predicted = first.speedup() if status_quo is not None else float("nan")
+    return HeldBack(len(held_back_ids), first.winner, predicted, realised_speedup, float(chosen["avg_jct_h"]),
+                    realised, checked, shift)
+
+
+def _versus_on(candidate: list[np.ndarray], quo: list[np.ndarray], masks: list[np.ndarray]) -> Versus:
+    """`versus` on the held-back jobs of each draw (the masks differ by draw only in order)."""
+    return versus([c[m] for c, m in zip(candidate, masks)], [q[m] for q, m in zip(quo, masks)])
 
 
 @dataclass(frozen=True)
 class _HeldBackRuns:
-    """The held-back check's replays as an engine runs them (`hetplan.codesign.engines`): the plan's runs, each
-    summarised by the average JCT (hours) of the held-back jobs it completed."""
+    """The held-back check's replays as an engine runs them (`hetplan.codesign.engines`): each run's per-job JCTs."""
 
     runs: Runs
-    held_back_ids: frozenset[str]
 
     def every(self) -> list[tuple[int, int]]:
         return self.runs.every()
@@ -239,12 +334,19 @@ class _HeldBackRuns:
         return f"held-back check: {self.runs.label(run)}"
 
     def summary(self, run: tuple[int, int]) -> dict:
-        ran = self.runs.simulated(run).jobs
-        done = ran[(ran["status"] == "completed") & ran["job_id"].astype(str).isin(self.held_back_ids)]
-        return {"held_back_jct_h": float(done["jct_s"].mean()) / HOUR if len(done) else float("nan")}
+        return {JCT_BY_JOB: jct_by_job(self.runs.simulated(run).jobs)}
 
 
-def _by_draw(planned: WorkloadPlan, name: str) -> tuple[float, ...]:
+def _paired(planned: Weighing, name: str) -> Versus | None:
+    """`name`'s replays paired with the status quo's (None: no status quo, or not replayed)."""
+    mine = next((r for r in planned.replayed if r.candidate.name == name), None)
+    quo = next((r for r in planned.replayed if r.candidate.name == STATUS_QUO), None)
+    if mine is None or quo is None or not mine.jct_by_job or not quo.jct_by_job:
+        return None
+    return versus(mine.jct_by_job, quo.jct_by_job)
+
+
+def _by_draw(planned: Weighing, name: str) -> tuple[float, ...]:
     return next((r.avg_jct_by_draw for r in planned.replayed if r.candidate.name == name), ())
 
 

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 from hetplan.contracts.table import ContractError, Problem
 from hetplan.planner.solvers import SolverName
 from hetplan.planning.calibration import Calibration
-from hetplan.planning.objective import Objective
+from hetplan.codesign.objectives import Objective
 from hetplan.progress import Progress
 
 if TYPE_CHECKING:

@@ -1,5 +1,8 @@
 """A setup is what the simulator replays a workload on: a cluster (nodes), an allocator policy and hints.
 
+`NodeMix` is a cluster as a plan buys it (added nodes and the owned fleet, by shape name): the one place where
+owned nodes are added to added ones (for the simulator, baselines.csv, the setups).
+
 `knee_hints` are the hints of a sensitivity-aware allocator without a plan (Synergy-TUNE's behaviour): each
 class asks for its fitted knee cores and RAM per GPU, degraded down to the GPU-proportional share when a
 node cannot give it. `hetplan.evaluation` builds the four setups every evaluation compares.
@@ -8,11 +11,12 @@ node cannot give it. `hetplan.evaluation` builds the four setups every evaluatio
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import pandas as pd
 
 from hetplan.allocator.spec import Node
+from hetplan.contracts import Plan
 from hetplan.contracts.table import ContractError, Problem
 from hetplan.hints import HintSet
 from hetplan.hints.index import HintEntry, class_key
@@ -115,3 +119,39 @@ def read_hints(path) -> HintSet:
         return HintSet.from_frame(frame)
     except ContractError as exc:
         raise ContractError([Problem(str(source), str(p)) for p in exc.problems]) from None
+
+
+@dataclass(frozen=True)
+class NodeMix:
+    """Nodes by shape name: `added` (bought with the budget) and `owned` (the fleet)."""
+
+    added: Mapping[str, int] = field(default_factory=dict)
+    owned: Mapping[str, int] = field(default_factory=dict)
+
+    @classmethod
+    def of_plan(cls, plan: Plan) -> NodeMix:
+        """A plan contract's nodes."""
+        return cls(dict(plan.node_counts), dict(plan.owned_nodes))
+
+    @classmethod
+    def on_fleet(cls, shapes: pd.DataFrame, added: Mapping[str, int]) -> NodeMix:
+        """`added` nodes on the owned fleet of a planning problem's `shapes` (columns name, owned)."""
+        owned = {str(n): int(c) for n, c in zip(shapes["name"], shapes["owned"]) if c > 0}
+        return cls({str(k): int(v) for k, v in added.items() if v > 0}, owned)
+
+    @classmethod
+    def by_index(cls, shapes: pd.DataFrame, added: Mapping[int, int]) -> NodeMix:
+        """`added` nodes given by shape index (a candidate's counts) on the fleet of `shapes`."""
+        return cls.on_fleet(shapes, {str(shapes.loc[s, "name"]): n for s, n in added.items()})
+
+    def total(self) -> dict[str, int]:
+        """Every node by shape: added plus owned."""
+        out = {k: int(v) for k, v in self.owned.items() if v > 0}
+        for shape, n in self.added.items():
+            if n > 0:
+                out[shape] = out.get(shape, 0) + int(n)
+        return out
+
+    def nodes(self, shapes: pd.DataFrame) -> tuple[Node, ...]:
+        """The simulator's nodes (`<shape>-<i>`) of every node of the mix; `shapes` has the catalog columns."""
+        return nodes_from_counts(shapes, self.total())

@@ -14,8 +14,8 @@ only serve the webhook), woken every `poll` seconds and by every pod event:
    scheduling gate `hetplan.io/migration`, the old pod is asked to checkpoint (annotation `hetplan.io/checkpoint`,
    answered by `hetplan.io/checkpointed` or its grace period), then evicted through the Eviction API
    (PodDisruptionBudgets honoured: a 429 is retried), then the gate is lifted; `stop` -> the pod is evicted if it
-   still runs; `start` -> nothing (the webhook created the pod with its allocation). Every step first compares
-   the cluster with the target, so an action applied again changes nothing.
+   is bound (one not bound is kept: 5.); `start` -> nothing (the webhook created the pod with its allocation).
+   Every step first compares the cluster with the target, so an action applied again changes nothing.
 3. **Cursor**: after each batch of actions read, the ConfigMap `<name>-cursor` (key `cursor`) is written, with the
    resourceVersion read (a replica that lost the lease cannot overwrite it). 410 from the log (the cursor is older
    than the log, or ahead of it): reconcile, then go on from the log's latest.
@@ -23,6 +23,9 @@ only serve the webhook), woken every `poll` seconds and by every pod event:
    ways: a pod whose cores, RAM or node differ from its allocation is re-sized or moved; an allocation without a
    pod for `orphan_grace` seconds is released; a pod with a job id and no allocation is allocated again (then
    re-sized or moved), or left alone with one logged reason if the allocator refuses it.
+5. **Adoption** (every pass): an opted-in pod the webhook left to the default path, once running, is adopted where
+   it runs (`adoption`); a pod bound first wins its room over an allocation whose pod is not bound yet. A `stop`
+   for a pod not bound (it holds no room) leaves it Pending and asks for its job again every `adopt_every` s.
 
 What the API server or the kubelet refuses (a 422 on the resize, `PodResizePending` Infeasible) is logged once,
 counted and (the kubelet's) annotated on the pod, never retried in a loop; a Deferred resize is reported the same
@@ -41,8 +44,11 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from hetplan.allocator.k8s import pods
+from hetplan.allocator.k8s import adoption, pods
+from hetplan.allocator.k8s.cursor import CursorStore
 from hetplan.allocator.k8s.lease import LeaseElector
+from hetplan.allocator.k8s.moves import Migration, next_step
+from hetplan.allocator.k8s.resize import Rules, plan_resize, read_rules
 from hetplan.allocator.k8s.service_client import AllocatorClient, Gone
 
 log = logging.getLogger(__name__)
@@ -65,18 +71,15 @@ def _one_line(exc: BaseException) -> str:
 
 
 @dataclass
-class Migration:
-    """A move in progress: the old pod, its replacement (gated), the action's number, when the checkpoint was
-    asked for and how long the pod may take."""
+class RetryResize:
+    """A resize the API server answered 429 or 5xx (or never answered): tried again with a backoff (0.5 s doubling
+    to 30 s) until it is applied, refused, or replaced by the job's next action."""
 
-    job: str
-    old: tuple[str, str]
-    new: tuple[str, str]
+    target: pods.Target
     seq: int
-    asked_at: float | None = None
-    grace: float = 30.0
-    evicted: bool = False
-    next_try: float = 0.0
+    at: float
+    next_try: float
+    backoff: float
 
 
 @dataclass
@@ -126,7 +129,7 @@ class Controller:
                  name: str = "hetplan-controller", identity: str = "controller", poll: float = 0.2,
                  reconcile_seconds: float = 30.0, orphan_grace: float = 30.0, checkpoint_grace: float = 30.0,
                  lease_seconds: float = 15.0, watch_seconds: int = 300, request_timeout: float = 10.0,
-                 workers: int = 8, deferred_backoff_max: float = 60.0) -> None:
+                 workers: int = 8, deferred_backoff_max: float = 60.0, adopt_every: float = 2.0) -> None:
         from kubernetes.client import CoordinationV1Api, CoreV1Api
 
         self.core = CoreV1Api(api)
@@ -142,20 +145,32 @@ class Controller:
         self.pods: dict[tuple[str, str], dict] = {}  # the opted-in pods, from the watch
         self.synced = threading.Event()
         self._ended: deque[dict] = deque()  # pods that ended or were deleted, to release
+        self._departed: dict[tuple[str, str], dict] = {}  # removed pods' last state, while a move may need it
         self._wake = threading.Event()
         self._stopping = threading.Event()
         self._lock = threading.Lock()
         self._resource_version: str | None = None
         self._watch: Any = None
         self._threads: list[threading.Thread] = []
-        self.cursor: int | None = None
-        self._cursor_rv: str | None = None
+        self.cursor: int | None = None  # the last action applied (saved in the ConfigMap, or `_unsaved`)
+        self.store = CursorStore(self.core, namespace, f"{name}-cursor", identity, request_timeout)
+        self._unsaved = False  # the cursor moved on but its write failed: written again before anything else
+        self.rules = Rules()  # the API server's resize rules (`/version`, read when this replica starts leading)
+        self._api = api
         self._leading = False
+        self._last_progress = time.monotonic()  # the last step that did all its work
+        self._resign_until = 0.0  # after giving the Lease up for want of progress: not before this
         self._last_reconcile = 0.0
         self._orphans: dict[str, float] = {}  # job -> when first seen without a pod
         self._migrations: dict[str, Migration] = {}
         self._after_move: dict[str, tuple[pods.Target, int, float]] = {}  # job -> the target that came mid-move
         self._pending: dict[str, PendingResize] = {}  # pod uid -> the resize the kubelet has not actuated
+        self._retries: dict[str, RetryResize] = {}  # job -> a resize to send again (429, 5xx, no answer)
+        self._refused: dict[str, pods.Target] = {}  # pod uid -> the target the API server refused (422): not resent
+        self._kept: dict[str, pods.Target] = {}  # pod uid -> the target whose memory shrink was left out (1.33)
+        self.adopt_every = adopt_every
+        self._adopt_tries: dict[str, float] = {}  # pod uid -> when to try adopting it again (the default path)
+        self._waiting: dict[str, float] = {}  # job -> when to ask again for its unbound pod (`_requeue`)
 
     # ------------------------------------------------------------------ threads
 
@@ -165,6 +180,13 @@ class Controller:
             thread.start()
             self._threads.append(thread)
         return self
+
+    def healthy(self) -> bool:
+        """For a liveness probe: every thread runs, and a leader's loop made progress within two lease durations
+        (a follower only watches: it is healthy while its threads run)."""
+        if self._stopping.is_set() or not all(t.is_alive() for t in self._threads):
+            return False
+        return not self.elector.leading() or time.monotonic() - self._last_progress < 2 * self.elector.duration
 
     def stop(self, timeout: float = 5.0) -> None:
         self._stopping.set()
@@ -230,6 +252,7 @@ class Controller:
         fresh = {pods.key(p): p for p in body.get("items") or []}
         with self._lock:
             gone = [p for k, p in self.pods.items() if k not in fresh]
+            self._departed.update((pods.key(p), p) for p in gone)
             self.pods = fresh
             self._ended.extend(gone + [p for p in fresh.values() if pods.ended(p)])
         self._resource_version = str((body.get("metadata") or {}).get("resourceVersion") or "") or None
@@ -242,6 +265,7 @@ class Controller:
             if kind == "DELETED":
                 self.pods.pop(k, None)
                 self._ended.append(pod)
+                self._departed[k] = pod
             else:
                 self.pods[k] = pod
                 if pods.ended(pod):
@@ -253,13 +277,27 @@ class Controller:
     def _renew(self) -> None:
         """The Lease, on its own thread (as client-go's leader election): a long step never delays a renewal. A
         replica that does not lead tries every third of the renew deadline (at most 1 s), so it takes over within
-        the lease duration plus that after the leader's last renewal."""
+        the lease duration plus that after the leader's last renewal.
+
+        A leader whose loop has made no progress for a lease duration (every step failed, or one hangs) gives the
+        Lease up and stays away for another lease duration, so that another replica leads; renewing regardless
+        would keep a wedged leader in place forever."""
         every = max(self.elector.renew_deadline / 3, 0.05)
         while not self._stopping.is_set():
-            was = self.elector.leading()
-            self.elector.lead()
-            if self.elector.leading() and not was:
+            now = time.monotonic()
+            if self.elector.leading() and now - self._last_progress > self.elector.duration:
+                log.error("controller: %s made no progress for %.0f s; giving the lease up", self.identity,
+                          now - self._last_progress)
+                self.stats.count("resigned")
+                self._resign_until = now + self.elector.duration
+                self.elector.release()
                 self._wake.set()
+            if now >= self._resign_until:
+                was = self.elector.leading()
+                self.elector.lead()
+                if self.elector.leading() and not was:
+                    self._last_progress = time.monotonic()
+                    self._wake.set()
             self._stopping.wait(every if self.elector.leading() else min(every, 1.0))
 
     def _run(self) -> None:
@@ -277,23 +315,57 @@ class Controller:
                 continue
             try:
                 if not self._leading:
-                    self._leading = True
-                    self._read_cursor()
-                    self.reconcile()
-                self.step()
-                failures = 0
+                    self._begin()
+                ok = self.step()
             except Exception as exc:  # noqa: BLE001 - the loop outlives any error: logged, counted, retried
                 self.stats.count("errors")
-                failures += 1
                 log.warning("controller: %s; retrying", _one_line(exc))
-                # 0.1 s doubling to 0.5 s: a restarting service is followed within 0.5 s of coming back
+                ok = False
+            failures = 0 if ok else failures + 1
+            if failures:  # 0.1 s doubling to 0.5 s: a restarting service is followed within 0.5 s of coming back
                 self._stopping.wait(min(0.05 * 2 ** failures, 0.5))
             self._wake.wait(self.poll)
             self._wake.clear()
 
-    def step(self) -> None:
-        """One pass: actions, releases (after the actions: they are the latency that counts; the re-sizes a
-        release causes are read at once in the next pass), migrations in progress, the periodic reconcile."""
+    def _begin(self) -> None:
+        """Start leading: the cursor and the API server's version as they are now, then a full reconcile."""
+        self.cursor, self._unsaved = self.store.read(), False
+        log.info("controller: cursor %s read from ConfigMap %s/%s", self.cursor, self.namespace, self.store.name)
+        try:
+            self.rules = read_rules(self._api, self.timeout)
+        except Exception as exc:  # noqa: BLE001 - unknown: 1.33's rules, the stricter ones
+            log.warning("controller: server version not read (%s); resizing by 1.33's rules", _one_line(exc))
+        self.reconcile()
+        self._leading = True
+
+    def step(self) -> bool:
+        """One pass: actions, then (each whatever happened before it) releases, moves in progress, the resizes to
+        try again, the kubelet's answers, the periodic reconcile. Releases come after the actions (the actions'
+        latency counts; the re-sizes a release causes are read at once in the next pass) but never wait behind
+        them: an action log or a cursor that fails stops nothing else. Whether every part did its work."""
+        ok = self._phase("actions", self._follow_log)
+        for name, part in (("releases", self._release_ended), ("moves", self._advance_migrations),
+                           ("after-moves", self._converge_after_moves), ("retries", self._retry_resizes),
+                           ("kubelet", self._report_kubelet), ("adopt", self._adopt_default_path),
+                           ("requeued", self._adopt_waiting),
+                           ("reconcile", self._reconcile_when_due)):
+            ok = self._phase(name, part) and ok
+        if ok:
+            self._last_progress = time.monotonic()
+        return ok
+
+    def _phase(self, name: str, part: Any) -> bool:
+        try:
+            part()
+            return True
+        except Exception as exc:  # noqa: BLE001 - one part's error stops no other part; logged, counted, retried
+            self.stats.count("errors")
+            log.warning("controller: %s: %s; retrying", name, _one_line(exc))
+            return False
+
+    def _follow_log(self) -> None:
+        if self._unsaved and self.cursor is not None:
+            self._save_cursor(self.cursor)
         try:
             answer = self.service.actions(self.cursor or 0) if self.cursor is not None else None
         except Gone as exc:
@@ -308,11 +380,12 @@ class Controller:
             # once per batch: applying an action again changes nothing (converge compares first); not when the
             # lease was lost mid-batch (the next leader reads the log from the cursor, and reconciles)
             self._save_cursor(int(batch[-1]["seq"]))
+
+    def _release_ended(self) -> None:
         if self._releases():
             self._wake.set()
-        self._advance_migrations()
-        self._converge_after_moves()
-        self._report_kubelet()
+
+    def _reconcile_when_due(self) -> None:
         now = time.monotonic()
         due = min(self._orphans.values(), default=now) + self.orphan_grace  # an orphan's grace ended
         if now - self._last_reconcile >= self.reconcile_seconds or (self._orphans and now >= due):
@@ -320,40 +393,17 @@ class Controller:
 
     # ------------------------------------------------------------------ the cursor
 
-    def _cursor_name(self) -> str:
-        return f"{self.name}-cursor"
-
-    def _read_cursor(self) -> None:
-        from kubernetes.client.exceptions import ApiException
-
-        try:
-            answer = self.core.read_namespaced_config_map(self._cursor_name(), self.namespace,
-                                                          _preload_content=False, _request_timeout=self.timeout)
-        except ApiException as exc:
-            if exc.status != 404:
-                raise
-            self.cursor, self._cursor_rv = None, None
-            return
-        body = json.loads(answer.data)
-        self._cursor_rv = body["metadata"]["resourceVersion"]
-        text = (body.get("data") or {}).get("cursor", "")
-        self.cursor = int(text) if text.isdigit() else None
-        log.info("controller: cursor %s read from ConfigMap %s/%s", self.cursor, self.namespace, self._cursor_name())
-
     def _save_cursor(self, seq: int) -> None:
-        body = {"apiVersion": "v1", "kind": "ConfigMap",
-                "metadata": {"name": self._cursor_name(), "namespace": self.namespace,
-                             "labels": {"app.kubernetes.io/name": "hetplan"}},
-                "data": {"cursor": str(seq), "writer": self.identity}}
-        if self._cursor_rv is None:
-            answer = self.core.create_namespaced_config_map(self.namespace, body, _preload_content=False,
-                                                            _request_timeout=self.timeout)
-        else:
-            body["metadata"]["resourceVersion"] = self._cursor_rv
-            answer = self.core.replace_namespaced_config_map(self._cursor_name(), self.namespace, body,
-                                                             _preload_content=False, _request_timeout=self.timeout)
-        self._cursor_rv = json.loads(answer.data)["metadata"]["resourceVersion"]
-        self.cursor = seq
+        """The cursor moves on to `seq` at once; its ConfigMap is written now, or (a failed write: `_unsaved`)
+        before anything else in the next pass (`cursor.CursorStore`: read again first when the last write's outcome
+        is unknown)."""
+        self.cursor, self._unsaved = seq, True
+        try:
+            self.store.save(seq)
+        except Exception:
+            self.stats.count("cursor-unsaved")
+            raise
+        self._unsaved = False
 
     # ------------------------------------------------------------------ applying actions
 
@@ -394,13 +444,31 @@ class Controller:
             self._orphans.pop(job, None)
             self._after_move.pop(job, None)
             for pod in self.live(job):
-                self._evict(pod, f"stopped by the allocator (action {seq})")
+                if self._waits(job, pod):
+                    self._requeue(job, pod, seq)
+                else:
+                    self._evict(pod, f"stopped by the allocator (action {seq})")
+
+    def _waits(self, job: str, pod: dict) -> bool:
+        """A pod that holds no room (not bound to a node, not a move's gated replacement): a stop leaves it."""
+        return not (pod.get("spec") or {}).get("nodeName") and not pods.gated(pod) and job not in self._migrations
+
+    def _requeue(self, job: str, pod: dict, seq: int) -> None:
+        """The allocation of a pod not bound yet was taken back (a pod bound first won its room): the pod is kept,
+        Pending, and its job asked for again (`_adopt_waiting`) until it is placed."""
+        self._waiting[job] = 0.0
+        self.stats.count("requeued")
+        log.info("controller: %s/%s is not bound and its allocation was taken back (action %d); kept Pending, "
+                 "allocated again when room exists", *pods.key(pod), seq)
 
     def converge(self, job: str, target: pods.Target, seq: int, at: float = 0.0) -> None:
         """Bring the pod of `job` to `target`: nothing if it is there; resize on its node; else migrate."""
         live = self.live(job)
-        holders = [p for p in live if not pods.gated(p)]
+        holders = [p for p in live if not pods.gated(p) and not pods.terminating(p)]
         self._after_move.pop(job, None)
+        retry = self._retries.get(job)
+        if retry is not None and retry.target != target:
+            del self._retries[job]  # a newer action replaces the resize that waited to be sent again
         if job in self._migrations or any(pods.gated(p) for p in live):
             # a move in progress: its replacement was made with the allocation of its time; this target is applied
             # once the replacement is bound (`_converge_after_moves`), not at the next reconcile
@@ -411,9 +479,10 @@ class Controller:
         pod = holders[0]
         if pods.matches(pod, target):
             self.stats.count("already-applied")
+            self._retries.pop(job, None)
             return
         if pods.node_of(pod) == target.node:
-            self._resize(pod, target, at)
+            self._resize(pod, target, at, seq)
         else:
             self._migrate(job, pod, target, seq, at)
 
@@ -424,30 +493,68 @@ class Controller:
             if job not in self._migrations and not any(pods.gated(p) for p in self.live(job)):
                 self.converge(job, target, seq, at)
 
-    def _resize(self, pod: dict, target: pods.Target, at: float) -> None:
+    def _resize(self, pod: dict, target: pods.Target, at: float, seq: int = 0) -> None:
+        """PATCH the pod's `resize` subresource by the server's rules (`resize.plan_resize`). A 422 is logged and
+        counted once per target and not sent again; a 429, a 5xx or no answer is sent again with a backoff
+        (`_retry_resizes`); a memory shrink the rules leave out is reported once (`resize-memory-kept`)."""
         from kubernetes.client.exceptions import ApiException
 
         ns, name = pods.key(pod)
+        uid, job = pods.uid(pod), str(pods.job_id(pod))
+        if self._refused.get(uid) == target or self._kept.get(uid) == target:
+            return  # refused already, or applied as far as the rules allow: sending it again changes nothing
         try:
-            body = pods.resize_body(pod, target)
-            answer = self.core.patch_namespaced_pod_resize(name, ns, body, _content_type=STRATEGIC,
-                                                           _preload_content=False, _request_timeout=self.timeout)
-        except ApiException as exc:
-            if exc.status == 404:
-                return
-            self.stats.count("resize-refused")
-            log.warning("controller: resize of %s/%s to %s refused: %s (not retried)", ns, name, target,
-                        _one_line(exc))
-            return
+            plan = plan_resize(pod, target, self.rules)
         except ValueError as exc:
             self.stats.count("resize-refused")
             log.warning("controller: resize of %s/%s to %s impossible: %s", ns, name, target, exc)
             return
+        try:
+            answer = self.core.patch_namespaced_pod_resize(name, ns, plan.body, _content_type=STRATEGIC,
+                                                           _preload_content=False, _request_timeout=self.timeout)
+        except ApiException as exc:
+            if exc.status == 404:
+                return
+            if exc.status == 429 or exc.status >= 500:
+                self._retry_later(job, target, seq, at, exc)
+                return
+            self._refused[uid] = target
+            self.stats.count("resize-refused")
+            log.warning("controller: resize of %s/%s to %s refused: %s (not retried)", ns, name, target,
+                        _one_line(exc))
+            return
+        except Exception as exc:  # noqa: BLE001 - a timeout or a broken connection: the outcome is unknown
+            self._retry_later(job, target, seq, at, exc)
+            return
+        self._retries.pop(job, None)
+        if plan.memory_kept:
+            self._kept[uid] = target
+            self.stats.count("resize-memory-kept")
+            log.warning("controller: %s/%s is Guaranteed and Kubernetes %d.%d cannot lower a memory limit in place: "
+                        "only its cpu was resized to %s (its memory stays until it moves or ends)", ns, name,
+                        *self.rules.version, pods.cpu_text(target.cpu_m))
         self._observe(at, "resize")
         updated = json.loads(answer.data)
         with self._lock:
             if pods.key(updated) in self.pods:
                 self.pods[pods.key(updated)] = updated
+
+    def _retry_later(self, job: str, target: pods.Target, seq: int, at: float, exc: Exception) -> None:
+        known = self._retries.get(job)
+        backoff = min(known.backoff * 2, 30.0) if known is not None and known.target == target else 0.5
+        self._retries[job] = RetryResize(target, seq, at, time.monotonic() + backoff, backoff)
+        self.stats.count("resize-retried")
+        log.info("controller: resize of %s to %s: %s; sent again in %.1f s", job, target, _one_line(exc), backoff)
+
+    def _retry_resizes(self) -> None:
+        """The resizes the API server did not answer (429, 5xx, no answer) whose backoff is over, sent again
+        (through `converge`: nothing is sent if the pod already has its target, or a newer action replaced it)."""
+        now = time.monotonic()
+        for job, retry in list(self._retries.items()):
+            if now >= retry.next_try:
+                self.converge(job, retry.target, retry.seq, retry.at)
+                if self._retries.get(job) is retry:  # nothing was sent: the pod has it, or moves, or is gone
+                    del self._retries[job]
 
     def _observe(self, at: float, what: str) -> None:
         with self.stats.lock:
@@ -466,12 +573,17 @@ class Controller:
             return
         ns = pods.key(pod)[0]
         try:
-            self.core.create_namespaced_pod(ns, new, _preload_content=False, _request_timeout=self.timeout)
+            answer = self.core.create_namespaced_pod(ns, new, _preload_content=False, _request_timeout=self.timeout)
         except ApiException as exc:
             if exc.status != 409:
                 self.stats.count("migrate-refused")
                 log.warning("controller: replacement of %s/%s refused: %s", ns, pods.key(pod)[1], _one_line(exc))
                 return
+            answer = self.core.read_namespaced_pod(new["metadata"]["name"], ns, _preload_content=False,
+                                                   _request_timeout=self.timeout)
+        created = json.loads(answer.data)
+        with self._lock:  # in the cache before the watch brings it: the move's next step looks for it there
+            self.pods.setdefault(pods.key(created), created)
         self._observe(at, "migrate")
         with self._lock:
             self._migrations[job] = Migration(job, pods.key(pod), (ns, new["metadata"]["name"]), seq,
@@ -486,7 +598,8 @@ class Controller:
             old_pod = self.pods.get((ns, old))
         m = Migration(job, (ns, old), (ns, name), int(seq) if seq.isdigit() else 0,
                       grace=self._grace(old_pod) if old_pod else self.checkpoint_grace)
-        m.evicted = old_pod is None  # gone before this replica looked: taken as evicted by the previous leader
+        # gone before this replica looked, or stopping by an eviction: evicted by the previous leader
+        m.evicted = old_pod is None or (pods.disrupted(old_pod) and pods.terminating(old_pod))
         if old_pod is not None and pods.annotations(old_pod).get(pods.CHECKPOINT_KEY) == str(m.seq):
             m.asked_at = time.monotonic()  # asked already: its grace is counted again from here (never less)
         self._migrations[job] = m
@@ -500,7 +613,9 @@ class Controller:
             return self.checkpoint_grace
 
     def _advance_migrations(self) -> None:
-        """Each move in progress one step further: ask for a checkpoint, wait for it (or the grace), evict, ungate."""
+        """Each move in progress one step further (`moves.next_step`): ask for a checkpoint, wait for it (or the
+        grace), evict once, wait for the old pod's containers to stop, ungate; or, the job having ended by itself,
+        delete the replacement."""
         from kubernetes.client.exceptions import ApiException
 
         now = time.monotonic()
@@ -509,44 +624,54 @@ class Controller:
                 continue
             with self._lock:
                 old, new = self.pods.get(m.old), self.pods.get(m.new)
+                gone = old is None and m.old in self._departed
+                old = self._departed.get(m.old) if gone else old
+            step = next_step(m, old, new, now, gone)
             try:
-                if old is not None and not pods.ended(old):
-                    if m.asked_at is None:
-                        if pods.annotations(old).get(pods.CHECKPOINT_KEY) != str(m.seq):
-                            self.core.patch_namespaced_pod(
-                                m.old[1], m.old[0], {"metadata": {"annotations": {pods.CHECKPOINT_KEY: str(m.seq)}}},
-                                _content_type=MERGE, _preload_content=False, _request_timeout=self.timeout)
-                        m.asked_at = now
-                    done = pods.annotations(old).get(pods.CHECKPOINTED_KEY) == str(m.seq)
-                    if done or now - m.asked_at >= m.grace:
-                        m.evicted = self._evict(old, f"moving to {m.new[1]}")
-                        if not m.evicted:
-                            m.next_try = now + 1.0
-                    continue
-                if new is not None and pods.gated(new):
-                    if (old is not None and pods.ended(old)) or not m.evicted:
-                        # it finished (or was deleted, not by us) before it could move: the job is over
-                        self.core.delete_namespaced_pod(m.new[1], m.new[0], _preload_content=False,
-                                                        _request_timeout=self.timeout)
-                    else:
-                        self.core.patch_namespaced_pod(m.new[1], m.new[0],
-                                                       [{"op": "remove", "path": "/spec/schedulingGates"}],
-                                                       _content_type=JSON_PATCH, _preload_content=False,
-                                                       _request_timeout=self.timeout)
-                        self.stats.count("migrated")
-                del self._migrations[job]
+                if step == "ask":
+                    if pods.annotations(old or {}).get(pods.CHECKPOINT_KEY) != str(m.seq):
+                        self.core.patch_namespaced_pod(
+                            m.old[1], m.old[0], {"metadata": {"annotations": {pods.CHECKPOINT_KEY: str(m.seq)}}},
+                            _content_type=MERGE, _preload_content=False, _request_timeout=self.timeout)
+                    m.asked_at = now
+                elif step == "evict" and old is not None:
+                    m.evict_sent = True  # stays so if the answer is lost: the pod may be evicted
+                    m.evicted = m.evict_sent = self._evict(old, f"moving to {m.new[1]}")
+                    if not m.evicted:
+                        m.next_try = now + 1.0
+                elif step == "ungate":
+                    ungate = [{"op": "remove", "path": "/spec/schedulingGates"}]
+                    self.core.patch_namespaced_pod(m.new[1], m.new[0], ungate, _content_type=JSON_PATCH,
+                                                   _preload_content=False, _request_timeout=self.timeout)
+                    self.stats.count("migrated")
+                    del self._migrations[job]
+                elif step == "cancel":
+                    log.info("controller: %s ended by itself before it moved; its replacement is deleted", job)
+                    self.core.delete_namespaced_pod(m.new[1], m.new[0], _preload_content=False,
+                                                    _request_timeout=self.timeout)
+                    self.stats.count("migrate-cancelled")
+                    del self._migrations[job]
+                elif step == "done":
+                    del self._migrations[job]
             except ApiException as exc:
-                if exc.status == 404 and new is None:
+                if exc.status == 404 and step in ("ungate", "cancel"):
                     del self._migrations[job]
                     continue
                 log.warning("controller: move of %s: %s; retrying", job, _one_line(exc))
                 m.next_try = now + 1.0
+        with self._lock:  # the removed pods' last states that no move needs any more
+            olds = {m.old for m in self._migrations.values()}
+            self._departed = {k: p for k, p in self._departed.items() if k in olds}
 
     def _evict(self, pod: dict, why: str) -> bool:
-        """Evict through the Eviction API; False when a PodDisruptionBudget forbids it now (429: try later)."""
+        """Evict through the Eviction API, once: a pod already terminating (deleted or evicted, by anyone) is not
+        evicted again. False when a PodDisruptionBudget forbids it now (429: try later). An eviction whose answer
+        is lost (5xx, no answer) raises: the next pass finds the pod terminating if it was done."""
         from kubernetes.client.exceptions import ApiException
 
         ns, name = pods.key(pod)
+        if pods.terminating(pod) or pods.ended(pod):
+            return True
         body = {"apiVersion": "policy/v1", "kind": "Eviction", "metadata": {"name": name, "namespace": ns}}
         try:
             self.core.create_namespaced_pod_eviction(name, ns, body, _preload_content=False,
@@ -566,7 +691,8 @@ class Controller:
     # ------------------------------------------------------------------ releases and the kubelet's answers
 
     def _releases(self) -> int:
-        """Release the jobs of the pods that ended (concurrently, as `apply_batch`); how many were released."""
+        """Release the jobs of the pods that ended (concurrently, as `apply_batch`); how many were released. A
+        release that fails (the service restarting) is tried again in the next pass, not left to the orphan rule."""
         with self._lock:
             ended, self._ended = list(self._ended), deque()
         due = []
@@ -577,7 +703,20 @@ class Controller:
             due.append(pod)
         if not due:
             return 0
-        done = list(self._pool.map(self._release, due)) if len(due) > 1 else [self._release(due[0])]
+        failed: list[tuple[dict, BaseException]] = []
+
+        def attempt(pod: dict) -> bool:
+            try:
+                return self._release(pod)
+            except Exception as exc:  # noqa: BLE001 - queued again below, and raised once all were tried
+                failed.append((pod, exc))
+                return False
+
+        done = list(self._pool.map(attempt, due)) if len(due) > 1 else [attempt(due[0])]
+        if failed:
+            with self._lock:
+                self._ended.extend(pod for pod, _ in failed)
+            raise failed[0][1]
         return sum(done)
 
     def _release(self, pod: dict) -> bool:
@@ -708,31 +847,67 @@ class Controller:
             self._save_cursor(latest)
         self.stats.count("reconciles")
 
-    def _adopt(self, job: str, pod: dict) -> None:
-        """A pod with a job id and no allocation (the allocator lost it, or released it meanwhile): allocate again."""
-        notes = pods.annotations(pod)
-        model = pods.model(pod)
-        if model is None:
-            return
-        body: dict[str, Any] = {"job_id": job, "model": model}
-        try:
-            from hetplan.allocator.k8s.extender import Pod, pod_class
+    def _adopt(self, job: str, pod: dict) -> bool:
+        """A pod without an allocation (`adoption`): adopted where it runs (or allocated anew when not bound), then
+        re-sized or moved toward its allocation; a default-path pod gets its job id. Whether it was adopted."""
+        from kubernetes.client.exceptions import ApiException
 
-            body["num_gpus"] = pod_class(Pod.model_validate(pod)).gpus
-            if notes.get(pods.REQUESTED_CPU_KEY, "").isdigit():
-                body["cpus"] = int(notes[pods.REQUESTED_CPU_KEY]) / 1000
-            if notes.get(pods.REQUESTED_MEMORY_KEY, "").isdigit():
-                body["mem_gb"] = int(notes[pods.REQUESTED_MEMORY_KEY]) / 1024
+        try:
+            body = adoption.request(pod)
         except ValueError as exc:
             log.warning("controller: pod %s/%s has no allocation and cannot be read: %s", *pods.key(pod), exc)
-            return
-        answer = self.service.allocate(body)
+            return False
+        answer = self.service.adopt(body) if "node" in body else \
+            self.service.allocate({k: v for k, v in body.items() if k != "node"})
         if answer.get("status") != "allocated" or len(answer.get("parts") or []) > 1:
             if answer.get("status") == "allocated":
                 self.service.release(job)
             self.stats.count("adopt-refused")
-            log.warning("controller: pod %s/%s has no allocation and the allocator refuses it again (%s); left as "
-                        "it runs", *pods.key(pod), answer.get("reason") or "a gang")
-            return
+            log.info("controller: pod %s/%s has no allocation and the allocator refuses it (%s: %s); left as it "
+                     "is, asked again later", *pods.key(pod), answer.get("reason") or "a gang", answer.get("message"))
+            return False
+        if pods.job_id(pod) is None:
+            ns, name = pods.key(pod)
+            try:
+                self.core.patch_namespaced_pod(name, ns, {"metadata": {"annotations": adoption.annotations(body)}},
+                                               _content_type=MERGE, _preload_content=False,
+                                               _request_timeout=self.timeout)
+            except ApiException as exc:
+                if exc.status == 404:  # gone meanwhile: its allocation is an orphan, released by its rule
+                    return False
+                raise
+            pod = {**pod, "metadata": {**pods.meta(pod), "annotations": {**pods.annotations(pod),
+                                                                          **adoption.annotations(body)}}}
+            with self._lock:
+                if pods.uid(self.pods.get(pods.key(pod), {})) == pods.uid(pod):
+                    self.pods[pods.key(pod)] = pod
         self.stats.count("adopted")
         self.converge(job, pods.Target.of(answer["allocation"]), self.cursor or 0)
+        return True
+
+    def _adopt_default_path(self) -> None:
+        """Opted-in pods the webhook left to the default path, now running: adopted (`adoption`), each tried again
+        no sooner than `adopt_every` seconds after a refusal (the allocator had no room for it there)."""
+        now = time.monotonic()
+        with self._lock:
+            due = [p for p in self.pods.values() if adoption.default_path(p)
+                   and self._adopt_tries.get(pods.uid(p), 0.0) <= now]
+        for pod in due:
+            if not self._adopt("/".join(pods.key(pod)), pod):
+                self._adopt_tries[pods.uid(pod)] = now + self.adopt_every
+        live = {pods.uid(p) for p in due}
+        for uid in [u for u, t in self._adopt_tries.items() if t < now and u not in live]:
+            del self._adopt_tries[uid]
+
+    def _adopt_waiting(self) -> None:
+        """The pods whose allocation was taken back before they were bound (`_requeue`): allocated again where room
+        is (then moved there), or adopted where they were bound meanwhile; asked again every `adopt_every` s."""
+        now = time.monotonic()
+        for job, due in list(self._waiting.items()):
+            if due > now:
+                continue
+            pod = next((p for p in self.live(job) if not pods.gated(p) and not pods.terminating(p)), None)
+            if pod is None or self._adopt(job, pod):
+                del self._waiting[job]
+            else:
+                self._waiting[job] = now + self.adopt_every

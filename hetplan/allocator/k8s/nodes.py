@@ -26,9 +26,15 @@ node is reopened or removed once idle, at the next full reconcile (before every 
 running jobs) closes the node the same way. DELETED, or gone from a re-list: removed, forced (the machine is
 gone; its allocations are released and logged).
 
+Room (`room.py`): a second thread lists and watches every pod (all namespaces) into a `PodLedger`, and a node's
+capacity for the allocator is its allocatable minus what bound pods hold beyond hetplan's allocations there (daemon
+sets, pods hetplan does not hold, the excess of a resize not yet actuated), never below what hetplan's allocations
+there hold; recounted at every pod event on the node and every change of hetplan's allocations on it. `recount`
+lets the adoption of a pod already running (`/v1/adopt`) count that pod as hetplan's.
+
 Errors: 410 Gone (the watch's resourceVersion expired) re-lists and reconciles; anything else is logged in one
 line, counted, and retried after a backoff (1 s doubling to 60 s) from the last resourceVersion (from a new list
-after three errors in a row). The thread never stops the service.
+after three errors in a row). The threads never stop the service.
 """
 
 from __future__ import annotations
@@ -48,6 +54,7 @@ from pydantic import ValidationError
 
 from hetplan.allocator.cluster import Cluster, StateError
 from hetplan.allocator.k8s.extender import GPU_RESOURCE, K8sNode, node_gpu_type, node_resources
+from hetplan.allocator.k8s.room import PodLedger, Usage, room
 from hetplan.allocator.metrics import Metrics
 from hetplan.allocator.core import Allocator, NodeChanges
 from hetplan.allocator.spec import CLOSED_LABEL, MIB_PER_GIB, Node
@@ -160,7 +167,7 @@ class NodeSync:
 
     def __init__(self, allocator: Allocator, api: ApiClient, metrics: Metrics | None = None,
                  watch_seconds: int = 300, backoff: tuple[float, float] = (1.0, 60.0), page_size: int = 500,
-                 request_timeout: float = 60.0) -> None:
+                 request_timeout: float = 60.0, watch_pods: bool = True, recount_seconds: float = 0.2) -> None:
         self.allocator, self.api, self.metrics = allocator, api, metrics
         self.watch_seconds, self.backoff, self.page_size = watch_seconds, backoff, page_size
         self.request_timeout = request_timeout
@@ -171,6 +178,11 @@ class NodeSync:
         self._watch: Any = None
         self._thread: threading.Thread | None = None
         self._failures = 0  # errors in a row; from the third on, the next attempt lists again
+        self.watch_pods, self.recount_seconds = watch_pods, recount_seconds
+        self.ledger = PodLedger()  # every pod bound to a node (room.py)
+        self.pods_ready = threading.Event()  # set after the first pod list
+        self._pod_watch: Any = None
+        self._threads: list[threading.Thread] = []
         if metrics is not None:
             self._watch_gauges(metrics)
 
@@ -179,12 +191,22 @@ class NodeSync:
             raise RuntimeError("NodeSync already started")
         self._thread = threading.Thread(target=self._run, name="hetplan-kube-node-sync", daemon=True)
         self._thread.start()
+        if self.watch_pods:
+            for target, name in ((self._run_pods, "pods"), (self._follow_allocations, "room")):
+                thread = threading.Thread(target=target, name=f"hetplan-kube-{name}", daemon=True)
+                thread.start()
+                self._threads.append(thread)
 
     def stop(self, timeout: float = 5.0) -> None:
         """Stop the thread (interrupting a watch) and wait up to `timeout` s; once stopped it changes nothing."""
         self._stopping.set()
         thread = self._thread
         deadline = time.monotonic() + timeout
+        for other in self._threads:
+            while other.is_alive() and time.monotonic() < deadline:
+                if self._pod_watch is not None:
+                    self._pod_watch.stop()
+                other.join(0.1)
         while thread is not None and thread.is_alive() and time.monotonic() < deadline:
             watch = self._watch
             if watch is not None:
@@ -236,13 +258,14 @@ class NodeSync:
         log.warning("kubernetes node sync: %s%s; retrying in %g s (%s)", _one_line(exc), hint, delay, then)
         self._stopping.wait(delay)
 
-    def _list(self, core: Any) -> None:
-        """List every Node (in pages), replace what the sync knows, reconcile; watch from the list's version."""
+    def _list_all(self, list_fn: Any) -> tuple[list[Any], str | None]:
+        """Every item of a list call (`core.list_node`, `core.list_pod_for_all_namespaces`), in pages, and the
+        list's resourceVersion."""
         items: list[Any] = []
         token: str | None = None
         while True:
-            response = core.list_node(limit=self.page_size, _continue=token, _preload_content=False,
-                                      _request_timeout=self.request_timeout)
+            response = list_fn(limit=self.page_size, _continue=token, _preload_content=False,
+                               _request_timeout=self.request_timeout)
             try:
                 body = json.loads(response.data)
             finally:
@@ -251,9 +274,13 @@ class NodeSync:
             meta = body.get("metadata") or {}
             token = meta.get("continue") or None
             if token is None:
-                break
+                return items, str(meta.get("resourceVersion") or "") or None
+
+    def _list(self, core: Any) -> None:
+        """List every Node (in pages), replace what the sync knows, reconcile; watch from the list's version."""
+        items, rv = self._list_all(core.list_node)
         self.apply_list(items)
-        self._resource_version = str(meta.get("resourceVersion") or "") or None
+        self._resource_version = rv
         if self._resource_version is None:
             raise ValueError("the Node list has no metadata.resourceVersion")
         self._failures = 0
@@ -305,9 +332,10 @@ class NodeSync:
 
     # ------------------------------------------------------------------ applying
 
-    def reconcile(self, names: Iterable[str] | None = None) -> None:
+    def reconcile(self, names: Iterable[str] | None = None, owned: Iterable[str] = ()) -> None:
         """Bring the allocator's nodes named `names` (default: every Node seen and every node the sync owns) in
-        step with the latest translations, as one batch; if the allocator refuses the batch, node by node."""
+        step with the latest translations and their room, as one batch; if the allocator refuses the batch, node by
+        node. `owned`: jobs whose pods count as hetplan's though it holds no allocation for them yet (`recount`)."""
         a = self.allocator
         with a.lock:
             if self._stopping.is_set():
@@ -315,21 +343,51 @@ class NodeSync:
             cluster = a.cluster
             if names is None:
                 names = set(self._seen) | {n.name for n in cluster.nodes() if _owned(n)}
-            changes = [c for c in (self._change(cluster, name) for name in sorted(set(names))) if c is not None]
+            owned = set(owned)
+            changes = [c for c in (self._change(cluster, name, owned) for name in sorted(set(names)))
+                       if c is not None]
             if changes:
                 self._apply(a, changes)
 
-    def _change(self, cluster: Cluster, name: str) -> tuple[str, Node | str] | None:
+    def recount(self, names: Iterable[str], owned: Iterable[str] = ()) -> None:
+        """Recount the room of `names` now (the caller holds the allocator's lock, or need not): with `owned`,
+        the pods of those jobs count as hetplan's (a pod being adopted: its room is its own)."""
+        self._recount([n for n in names if n in self._seen], owned)
+
+    def _recount(self, names: Iterable[str] | None, owned: Iterable[str] = ()) -> None:
+        """A reconcile for the room's sake (a pod event, an allocation change, an adoption): only once the Nodes
+        were listed. Before that the sync knows no Node, and a full reconcile would read every node it owns (all of
+        them, after a restart) as deleted, and remove them with their allocations."""
+        if self.watch_pods and self.ready.is_set():
+            self.reconcile(names, owned)
+
+    def _change(self, cluster: Cluster, name: str, owned: set[str] | None = None) -> tuple[str, Node | str] | None:
         """("upsert", node), ("close", node) or ("remove", name) for one node, or None when it is in step."""
         current = cluster.node(name) if name in cluster else None
         want = self._seen.get(name)
         if isinstance(want, Node):
+            want = self._with_room(cluster, want, owned or set())
             return None if current == want else ("upsert", want)
         if current is None or not _owned(current):
             return None  # never touch what the sync does not own
         if want is None or not cluster.jobs_on(name):
             return ("remove", name)
         return None if current.labels.get(CLOSED_LABEL) == want.kind else ("close", _closed(current, want.kind))
+
+    def _with_room(self, cluster: Cluster, node: Node, owned: set[str]) -> Node:
+        """The Node's allocatable less what other pods hold there (`room.room`)."""
+        if not self.watch_pods or not self.pods_ready.is_set():
+            return node
+        used = Usage()
+        if node.name in cluster:
+            shape, free = cluster.node(node.name).shape, cluster.free(node.name)
+            used = Usage(shape.gpus - free.gpus, shape.cpu_m - free.cpu_m, shape.mem_mib - free.mem_mib)
+
+        def held(job: str) -> Any:
+            parts = self.allocator.running([job]).get(job, ())
+            return next((p for p in parts if p.node == node.name), None)
+
+        return room(node, self.ledger.foreign(node.name, held, owned), used)
 
     def _apply(self, a: Allocator, changes: list[tuple[str, Node | str]]) -> None:
         if len(changes) > 1:
@@ -366,6 +424,85 @@ class NodeSync:
         if evicted:
             log.warning("kubernetes node sync: %d allocation(s) evicted from removed nodes: %s", len(evicted),
                         ", ".join(f"{e.job_id}@{e.node}" for e in evicted[:50]) + (" ..." if len(evicted) > 50 else ""))
+
+    # ------------------------------------------------------------------ room: every pod bound to a node
+
+    def _run_pods(self) -> None:
+        """List, then watch, every pod into the ledger; recount the nodes whose pods changed (410: list again)."""
+        from kubernetes import watch
+        from kubernetes.client import CoreV1Api
+        from kubernetes.client.exceptions import ApiException
+
+        core = CoreV1Api(self.api)
+        self._pod_watch = watch.Watch(return_type="object")
+        rv: str | None = None
+        failures = 0
+        while not self._stopping.is_set():
+            try:
+                if rv is None:
+                    rv = self._list_pods(core)
+                for event in self._pod_watch.stream(core.list_pod_for_all_namespaces, resource_version=rv,
+                                                    timeout_seconds=int(self.watch_seconds),
+                                                    allow_watch_bookmarks=True,
+                                                    _request_timeout=(self.request_timeout, self.watch_seconds + 30)):
+                    if self._stopping.is_set():
+                        return
+                    obj = event.get("raw_object") or {}
+                    if event.get("type") in ("ADDED", "MODIFIED", "DELETED"):
+                        changed = self.ledger.update(str(event["type"]), obj)
+                        if changed:
+                            self._recount(changed)
+                    rv = str((obj.get("metadata") or {}).get("resourceVersion") or rv)
+                failures = 0
+            except ApiException as exc:
+                if exc.status == 410:
+                    rv = None
+                    continue
+                failures = self._pods_failed(exc, failures)
+                rv = None if failures >= 3 else rv
+            except Exception as exc:  # noqa: BLE001 - the room outlives any error: logged, retried
+                failures = self._pods_failed(exc, failures)
+                rv = None if failures >= 3 else rv
+
+    def _pods_failed(self, exc: Exception, failures: int) -> int:
+        if not self._stopping.is_set():
+            hint = " (the service account needs list and watch on pods)" if getattr(exc, "status", 0) == 403 else ""
+            log.warning("kubernetes node sync: pod watch: %s%s; retrying", _one_line(exc), hint)
+            self._stopping.wait(min(self.backoff[0] * 2 ** failures, self.backoff[1]))
+        return failures + 1
+
+    def _list_pods(self, core: Any) -> str:
+        """List every pod into the ledger and recount (every node at the first list); the list's version."""
+        items, rv = self._list_all(core.list_pod_for_all_namespaces)
+        changed = self.ledger.replace(items)
+        first = not self.pods_ready.is_set()
+        self.pods_ready.set()
+        self._recount(None if first else changed)
+        return rv or "0"
+
+    def _follow_allocations(self) -> None:
+        """Recount the nodes whose allocations changed (a job released, moved or re-sized changes what its pods hold
+        beyond it), every `recount_seconds`."""
+        from hetplan.allocator.journal import TooOld
+
+        seen = self.allocator.log.latest
+        while not self._stopping.wait(self.recount_seconds):
+            if not self.pods_ready.is_set():
+                continue
+            a = self.allocator
+            with a.lock:
+                latest = a.log.latest
+                if latest == seen:
+                    continue
+                try:
+                    names = {p.node for x in a.log.since(seen) for p in x.action.before + x.action.after}
+                except TooOld:
+                    names = None
+                seen = latest
+            try:
+                self._recount(names)
+            except Exception as exc:  # noqa: BLE001 - logged; the next change or pod event recounts again
+                log.warning("kubernetes node sync: recount: %s", _one_line(exc))
 
     def _watch_gauges(self, metrics: Metrics) -> None:
         """Read the gauges at scrape time (never on the sync's own path)."""

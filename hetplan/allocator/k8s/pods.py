@@ -13,8 +13,12 @@ Opt-in: the pod label `hetplan.io/model` (the model, as for the extender). What 
 | `hetplan.io/resize-pending` | annotation, written by the controller | the kubelet has not actuated the last resize: `Deferred: <its message>` (it retries when room frees) or `Infeasible: ...` (it never will); removed once actuated |
 
 The allocation goes to one container, the *main* one: the container named by the annotation `hetplan.io/container`,
-else the first that asks for GPUs, else the first. It gets requests = limits = the allocation minus what the other
-containers request, so the pod's requests (summed as Kubernetes sums them) equal the allocation exactly.
+else the first that asks for GPUs, else the first. It gets requests = the allocation minus what the other
+containers request, so the pod's requests (summed as Kubernetes sums them) equal the allocation exactly; a memory
+limit equal to its memory request and no cpu limit. So the pod is Burstable, and stays so through every resize
+(the QoS class may not change in place): a memory shrink can then lower the request alone where the API server
+forbids lowering a memory limit in place (1.33, `resize.plan_resize`), and the static CPU manager, which cannot
+resize a Guaranteed pod's cpu, leaves it alone.
 """
 
 from __future__ import annotations
@@ -107,6 +111,18 @@ def ended(pod: Mapping[str, Any]) -> bool:
     return phase(pod) in ("Succeeded", "Failed")
 
 
+def terminating(pod: Mapping[str, Any]) -> bool:
+    """Deleted (or evicted) and not yet ended: its containers are being stopped within its grace period."""
+    return bool(meta(pod).get("deletionTimestamp")) and not ended(pod)
+
+
+def disrupted(pod: Mapping[str, Any]) -> bool:
+    """The pod ends because something stopped it (condition `DisruptionTarget`: an eviction, a preemption, the
+    kubelet), not because its job ended."""
+    return any(c.get("type") == "DisruptionTarget" and str(c.get("status", "True")) == "True"
+               for c in (pod.get("status") or {}).get("conditions") or [])
+
+
 def gated(pod: Mapping[str, Any]) -> bool:
     return any(g.get("name") == MIGRATION_GATE for g in (pod.get("spec") or {}).get("schedulingGates") or [])
 
@@ -173,10 +189,12 @@ def main_share(pod: Mapping[str, Any], target: Target) -> tuple[int, int, int]:
 
 
 def resources(container: Mapping[str, Any], cpu_m: int, mem_mib: int) -> dict[str, Any]:
-    """The container's resources with cpu and memory requests = limits = the share (its other resources kept)."""
+    """The main container's resources at admission: cpu and memory requests = the share, a memory limit = the
+    share, no cpu limit (Burstable; see the module's docstring); its other resources kept."""
     res = copy.deepcopy(container.get("resources") or {})
-    for part in ("requests", "limits"):
-        res[part] = {**(res.get(part) or {}), "cpu": cpu_text(cpu_m), "memory": mem_text(mem_mib)}
+    res["requests"] = {**(res.get("requests") or {}), "cpu": cpu_text(cpu_m), "memory": mem_text(mem_mib)}
+    limits = {k: v for k, v in (res.get("limits") or {}).items() if k != "cpu"}
+    res["limits"] = {**limits, "memory": mem_text(mem_mib)}
     return res
 
 
@@ -186,15 +204,6 @@ def matches(pod: Mapping[str, Any], target: Target) -> bool:
         return node_of(pod) == target.node and requests(pod) == (target.cpu_m, target.mem_mib)
     except ValueError:
         return False
-
-
-def resize_body(pod: Mapping[str, Any], target: Target) -> dict[str, Any]:
-    """The strategic-merge patch for the `resize` subresource that gives the pod `target`'s cores and RAM."""
-    index, cpu_m, mem_mib = main_share(pod, target)
-    container = pod["spec"]["containers"][index]
-    res = resources(container, cpu_m, mem_mib)
-    return {"spec": {"containers": [{"name": container["name"],
-                                     "resources": {"requests": res["requests"], "limits": res["limits"]}}]}}
 
 
 def pinned_affinity(spec: Mapping[str, Any], node: str) -> dict[str, Any]:

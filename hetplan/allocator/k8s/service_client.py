@@ -19,20 +19,22 @@ class Gone(Exception):
 
 
 class AllocatorClient:
-    """`allocate`, `release`, `actions`, `allocations` of one allocator service. `http`: an httpx.Client (the
-    tests pass FastAPI's TestClient); `wait`: how long a call retries while the service cannot be reached (a
-    restart), before the error is raised."""
+    """`allocate`, `adopt`, `release`, `actions`, `allocations` of one allocator service. `http`: an httpx.Client
+    (the tests pass FastAPI's TestClient); `wait`: how long a call retries while the service cannot be reached (a
+    restart), before the error is raised; `token`: the service's write token (`HETPLAN_WRITE_TOKEN`), sent as
+    `Authorization: Bearer` with every call."""
 
     def __init__(self, url: str = "", http: httpx.Client | None = None, timeout: float = 10.0,
-                 wait: float = 0.0) -> None:
+                 wait: float = 0.0, token: str | None = None) -> None:
         self.http = http if http is not None else httpx.Client(base_url=url, timeout=timeout)
         self.wait = wait
+        self.headers = {"Authorization": f"Bearer {token}"} if token else {}
 
     def _call(self, method: str, path: str, **kw: Any) -> httpx.Response:
         deadline = time.monotonic() + self.wait
         while True:
             try:
-                return self.http.request(method, path, **kw)
+                return self.http.request(method, path, headers=self.headers, **kw)
             except httpx.TransportError:
                 if time.monotonic() >= deadline:
                     raise
@@ -40,6 +42,12 @@ class AllocatorClient:
 
     def allocate(self, body: Mapping[str, Any]) -> dict[str, Any]:
         answer = self._call("POST", "/v1/allocate", json=dict(body))
+        answer.raise_for_status()
+        return answer.json()
+
+    def adopt(self, body: Mapping[str, Any]) -> dict[str, Any]:
+        """`POST /v1/adopt`: an allocation on `body["node"]` for a pod that already runs there."""
+        answer = self._call("POST", "/v1/adopt", json=dict(body))
         answer.raise_for_status()
         return answer.json()
 

@@ -113,6 +113,8 @@ def review(body: Mapping[str, Any], allocate: Callable[[dict], dict], release: C
     where = f"{request.get('namespace')}/{pods.meta(pod).get('name') or pods.meta(pod).get('generateName', '')}"
     if request.get("dryRun"):
         response["warnings"] = ["hetplan: dry run, nothing allocated"]  # sideEffects: NoneOnDryRun
+    elif pods.annotations(pod).get(pods.MIGRATED_FROM_KEY) and pods.job_id(pod):
+        pass  # a move's replacement, made by the controller with its job's allocation: admitted as it is
     elif request.get("operation") == "CREATE" and request.get("kind", {}).get("kind") == "Pod":
         try:
             patch = admit(pod, str(request.get("namespace") or "default"), allocate, release)
@@ -127,12 +129,15 @@ def review(body: Mapping[str, Any], allocate: Callable[[dict], dict], release: C
 
 
 class WebhookServer:
-    """`POST /mutate` (the webhook), `GET /healthz`, `GET /metrics` (`metrics()`'s text) on a thread; HTTPS when a
-    certificate and key are given (the API server only calls webhooks over TLS), plain HTTP otherwise (tests)."""
+    """`POST /mutate` (the webhook; off with `mutate=False`: a health endpoint only), `GET /healthz` (200, or 503
+    when `healthy()` says no: a liveness probe restarts the process), `GET /metrics` (`metrics()`'s text) on a
+    thread; HTTPS when a certificate and key are given (the API server only calls webhooks over TLS), plain HTTP
+    otherwise (tests, and a controller's health port)."""
 
-    def __init__(self, service: AllocatorClient, host: str = "0.0.0.0", port: int = 8443,
+    def __init__(self, service: AllocatorClient | None, host: str = "0.0.0.0", port: int = 8443,
                  certfile: str | None = None, keyfile: str | None = None,
-                 metrics: Callable[[], str] | None = None, on_unserved: Callable[[str], None] | None = None) -> None:
+                 metrics: Callable[[], str] | None = None, on_unserved: Callable[[str], None] | None = None,
+                 mutate: bool = True, healthy: Callable[[], bool] | None = None) -> None:
         outer = self
         self.service = service
 
@@ -151,13 +156,15 @@ class WebhookServer:
 
             def do_GET(self) -> None:  # noqa: N802
                 if self.path == "/healthz":
+                    if healthy is not None and not healthy():
+                        return self._send(503, b'{"status":"stuck"}')
                     return self._send(200, b'{"status":"ok"}')
                 if self.path == "/metrics" and metrics is not None:
                     return self._send(200, metrics().encode(), "text/plain; version=0.0.4")
                 return self._send(404, b'{"detail":"not found"}')
 
             def do_POST(self) -> None:  # noqa: N802
-                if self.path.split("?")[0] != "/mutate":
+                if self.path.split("?")[0] != "/mutate" or not mutate or outer.service is None:
                     return self._send(404, b'{"detail":"not found"}')
                 length = int(self.headers.get("Content-Length") or 0)
                 if length > MAX_REVIEW_BYTES:

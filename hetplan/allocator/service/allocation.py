@@ -15,8 +15,8 @@ from fastapi import APIRouter, HTTPException
 from hetplan.allocator.core import Allocator
 from hetplan.allocator.journal import LoggedAction, TooOld
 from hetplan.allocator.service.bodies import (
-    ADMIN_RESPONSES, ActionOut, ActionsResponse, AllocateRequest, AllocateResponse, AllocationOut, AsciiInt, ErrorOut,
-    ReleaseRequest, ReleaseResponse, action_out, allocation_out, posted,
+    ADMIN_RESPONSES, WRITE_RESPONSES, ActionOut, ActionsResponse, AllocateRequest, AllocateResponse, AllocationOut,
+    AsciiInt, ErrorOut, ReleaseRequest, ReleaseResponse, action_out, allocation_out, posted,
 )
 from hetplan.allocator.service.context import ServiceContext
 from hetplan.allocator.service.middleware import JSONRoute
@@ -25,7 +25,7 @@ from hetplan.allocator.spec import Allocation, Decision, Job
 log = logging.getLogger(__name__)
 
 
-def _logged(a: Allocator, change: Callable[[], object]) -> tuple[object, list[LoggedAction]]:
+def run_logged(a: Allocator, change: Callable[[], object]) -> tuple[object, list[LoggedAction]]:
     """Run `change` under the lock; its result and the actions it logged."""
     with a.lock:
         before = a.log.latest
@@ -42,7 +42,7 @@ def allocate_job(ctx: ServiceContext, job: Job) -> tuple[Decision, bool, tuple[A
     a = ctx.alloc()
     with a.lock:
         replayed = bool(a.running([job.job_id]))
-        decision, logged = _logged(a, lambda: a.allocate(job))
+        decision, logged = run_logged(a, lambda: a.allocate(job))
         parts = a.running([job.job_id]).get(job.job_id, ()) if isinstance(decision, Allocation) else ()
         return decision, replayed, parts, [action_out(x) for x in logged if x.action.job_id != job.job_id]
 
@@ -52,11 +52,11 @@ def release_job(ctx: ServiceContext, job_id: str) -> tuple[tuple[Allocation, ...
     The release stands whatever happens after it: a failed regrowth is logged and left to the next tick."""
     a = ctx.alloc()
     with a.lock:
-        parts, logged = _logged(a, lambda: a.release_parts(job_id))
+        parts, logged = run_logged(a, lambda: a.release_parts(job_id))
         if parts and a.policy.rounds:
             nodes = list(dict.fromkeys(p.node for p in parts))
             try:
-                _, grown = _logged(a, lambda: a.rebalance(a.jobs_on(nodes), preempt=False, move=False, nodes=nodes))
+                _, grown = run_logged(a, lambda: a.rebalance(a.jobs_on(nodes), preempt=False, move=False, nodes=nodes))
                 logged += grown
             except Exception:  # noqa: BLE001 - a fault barrier: the release is committed, the next tick re-sizes
                 log.exception("re-sizing after releasing %s failed; the next tick tries again", job_id)
@@ -66,14 +66,15 @@ def release_job(ctx: ServiceContext, job_id: str) -> tuple[tuple[Allocation, ...
 def rebalance_tick(ctx: ServiceContext) -> list[ActionOut]:
     """One rebalancing step over every running job (moves allowed), recorded in the action log."""
     a = ctx.alloc()
-    _, logged = _logged(a, a.tick)
+    _, logged = run_logged(a, a.tick)
     return [action_out(x) for x in logged]
 
 
 def router(ctx: ServiceContext) -> APIRouter:
     api = APIRouter(tags=["allocation"], route_class=JSONRoute)
 
-    @api.post("/v1/allocate", response_model=AllocateResponse, responses=posted())
+    @api.post("/v1/allocate", response_model=AllocateResponse, dependencies=ctx.writer,
+              responses={**posted(), **WRITE_RESPONSES})
     async def allocate(body: AllocateRequest) -> AllocateResponse:
         """Place a job (idempotent per job_id). A job larger than any node runs as a gang over nodes of one GPU
         type, all or nothing (`parts`). A rejection is an answer, not an error: status 200."""
@@ -88,7 +89,8 @@ def router(ctx: ServiceContext) -> APIRouter:
         return AllocateResponse(status="rejected", job_id=job.job_id, hint_version=decision.hint_version,
                                 reason=decision.reason.value, message=decision.message)
 
-    @api.post("/v1/release", response_model=ReleaseResponse, responses=posted())
+    @api.post("/v1/release", response_model=ReleaseResponse, dependencies=ctx.writer,
+              responses={**posted(), **WRITE_RESPONSES})
     async def release(body: ReleaseRequest) -> ReleaseResponse:
         """Free a job's resources, every part of a gang (idempotent)."""
         parts, actions = await ctx.durably(release_job, ctx, body.job_id)

@@ -292,6 +292,13 @@ ADMIN_RESPONSES: Responses = {
 }
 """The answers of an admin route's token check (`ServiceContext.admin`)."""
 
+WRITE_RESPONSES: Responses = {
+    401: _error("missing or wrong bearer token: with a write token configured, allocator writes need it (or the "
+                "admin token)", headers={"WWW-Authenticate": {"description": "the scheme to use: Bearer",
+                                                             "schema": {"type": "string"}}}),
+}
+"""The answers of a write route's token check (`ServiceContext.writer`)."""
+
 REFUSED: Responses = {409: _error("a change was refused (all or nothing: nothing changed)")}
 
 

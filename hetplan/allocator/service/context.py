@@ -15,7 +15,7 @@ from starlette.concurrency import run_in_threadpool
 
 from hetplan.allocator.metrics import Metrics
 from hetplan.allocator.core import Allocator
-from hetplan.allocator.service.settings import TOKEN_ENV, ServiceSettings
+from hetplan.allocator.service.settings import TOKEN_ENV, WRITE_TOKEN_ENV, ServiceSettings
 
 T = TypeVar("T")
 
@@ -27,6 +27,7 @@ class ServiceContext:
         self.settings = settings
         self.metrics = Metrics()
         self.allocator: Allocator | None = None
+        self.node_sync: Any = None  # the Kubernetes node sync while one runs (`k8s.nodes.NodeSync`): its room
         bearer = HTTPBearer(auto_error=False, description="The admin token (`hetplan serve --token`).")
 
         def require_admin(credentials: HTTPAuthorizationCredentials | None = Depends(bearer)) -> None:
@@ -44,6 +45,20 @@ class ServiceContext:
         self.admin = [Depends(require_admin)]
         """The dependencies of an admin route: `Authorization: Bearer <token>` (401 without one or with a wrong one;
         403 with one when the service has no token configured: admin disabled)."""
+
+        accepted = [t.get_secret_value().encode() for t in (settings.write_token, settings.token) if t is not None]
+
+        def require_writer(credentials: HTTPAuthorizationCredentials | None = Depends(bearer)) -> None:
+            given = credentials.credentials.encode() if credentials is not None else b""
+            if not any(hmac.compare_digest(given, token) for token in accepted):
+                raise HTTPException(401, "missing or wrong bearer token (allocator writes need the write token, "
+                                         f"${WRITE_TOKEN_ENV}, or the admin token)",
+                                    headers={"WWW-Authenticate": "Bearer"})
+
+        self.writer = [Depends(require_writer)] if settings.write_token is not None else []
+        """The dependencies of a write route (allocate, release, adopt): with a write token configured,
+        `Authorization: Bearer` with it or the admin token (401 otherwise, and the OpenAPI document says so);
+        without one, open (`hetplan serve` logs it at start)."""
 
     def alloc(self) -> Allocator:
         assert self.allocator is not None, "the allocator is opened at start-up"

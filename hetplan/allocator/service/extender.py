@@ -6,6 +6,7 @@ from fastapi import APIRouter, HTTPException
 from fastapi.responses import JSONResponse
 
 from hetplan.allocator.k8s import extender as k8s
+from hetplan.allocator.k8s.pods import JOB_ID_KEY
 from hetplan.allocator.service.bodies import Responses, posted
 from hetplan.allocator.service.context import ServiceContext
 from hetplan.allocator.service.middleware import JSONRoute
@@ -62,12 +63,33 @@ def router(ctx: ServiceContext) -> APIRouter:
         except ValueError as exc:
             raise HTTPException(400, f"Pod: {exc}") from None
 
+    def allocated_to(args: k8s.ExtenderArgs) -> set[str] | None:
+        """The node(s) of the pod's job when the allocator already holds its allocation (annotation
+        `hetplan.io/job-id`, written by the webhook or an adoption): its room there is taken by that very
+        allocation, so free capacity cannot judge it; None for any other pod."""
+        job = args.pod.metadata.annotations.get(JOB_ID_KEY)
+        if not job:
+            return None
+        a = ctx.alloc()
+        with a.lock:
+            parts = a.running([job]).get(job)
+        return {p.node for p in parts} if parts else None
+
     @api.post("/filter", response_model=k8s.ExtenderFilterResult, responses=responses)
     def extender_filter(args: k8s.ExtenderArgs) -> JSONResponse:
-        """kube-scheduler extender filter: `ExtenderArgs` in, `ExtenderFilterResult` out."""
+        """kube-scheduler extender filter: `ExtenderArgs` in, `ExtenderFilterResult` out. A pod hetplan allocated
+        passes exactly the node(s) of its allocation; any other is judged by the nodes' free capacity."""
         pod = pod_class(args)
         a = ctx.alloc()
-        outcome = k8s.filter_nodes(pod, candidates(args), a.hints, strict=a.policy.strict)
+        mine = allocated_to(args)
+        if mine is not None:
+            names = [k8s.item_name(raw) for raw in args.nodes.items] if args.nodes is not None \
+                else list(args.node_names or [])
+            reason = f"hetplan allocated this pod to {', '.join(sorted(mine))}"
+            outcome = k8s.FilterOutcome([n for n in names if n in mine], {}, {n: reason for n in names
+                                                                              if n not in mine})
+        else:
+            outcome = k8s.filter_nodes(pod, candidates(args), a.hints, strict=a.policy.strict)
         result = k8s.ExtenderFilterResult(failed_nodes=outcome.failed,
                                           failed_and_unresolvable=outcome.unresolvable)
         if args.nodes is not None:

@@ -11,11 +11,13 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
 from hetplan.allocator.policies import POLICIES
 
 TOKEN_ENV = "HETPLAN_ADMIN_TOKEN"
+WRITE_TOKEN_ENV = "HETPLAN_WRITE_TOKEN"
 KiB = 1024
 
 
 class ServiceSettings(BaseModel):
-    """How the service runs. `from_env` reads `HETPLAN_ALLOCATOR_*` variables (and `HETPLAN_ADMIN_TOKEN`)."""
+    """How the service runs. `from_env` reads `HETPLAN_ALLOCATOR_*` variables (and `HETPLAN_ADMIN_TOKEN`,
+    `HETPLAN_WRITE_TOKEN`)."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -24,6 +26,7 @@ class ServiceSettings(BaseModel):
     policy: str = "hint"
     strict: bool = False  # hint policy only: place a class only on the GPU types its hints list
     token: SecretStr | None = None
+    write_token: SecretStr | None = None  # allocate, release, adopt need it (or the admin token); None: open
     nodes: Path | None = None  # nodes to upsert at start-up (JSON, YAML or CSV)
     kubeconfig: Path | None = None  # sync the nodes with this cluster's Nodes (`k8s.nodes`); None: no sync
     hint_poll_seconds: float = Field(1.0, ge=0)
@@ -50,4 +53,6 @@ class ServiceSettings(BaseModel):
                 values[field] = raw
         if "token" not in values and os.environ.get(TOKEN_ENV):
             values["token"] = os.environ[TOKEN_ENV]
+        if "write_token" not in values and os.environ.get(WRITE_TOKEN_ENV):
+            values["write_token"] = os.environ[WRITE_TOKEN_ENV]
         return cls.model_validate(values)

@@ -1,0 +1,71 @@
+"""Moves (`migrate` actions): the state of one move and its next step, decided from the cluster alone.
+
+A move: the replacement pod is created on the target node behind the scheduling gate `hetplan.io/migration`; the
+old pod is asked to checkpoint (annotation `hetplan.io/checkpoint: <seq>`); once it answers
+(`hetplan.io/checkpointed: <seq>`) or its grace period is over it is evicted, **once**; once its containers have
+stopped (it is gone, or it reports a terminal phase: since 1.27 a kubelet reports one before the pod is removed),
+the gate is lifted and the replacement starts from the checkpoint. A pod never bound to a node (it waited Pending
+for room its allocation no longer has) has run nothing: it is evicted at once, without a checkpoint.
+
+The job's own completion signal, not the old pod's phase, says whether the job ended meanwhile: the old pod
+ended *by itself* (no eviction of ours, no `DisruptionTarget` condition, no checkpoint answer for this move). Only
+then is the replacement deleted. An evicted pod that ends Succeeded (its trainer exits 0 after the checkpoint) or
+Failed (killed by SIGTERM) has moved, not finished. A pod deleted by someone else while alive (a user's `kubectl
+delete`: terminating, no disruption condition) cancels the move: the job is stopped.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from hetplan.allocator.k8s import pods
+
+Step = Literal["ask", "wait", "evict", "ungate", "cancel", "done"]
+"""`ask`: annotate the old pod (checkpoint now); `wait`; `evict` the old pod; `ungate` the replacement; `cancel`
+the move (the job ended: delete the replacement); `done`: nothing left to do (the replacement is gone or runs)."""
+
+
+@dataclass
+class Migration:
+    """A move in progress: the old pod, its replacement (gated), the action's number, when the checkpoint was
+    asked for, how long the pod may take, whether this controller evicted it, and when to try again."""
+
+    job: str
+    old: tuple[str, str]
+    new: tuple[str, str]
+    seq: int
+    asked_at: float | None = None
+    grace: float = 30.0
+    evicted: bool = False
+    evict_sent: bool = False  # an eviction was sent, its outcome maybe unknown (a 5xx after it was done)
+    next_try: float = 0.0
+
+
+def answered(pod: Mapping[str, Any], seq: int) -> bool:
+    """The pod answered this move's checkpoint request (`hetplan.io/checkpointed: <seq>`)."""
+    return pods.annotations(pod).get(pods.CHECKPOINTED_KEY) == str(seq)
+
+
+def next_step(m: Migration, old: Mapping[str, Any] | None, new: Mapping[str, Any] | None, now: float,
+              gone: bool = False) -> Step:
+    """What to do next for `m`, given the old pod and the replacement as the cache has them (None: never seen);
+    `gone`: `old` is the last state the watch showed before the pod was removed."""
+    if new is None or not pods.gated(new):
+        return "done"
+    if gone or old is None:  # removed: its containers have stopped; evicted (or disrupted) it moved, else it ended
+        seen = old is not None and (pods.disrupted(old) or answered(old, m.seq))
+        return "ungate" if m.evicted or m.evict_sent or seen else "cancel"
+    if not pods.ended(old) and not pods.terminating(old):
+        if m.evicted:
+            return "wait"  # the eviction was accepted; the watch has not shown it yet
+        if not (old.get("spec") or {}).get("nodeName"):
+            return "evict"  # never bound: nothing ran, nothing to checkpoint (an eviction deletes it at once)
+        if m.asked_at is None:
+            return "ask"
+        return "evict" if answered(old, m.seq) or now - m.asked_at >= m.grace else "wait"
+    moved = m.evicted or pods.disrupted(old) or answered(old, m.seq)
+    if pods.terminating(old):
+        return "wait" if moved else "cancel"  # its containers stop first (the checkpoint is final then)
+    return "ungate" if moved else "cancel"
