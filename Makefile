@@ -17,6 +17,9 @@ export AIRFLOW__CORE__DAGS_FOLDER = $(CURDIR)/dags
 export AIRFLOW__CORE__PLUGINS_FOLDER = $(CURDIR)/plugins
 export AIRFLOW__CORE__PARALLELISM = 4
 export AIRFLOW__API__HOST = 127.0.0.1
+# Not the in-process execution API's three INFO lines per task instance (state updates, rendered fields): with the
+# mapped replays they were a sixth of `make main`'s log. Its warnings and errors still show.
+export AIRFLOW__LOGGING__NAMESPACE_LEVELS = airflow.api_fastapi.execution_api=WARNING
 # The allocator as `make main` prints it: the published hints, and the plan's nodes (owned and added, one per
 # node, named <shape>-<i>) so that the first allocate places a job (tests/test_first_hour.py runs this line).
 ALLOCATOR = $(abspath $(BIN))/hetplan serve --store $(WORKSPACE)/hints --db $(WORKSPACE)/allocator.db \

@@ -142,6 +142,7 @@ def test_a_fresh_copy_with_your_fleet_and_trace_names_what_to_buy_and_every_prin
     assert printed["Decision"].startswith(decision[0])
     seconds = time.monotonic() - started
     print(f"make main on the example: {seconds:.0f} s, {len(output.splitlines())} lines")
+    assert len(output.splitlines()) <= 400  # issue 32's budget for make main's log
 
     run_printed(printed, clone, ws, env, tmp_path)
     # the README's own next steps, as printed: the jobs from the allocator's database, planned for directly
