@@ -1,5 +1,8 @@
 """hetplan's nightly pipeline: profile each GPU type (mapped) -> fit (MLflow) -> plan -> publish the hints -> report.
 
+`resolve` seeds the workspace and reads its workload from the `trace` param's source every run: a trace file, a
+URL, or the cluster's own job history (`allocator:http://HOST:PORT`), so each night plans what the cluster ran.
+
 Planning for the workspace's workload runs as three tasks: `shortlist` (propose and screen the candidates),
 `replay` (mapped: one task instance per replay run, a candidate on an arrival draw) and `choose` (the plan).
 
@@ -47,10 +50,11 @@ def hetplan_nightly():
 
     @task
     def resolve(params=None, **context) -> list[str]:
-        """Seed the workspace if empty; the GPU types profiled on the default queue, one mapped `profile` each."""
+        """Seed the workspace (your fleet/trace/catalog params, else defaults) and read the workload from its
+        source; the GPU types profiled on the default queue, one mapped `profile` each."""
         from hetplan.pipeline import prepare
 
-        prepare(params["workspace"])
+        prepare(params["workspace"], fleet=params["fleet"], trace=params["trace"], catalog=params["catalog"])
         return profiling_plan(params, run_key(context), queued=queues)["local"]
 
     @task

@@ -4,7 +4,8 @@ Every step reads and writes files under one run directory, `<workspace>/runs/<ru
 the DAG run's logical date), so a retried task rewrites the same files and a re-run of a night is
 idempotent. Steps take and return JSON-able values (paths as strings), so they travel as XComs.
 
-    prepare(ws)                                   -> seeds the workspace from the embedded defaults if empty
+    prepare(ws, fleet=F, trace=SRC)               -> seeds the workspace (your files, else the embedded defaults)
+                                                     and refreshes its workload from SRC (file, URL, allocator)
     profile_gpu(ws, key, "T4", "token-batch", ...) -> measures one GPU type, else falls back to its last good
                                                      (skipped, in one line, where the host has no GPU)
     fit_step(ws, key, ["T4", "L4"], ...)          -> merged profiles -> curves (+ MLflow runs and models)
@@ -58,14 +59,28 @@ def last_good_path(workspace: str | Path, gpu_type: str) -> Path:
     return Path(workspace) / "profiles" / "last_good" / f"{gpu_type}.csv"
 
 
-def prepare(workspace: str | Path) -> dict[str, str]:
-    """Seed the workspace from the embedded defaults unless it already holds them; return its files."""
-    from hetplan.workspace import Workspace, init_workspace
+def prepare(workspace: str | Path, *, fleet: str = "", trace: str = "", catalog: str = "") -> dict[str, str]:
+    """Seed the workspace with what it lacks (`fleet`, `trace`, `catalog` where given, else the embedded defaults)
+    and take its workload from the source `trace` (a file, a URL, `allocator:URL` or `allocator:DB`: the cluster's
+    own job history, durations from the workspace's current curves); return its files.
+
+    A file hetplan did not write is never replaced (`hetplan.workspace`): a source that differs from it fails
+    this step, naming the file."""
+    from hetplan.traces.sources import EmptyHistory
+    from hetplan.workspace import Seed, Workspace, default_curves, init_workspace
 
     ws = Workspace(Path(workspace))
-    if not all(p.is_file() for p in (ws.catalog, ws.profiles, ws.demand)):
-        init_workspace(ws.root)
-        log.info("seeded workspace %s from the embedded defaults", ws.root)
+    seed = Seed(fleet or None, trace or None, catalog or None, curves=default_curves(ws.root))
+    if fleet or trace or catalog or not all(p.is_file() for p in (ws.catalog, ws.profiles, ws.demand)):
+        try:
+            summary = init_workspace(ws.root, seed=seed)
+        except EmptyHistory as exc:  # a new cluster has run nothing yet: plan the workspace's trace meanwhile
+            log.warning("%s: planning %s until it has", exc, ws.trace)
+            summary = init_workspace(ws.root, seed=replace(seed, trace=None))
+        for warning in summary.warnings:
+            log.warning("%s", warning)
+        for path in summary.written:
+            log.info("%s: written (%s)", path, summary.origins[path.name])
     needs = needs_profiling(ws.root)
     if needs:
         log.warning("the last published plan planned %d models on the unprofiled default; profile them (a "

@@ -1,10 +1,13 @@
 """The one-page report of a pipeline run: what a person opens first after `make main`.
 
 `write_report(workspace, run_key)` reads the run's files (`runs/<key>/plan/plan.json`, `curves.parquet`, the
-workspace's workload or demand mix) and writes `runs/<key>/report/`: `report.html` and its pictures, four panels
-(`hetplan report` writes the same page for a plan directory of `hetplan plan`, through `render_report`):
+workspace's workload or demand mix) and writes `runs/<key>/report/`: `report.html` and its pictures, and
+`decision.txt` (`hetplan report` writes the same page for a plan directory of `hetplan plan`, through
+`render_report`). The page opens with the decision in words (`hetplan.decision`: what to rent, for how much,
+the expected average JCT against the status quo's with one interval, why, and what the status quo is), then
+four panels, then the technical detail (the planner's summary, solver, the calibrated interval):
 
-1. the plan's node mix and cost (`node_mix.png`): GPUs per shape, added vs owned, coloured by GPU type;
+1. the plan's node mix and cost (`node_mix.png`): nodes and GPUs per shape, added vs owned, by GPU type;
 2. the top models' curves with knees (`curves.png`): the models with the largest share of the demand, on
    every GPU type of the plan (one colour and line style per GPU type, `hetplan.plots`);
 3. predicted JCT against the status quo (`jct.png`): average and p95, from the planner's replays (a plan for
@@ -34,6 +37,7 @@ from matplotlib.figure import Figure  # noqa: E402
 
 from hetplan.contracts import CURVES, DEMAND, TRACE, ContractError, Problem, demand_from_trace, load_plan  # noqa: E402
 from hetplan.contracts.plan import Plan  # noqa: E402
+from hetplan.decision import Decision, decide  # noqa: E402
 from hetplan.fsio import atomic_write_bytes  # noqa: E402
 from hetplan.plots import styles  # noqa: E402
 
@@ -42,6 +46,7 @@ log = logging.getLogger(__name__)
 REPORT = "report"
 PAGE = "report.html"
 PICTURES = ("node_mix.png", "curves.png", "jct.png")
+DECISION = "decision.txt"
 TOP_MODELS = 3
 STATUS_QUO = "status quo"
 
@@ -68,18 +73,22 @@ def render_report(plan_dir: Path, curves_path: Path, out: Path, *, trace: Path |
     curves = CURVES.load(curves_path)
     shares = model_shares(trace=trace, demand=demand)
     top = [m for m in shares.index if m in set(curves["model"])][:top_models]
+    baselines = _baselines(plan_dir / "baselines.csv")
+    decision = decide(plan, curves, shares, baselines)
     out.mkdir(parents=True, exist_ok=True)
     _save(plot_node_mix(plan), out / PICTURES[0])
     _save(plot_top_curves(curves, top, plan), out / PICTURES[1])
-    _save(plot_jct(plan, _baselines(plan_dir / "baselines.csv")), out / PICTURES[2])
+    _save(plot_jct(plan, baselines), out / PICTURES[2])
+    atomic_write_bytes(out / DECISION, (decision.text() + "\n").encode())
     page = out / PAGE
-    atomic_write_bytes(page, render(plan, curves, shares, top, _summary(plan_dir)).encode())
+    atomic_write_bytes(page, render(plan, curves, shares, top, _summary(plan_dir), decision).encode())
     log.info("report: %s", page)
     return page
 
 
 def plot_node_mix(plan: Plan) -> Figure:
-    """GPUs per shape the plan runs (added solid, owned hatched), coloured by GPU type; the cost in the title."""
+    """GPUs per shape the plan runs (added solid, owned hatched), coloured by GPU type, each bar labelled with its
+    node counts (and the added nodes' cost); the cost in the title."""
     rows = []
     for shape in sorted(set(plan.node_counts) | set(plan.owned_nodes)):
         spec = plan.shapes.get(shape)
@@ -87,8 +96,9 @@ def plot_node_mix(plan: Plan) -> Figure:
         if spec is None or added + owned == 0:
             continue
         rows.append({"shape": shape, "gpu_type": spec.gpu_type, "added": added * spec.gpus,
-                     "owned": owned * spec.gpus, "cost": added * spec.price_per_hour})
-    table = pd.DataFrame(rows, columns=["shape", "gpu_type", "added", "owned", "cost"])
+                     "owned": owned * spec.gpus, "cost": added * spec.price_per_hour, "nodes_added": added,
+                     "nodes_owned": owned})
+    table = pd.DataFrame(rows, columns=["shape", "gpu_type", "added", "owned", "cost", "nodes_added", "nodes_owned"])
     table = table.sort_values(["gpu_type", "shape"], ignore_index=True)
     palette = styles(table["gpu_type"])
     fig, ax = plt.subplots(figsize=(9, max(3.0, 0.32 * len(table) + 1.4)), dpi=100)
@@ -97,16 +107,19 @@ def plot_node_mix(plan: Plan) -> Figure:
     ax.barh(labels, table["added"], color=colours, label="added")
     ax.barh(labels, table["owned"], left=table["added"], color=colours, alpha=0.45, hatch="//", label="owned")
     for i, row in enumerate(table.itertuples()):
-        if row.cost > 0:
-            ax.text(row.added + row.owned, i, f"  {row.cost:.2f} \\$/h", va="center", fontsize=7)
+        counts = [f"{n} {what}" for n, what in ((row.nodes_added, "added"), (row.nodes_owned, "owned")) if n]
+        label = f"  {' + '.join(counts)} node{'s' if row.nodes_added + row.nodes_owned > 1 else ''}"
+        ax.text(row.added + row.owned, i, label + (f", {row.cost:.2f} \\$/h" if row.cost > 0 else ""),
+                va="center", fontsize=7)
     ax.invert_yaxis()
     if len(table):
-        ax.set_xlim(0, float((table["added"] + table["owned"]).max()) * 1.18)  # room for the cost labels
+        ax.set_xlim(0, float((table["added"] + table["owned"]).max()) * 1.45)  # room for the node counts and cost
     ax.set_xlabel("GPUs")
     ax.tick_params(axis="y", labelsize=7)
     budget = f" of {plan.budget_per_hour:g} \\$/h" if plan.budget_per_hour is not None else ""
-    ax.set_title(f"node mix: {int(table['added'].sum())} GPUs added for {plan.cost_per_hour:.2f} \\$/h{budget}, "
-                 f"{int(table['owned'].sum())} owned (hatched)", fontsize=10)
+    ax.set_title(f"node mix: {int(table['nodes_added'].sum())} nodes ({int(table['added'].sum())} GPUs) added for "
+                 f"{plan.cost_per_hour:.2f} \\$/h{budget}, {int(table['nodes_owned'].sum())} owned "
+                 f"({int(table['owned'].sum())} GPUs, hatched)", fontsize=10)
     ax.grid(alpha=0.3, axis="x")
     fig.tight_layout()
     return fig
@@ -182,8 +195,9 @@ def needs_profiling(plan: Plan, curves: pd.DataFrame) -> list[tuple[str, str, st
     return rows
 
 
-def render(plan: Plan, curves: pd.DataFrame, shares: pd.Series, top: list[str], summary: str) -> str:
-    """The page: a header with the plan's one-line summary, then the four panels."""
+def render(plan: Plan, curves: pd.DataFrame, shares: pd.Series, top: list[str], summary: str,
+           decision: Decision) -> str:
+    """The page: the decision in words, the four panels, then the technical detail."""
     e = html.escape
     todo = needs_profiling(plan, curves)
     todo_rows = "".join(f"<tr><td>{e(a)}</td><td>{e(b)}</td><td>{e(c)}</td></tr>" for a, b, c in todo)
@@ -199,13 +213,13 @@ h1 {{ font-size: 1.3em; margin-bottom: .2em; }} h2 {{ font-size: 1.05em; margin:
 .wide {{ grid-column: 1 / -1; }} img {{ max-width: 100%; height: auto; }}
 table {{ border-collapse: collapse; font-size: .85em; width: 100%; }}
 td, th {{ border-bottom: 1px solid #eee; padding: .25em .5em; text-align: left; vertical-align: top; }}
-.note {{ color: #8a5a00; font-size: .85em; }}
+.note {{ color: #8a5a00; font-size: .85em; }} .decision {{ font-size: 1.15em; font-weight: 600; }}
 </style></head>
 <body>
-<h1>hetplan: {e(plan.plan_id)}</h1>
-<p class="meta">{e(summary)}</p>
-<p class="meta">cost {plan.cost_per_hour:.2f} $/h{f" of a {plan.budget_per_hour:g} $/h budget" if plan.budget_per_hour is not None else ""};
-solver {e(plan.solver)}; created {e(plan.created_at.isoformat())}</p>
+<h1>What to buy</h1>
+<section id="decision"><p class="decision">{e(decision.headline)}</p>
+<p>{e(decision.why)}</p>
+<p>{e(decision.status_quo)}</p></section>
 {'<p class="note">Curves include <b>derived</b> profiles (a stated model, not measurements): every figure here is a simulation until real profiles replace them.</p>' if derived else ''}
 <div class="grid">
 <section class="panel wide" id="node-mix"><h2>1. Node mix and cost</h2>
@@ -219,6 +233,10 @@ solver {e(plan.solver)}; created {e(plan.created_at.isoformat())}</p>
 <p class="meta">Profile a GPU type with <code>hetplan profile --gpu-type T ...</code> on a host that has it, or
 list it in the nightly DAG's <code>gpu_types</code>.</p></section>
 </div>
+<section id="detail"><h2>Technical detail</h2>
+<p class="meta">plan {e(plan.plan_id)}: {e(summary)}</p>
+<p class="meta">cost {plan.cost_per_hour:.2f} $/h{f" of a {plan.budget_per_hour:g} $/h budget" if plan.budget_per_hour is not None else ""};
+solver {e(plan.solver)}; created {e(plan.created_at.isoformat())}</p></section>
 </body></html>
 """
 
@@ -262,5 +280,6 @@ def _point(ws: Path, run_key: str) -> Path:
 
 
 def report_files(page: Path) -> dict[str, Any]:
-    """The page and the pictures it references, for logging (as `json.dumps`-able paths)."""
-    return {"report": str(page), "pictures": [str(page.parent / p) for p in PICTURES]}
+    """The page, its decision in words and the pictures it references, for logging (as `json.dumps`-able paths)."""
+    return {"report": str(page), "decision": str(page.parent / DECISION),
+            "pictures": [str(page.parent / p) for p in PICTURES]}

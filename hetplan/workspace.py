@@ -1,34 +1,57 @@
-"""A workspace: the directory of files one planning cycle reads and writes, seeded from embedded defaults.
+"""A workspace: the directory of files one planning cycle reads and writes, seeded from your files or defaults.
 
-`init_workspace` writes the shipped default catalog, the default owned fleet (a derived sample of Alibaba
-PAI's heterogeneous GPU fleet), the derived profile set (labelled derived), the published V100 table, a
-reference workload (Gavel's Philly-derived trace, 1,181 jobs) and the demand mix summarised from it; every
-file is validated against its contract on the way out. Later stages (fit, plan, publish) read and add to
-the same directory: the plan is for the workload, on the owned fleet plus what the budget rents.
+`init_workspace` writes what the workspace lacks: the node-shape catalog, the owned fleet and the workload (a
+trace) from your own files when given (`Seed`), else from the embedded defaults (the shipped catalog of real
+cloud prices, a derived sample of Alibaba PAI's heterogeneous GPU fleet, Gavel's Philly-derived trace of 1,181
+jobs), the derived profile set (labelled derived), the published V100 table and the demand mix of the trace.
+Every file is validated against its contract before anything is written.
+
+A file hetplan did not write (you copied it in, or edited it since) is never overwritten: it is validated and
+kept, and a different file given for its place is refused (`--force` overwrites). `workspace.json` records
+what hetplan wrote, with each file's checksum and source, so that a nightly run may refresh a trace it wrote
+from a source (`hetplan.traces.sources`) and never touches one you placed. Later stages (fit, plan, publish)
+read and add to the same directory: the plan is for the workload, on the owned fleet plus what the budget rents.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import functools
+import json
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
 from pathlib import Path
 
 import pandas as pd
 
-from hetplan.catalog import load_default_catalog, load_default_fleet
-from hetplan.contracts import CATALOG, DEMAND, FLEET, PROFILES, TRACE, ContractError, Problem, demand_from_trace
-from hetplan.reference import build_reference
+from hetplan.catalog import DEFAULT_CATALOG, load_default_catalog, load_default_fleet
+from hetplan.contracts import (
+    CATALOG, DEMAND, FLEET, PROFILES, TRACE, ContractError, Problem, TableSchema, demand_from_trace, fingerprint,
+)
+from hetplan.fsio import atomic_write_bytes
 from hetplan.resources import upstream_path
-from hetplan.traces import import_trace
 
 DEFAULT_TRACE = (upstream_path("traces", "gavel_philly_0e4a51.trace"), "gavel")
 DEFAULT_ROOT = Path(".hetplan")
+MANIFEST = "workspace.json"
 
 
 def default_curves(root: Path = DEFAULT_ROOT) -> Path:
-    """The curve table commands read when none is named: the newer of `hetplan fit`'s default output and the
-    published nightly run's (`<root>/current/curves.parquet`); the former when neither exists."""
-    candidates = [p for p in (root / "curves.parquet", root / "current" / "curves.parquet") if p.is_file()]
-    return max(candidates, key=lambda p: p.stat().st_mtime) if candidates else root / "curves.parquet"
+    """The curve table commands read when none is named (`plan`, `evaluate`, `report`, `curves show`): the newer of
+    `hetplan fit`'s default output and the published nightly run's (`<root>/current/curves.parquet`); the former
+    when neither exists."""
+    return _newest(root / "curves.parquet", root / "current" / "curves.parquet")
+
+
+def default_plan_dir(root: Path = DEFAULT_ROOT) -> Path:
+    """The plan directory `hetplan report` reads when none is named, by the same rule: the newer of `hetplan
+    plan`'s default output (`<root>/plan`) and the published nightly run's (`<root>/current/plan`)."""
+    return _newest(root / "plan" / "plan.json", root / "current" / "plan" / "plan.json").parent
+
+
+def _newest(default: Path, published: Path) -> Path:
+    candidates = [p for p in (default, published) if p.is_file()]
+    return max(candidates, key=lambda p: p.stat().st_mtime) if candidates else default
 
 
 @dataclass(frozen=True)
@@ -62,9 +85,36 @@ class Workspace:
         return self.root / "demand.csv"
 
     @property
+    def manifest(self) -> Path:
+        return self.root / MANIFEST
+
+    @property
     def seeded(self) -> tuple[Path, ...]:
         """The files `init_workspace` writes."""
         return (self.catalog, self.fleet, self.profiles, self.published_profiles, self.trace, self.demand)
+
+    def written(self) -> dict[str, dict[str, str]]:
+        """`workspace.json`: file name -> {"source", "sha256", "at"} of each file hetplan wrote ({} if none)."""
+        try:
+            return json.loads(self.manifest.read_text())
+        except (OSError, ValueError):
+            return {}
+
+    def is_ours(self, path: Path) -> bool:
+        """True when hetplan wrote `path` and nobody changed it since (its checksum is the recorded one)."""
+        entry = self.written().get(path.name)
+        return entry is not None and path.is_file() and entry.get("sha256") == fingerprint(path)
+
+
+@dataclass(frozen=True)
+class Seed:
+    """Your own files to seed a workspace with; None: keep the workspace's file, else the embedded default."""
+
+    fleet: str | None = None     # owned fleet (name,gpu_type,gpus,vcpus,mem_gb,count, or name,count of catalog shapes)
+    trace: str | None = None     # a workload source (`hetplan.traces.sources`): file, URL, allocator
+    catalog: str | None = None   # node shapes to buy or rent
+    trace_format: str = "trace"  # a public trace format for a trace file (`hetplan trace import`'s)
+    curves: Path | None = None   # the curves an allocator's job history is converted with (else the profiles)
 
 
 @dataclass(frozen=True)
@@ -75,31 +125,127 @@ class InitSummary:
     trace: pd.DataFrame
     demand: pd.DataFrame
     warnings: list[str]
-
+    origins: dict[str, str] = field(default_factory=dict)  # file name -> where its content comes from
+    written: list[Path] = field(default_factory=list)
 
 
 class WorkspaceExistsError(ContractError):
     """`init_workspace` would overwrite files a workspace already has."""
 
 
-def init_workspace(root: Path, *, force: bool = False) -> InitSummary:
-    """Seed `root` with the embedded defaults; every file is validated and written atomically.
+@dataclass
+class _File:
+    """One file of the workspace: its frame and where it comes from; `fresh` when it is to be (re)written."""
 
-    Raises `WorkspaceExistsError` naming the files it would overwrite unless `force`.
+    path: Path
+    schema: TableSchema
+    frame: pd.DataFrame
+    origin: str
+    fresh: bool
+
+
+def init_workspace(root: Path, *, force: bool = False, seed: Seed = Seed()) -> InitSummary:
+    """Seed `root` (see the module): every input is read and validated first, then the files it lacks or that
+    `seed` replaces are written atomically; your own files are kept.
+
+    Raises `WorkspaceExistsError` when the workspace has every file and `seed` names none (nothing to do) unless
+    `force`, and `ContractError` naming the file for a bad input or a file of yours that `seed` would replace.
     """
-    workspace = Workspace(Path(root))
-    existing = [p for p in workspace.seeded if p.exists()]
-    if existing and not force:
-        raise WorkspaceExistsError([Problem(str(workspace.root), f"already a workspace ({', '.join(p.name for p in existing)}"
+    ws = Workspace(Path(root))
+    if not force and not (seed.fleet or seed.trace or seed.catalog) and all(p.exists() for p in ws.seeded):
+        raise WorkspaceExistsError([Problem(str(ws.root), f"already a workspace ({', '.join(p.name for p in ws.seeded)}"
                                             "): nothing overwritten; use --force to re-seed it from the defaults")])
-    catalog = load_default_catalog()
-    reference = build_reference()
+    warnings: list[str] = []
+    catalog = _file(ws, ws.catalog, CATALOG, seed.catalog, force, lambda: (load_default_catalog(), "default catalog"),
+                    CATALOG.load)
+    catalog_path = seed.catalog or (ws.catalog if ws.catalog.is_file() and not catalog.fresh else DEFAULT_CATALOG)
+    fleet = _file(ws, ws.fleet, FLEET, seed.fleet, force, lambda: (load_default_fleet(), "default fleet"),
+                  lambda src: _read_fleet(src, catalog_path))
+    profiles = _file(ws, ws.profiles, PROFILES, None, force, lambda: (_reference().derived, "derived profiles"))
+    published = _file(ws, ws.published_profiles, PROFILES, None, force,
+                      lambda: (_reference().published, "published V100 table"))
+    trace = _file(ws, ws.trace, TRACE, seed.trace, force, lambda: _default_trace(warnings),
+                  lambda src: _read_trace(src, seed, profiles.frame, warnings))
+    demand_fresh = force or trace.fresh or not ws.demand.is_file()
+    demand = _File(ws.demand, DEMAND, demand_from_trace(trace.frame) if demand_fresh else DEMAND.load(ws.demand),
+                   f"demand mix of {ws.trace.name}" if demand_fresh else "kept", demand_fresh)
+    files = [catalog, fleet, profiles, published, trace, demand]
+    written = [f.schema.write(f.frame, f.path) for f in files if f.fresh]
+    _record(ws, {f.path.name: f.origin for f in files if f.fresh})
+    return InitSummary(ws, catalog.frame, profiles.frame, trace.frame, demand.frame, warnings,
+                       {f.path.name: f.origin for f in files}, written)
+
+
+def _file(ws: Workspace, path: Path, schema: TableSchema, source: str | None, force: bool,
+          default: Callable[[], tuple[pd.DataFrame, str]],
+          read: Callable[[str], pd.DataFrame] | None = None) -> _File:
+    """What `path` will hold: `source` read (if given), else the workspace's own file kept, else the default."""
+    exists = path.is_file()
+    if source is not None and read is not None:
+        frame = read(source)
+        if exists and not force:
+            if _same(schema, path, frame):
+                return _File(path, schema, frame, "kept (the same as " + source + ")", False)
+            if not ws.is_ours(path):
+                raise ContractError([Problem(str(path), f"your own file (hetplan did not write it, or it changed "
+                                             f"since) differs from {source}: nothing overwritten; move it aside, or "
+                                             "use --force to replace it")])
+        return _File(path, schema, frame, f"yours: {source}", True)
+    if exists and not force:
+        return _File(path, schema, schema.load(path), "kept", False)
+    frame, what = default()
+    return _File(path, schema, frame, f"embedded default: {what}", True)
+
+
+def _same(schema: TableSchema, path: Path, frame: pd.DataFrame) -> bool:
+    """True when `path` holds the rows of `frame` (validated both), whatever the file's formatting."""
+    try:
+        ours = schema.validate(frame, "<new>").reset_index(drop=True)
+        theirs = schema.load(path).reset_index(drop=True)
+        pd.testing.assert_frame_equal(ours[theirs.columns.intersection(ours.columns)],
+                                      theirs[theirs.columns.intersection(ours.columns)], check_dtype=False)
+        return list(ours.columns) == list(theirs.columns)
+    except (ContractError, AssertionError):
+        return False
+
+
+def _read_fleet(source: str, catalog_path: str | Path) -> pd.DataFrame:
+    from hetplan.planner.entry import read_fleet
+
+    return read_fleet(source, catalog_path)
+
+
+def _read_trace(source: str, seed: Seed, profiles: pd.DataFrame, warnings: list[str]) -> pd.DataFrame:
+    from hetplan.traces.history import workspace_speeds
+    from hetplan.traces.sources import ALLOCATOR, read_source
+
+    speeds, how = workspace_speeds(seed.curves, profiles) if source.startswith(ALLOCATOR) else (None, "")
+    sourced = read_source(source, fmt=seed.trace_format, speeds=speeds)
+    warnings.extend(sourced.warnings + ([how] if how else []))
+    return sourced.trace
+
+
+def _default_trace(warnings: list[str]) -> tuple[pd.DataFrame, str]:
+    from hetplan.traces import import_trace
+
     imported = import_trace(*DEFAULT_TRACE)
-    demand = demand_from_trace(imported.trace)
-    CATALOG.write(catalog, workspace.catalog)
-    FLEET.write(load_default_fleet(), workspace.fleet)
-    PROFILES.write(reference.derived, workspace.profiles)
-    PROFILES.write(reference.published, workspace.published_profiles)
-    TRACE.write(imported.trace, workspace.trace)
-    DEMAND.write(demand, workspace.demand)
-    return InitSummary(workspace, catalog, reference.derived, imported.trace, demand, list(imported.warnings))
+    warnings.extend(imported.warnings)
+    return imported.trace, "Gavel's Philly-derived trace (0e4a51)"
+
+
+@functools.cache
+def _reference():
+    from hetplan.reference import build_reference
+
+    return build_reference()
+
+
+def _record(ws: Workspace, origins: dict[str, str]) -> None:
+    """Add the files just written, with their checksums and sources, to `workspace.json`."""
+    if not origins:
+        return
+    entries = ws.written()
+    at = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    for name, origin in origins.items():
+        entries[name] = {"source": origin, "sha256": fingerprint(ws.root / name), "at": at}
+    atomic_write_bytes(ws.manifest, (json.dumps(entries, indent=2, sort_keys=True) + "\n").encode())

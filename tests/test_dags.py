@@ -96,6 +96,7 @@ def test_nightly_task_graph(dagbag):
     assert all(t.retries >= 1 for t in dag.tasks)
     assert dag.params["budget"] == 200.0 and dag.params["workspace"] == ".hetplan"
     assert dag.params["kubernetes"] == {}  # default: every GPU type is profiled on the workers
+    assert dag.params["fleet"] == dag.params["catalog"] == "" and "trace" in dag.params  # empty: the workspace's
 
 
 def _params(dagbag, **overrides) -> dict:
@@ -286,23 +287,27 @@ def test_nightly_run_publishes_hints_and_marks_failed_profiling_stale(dagbag, ai
     from hetplan.workspace import init_workspace
 
     workspace = tmp_path / "ws"
-    init_workspace(workspace)  # seeded here (`resolve` keeps a seeded workspace) to plan a smaller workload
-    TRACE.write(TRACE.load(workspace / "trace.csv").iloc[:NIGHTLY_JOBS], workspace / "trace.csv")
+    init_workspace(workspace)
+    recent = tmp_path / "recent.csv"  # the workload's source: `resolve` reads it into the workspace's trace.csv
+    TRACE.write(TRACE.load(workspace / "trace.csv").iloc[:NIGHTLY_JOBS], recent)
     (workspace / "hints").mkdir(parents=True)
     # a running allocator on the (still empty) store, polling it too rarely to notice a publish by itself
     allocator = Server(tmp_path, workspace / "hints", extra=("--hint-poll", "3600")).start()
     try:
-        _nightly_then_publish(dagbag, workspace, allocator, monkeypatch)
+        _nightly_then_publish(dagbag, workspace, allocator, monkeypatch, recent)
     finally:
         allocator.stop()
 
 
-def _nightly_then_publish(dagbag, workspace: Path, allocator, monkeypatch) -> None:
+def _nightly_then_publish(dagbag, workspace: Path, allocator, monkeypatch, recent: Path) -> None:
     from mlflow.tracking import MlflowClient
 
+    from hetplan.contracts import TRACE
     from hetplan.hints import HintStore
 
-    run = dagbag.get_dag("hetplan_nightly").test(run_conf={**TINY, "workspace": str(workspace)})
+    run = dagbag.get_dag("hetplan_nightly").test(run_conf={**TINY, "workspace": str(workspace),
+                                                           "trace": str(recent)})
+    assert TRACE.load(workspace / "trace.csv").equals(TRACE.load(recent))  # the night planned its source's jobs
     assert run.state == "success"
     states = _task_states(run.run_id)
     assert states[("profile", 0)] == states[("profile", 1)] == "success"  # L4 skipped or failed: no task fails

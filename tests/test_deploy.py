@@ -17,6 +17,7 @@ import re
 import shlex
 import shutil
 import subprocess
+import sys
 import time
 import tomllib
 from concurrent.futures import ThreadPoolExecutor
@@ -30,7 +31,8 @@ from servers import free_port
 from venvs import REPO, build_wheel, clean_env, download_pip, make_venv
 
 SECRETS = {"AIRFLOW_JWT_SECRET": "jwt-test", "AIRFLOW_FERNET_KEY": "fernet-test", "HETPLAN_ADMIN_TOKEN": "token-test",
-           "HETPLAN_WRITE_TOKEN": "write-test"}
+           "HETPLAN_WRITE_TOKEN": "write-test", "MLFLOW_ADMIN_PASSWORD": "mlflow-test-password",
+           "MLFLOW_SECRET_KEY": "mlflow-secret-test"}
 UID = "4242"
 HETPLAN_IMAGE = "hetplan:0.1.0"
 INIT = "airflow-init"
@@ -111,6 +113,76 @@ def test_every_dependency_waits_for_health_and_every_service_has_a_health_check(
             if how["condition"] == "service_healthy":
                 assert services[dependency].get("healthcheck"), (name, dependency)
     assert services["allocator"]["healthcheck"]["test"][-1].endswith("/healthz")
+
+
+@compose
+def test_mlflow_and_the_airflow_ui_need_a_login_and_are_published_on_loopback(config):
+    """MLflow runs its basic-auth app (admin from the secrets, users on their own volume); the clients log in; the
+    SimpleAuthManager UI (development and testing, Airflow says) and MLflow listen on the host's loopback only."""
+    services = config["services"]
+    mlflow = services["mlflow"]
+    assert mlflow["command"][:4] == ["mlflow", "server", "--app-name", "basic-auth"]
+    env = mlflow["environment"]
+    assert env["MLFLOW_AUTH_ADMIN_PASSWORD"] == SECRETS["MLFLOW_ADMIN_PASSWORD"]
+    assert env["MLFLOW_FLASK_SERVER_SECRET_KEY"] == SECRETS["MLFLOW_SECRET_KEY"]
+    assert env["MLFLOW_AUTH_CONFIG_PATH"] == "/etc/mlflow/basic_auth.ini"
+    dockerfile = (REPO / "docker" / "mlflow.Dockerfile").read_text()
+    assert "COPY mlflow_basic_auth.ini /etc/mlflow/basic_auth.ini" in dockerfile
+    assert "/mlflow-auth" in _named_mounts(mlflow, config)
+    for name in ("airflow-scheduler", "airflow-worker", "airflow-apiserver"):
+        client = services[name]["environment"]
+        assert (client["MLFLOW_TRACKING_USERNAME"], client["MLFLOW_TRACKING_PASSWORD"]) == (
+            env["MLFLOW_AUTH_ADMIN_USERNAME"], SECRETS["MLFLOW_ADMIN_PASSWORD"]), name
+    for name in ("mlflow", "airflow-apiserver"):
+        (port,) = services[name]["ports"]
+        host_ip = port["host_ip"] if isinstance(port, dict) else port.split(":")[0]
+        assert host_ip == "127.0.0.1", name
+
+
+@pytest.mark.slow
+def test_mlflow_basic_auth_refuses_strangers_and_hetplan_logs_in(tmp_path, monkeypatch):
+    """The basic-auth settings compose ships, with a SQLite user store here: a request without a login gets 401;
+    hetplan, given the admin's login as the Airflow workers are, creates its experiment (tagged model training)."""
+    from hetplan.tracking import EXPERIMENT_KIND, experiment_id
+
+    ini = (REPO / "docker" / "mlflow_basic_auth.ini").read_text()
+    (tmp_path / "auth.ini").write_text(ini.replace("sqlite:////mlflow-auth/basic_auth.db",
+                                                   f"sqlite:///{tmp_path}/basic_auth.db"))
+    port = free_port()
+    env = {**os.environ, "MLFLOW_AUTH_CONFIG_PATH": str(tmp_path / "auth.ini"), "MLFLOW_AUTH_ADMIN_USERNAME": "admin",
+           "MLFLOW_AUTH_ADMIN_PASSWORD": SECRETS["MLFLOW_ADMIN_PASSWORD"],
+           "MLFLOW_FLASK_SERVER_SECRET_KEY": SECRETS["MLFLOW_SECRET_KEY"],
+           "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
+    mlflow = str(Path(sys.executable).parent / "mlflow")  # this virtualenv's
+    log = open(tmp_path / "mlflow.log", "wb")
+    proc = subprocess.Popen([mlflow, "server", "--app-name", "basic-auth", "--backend-store-uri",
+                             f"sqlite:///{tmp_path}/mlflow.db", "--host", "127.0.0.1", "--port", str(port),
+                             "--workers", "1"], stdout=log, stderr=subprocess.STDOUT, env=env, cwd=tmp_path)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            assert proc.poll() is None, (tmp_path / "mlflow.log").read_text()[-3000:]
+            try:
+                if httpx.get(url + "/health", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert time.monotonic() < deadline, (tmp_path / "mlflow.log").read_text()[-3000:]
+            time.sleep(0.5)
+        search = url + "/api/2.0/mlflow/experiments/search?max_results=10"
+        assert httpx.get(search, timeout=10).status_code == 401
+        assert httpx.get(search, auth=("admin", "wrong"), timeout=10).status_code == 401
+        monkeypatch.setenv("MLFLOW_TRACKING_USERNAME", "admin")
+        monkeypatch.setenv("MLFLOW_TRACKING_PASSWORD", SECRETS["MLFLOW_ADMIN_PASSWORD"])
+        from mlflow.tracking import MlflowClient
+
+        created = experiment_id(url, "hetplan-planning")
+        assert MlflowClient(url).get_experiment(created).tags[EXPERIMENT_KIND[0]] == EXPERIMENT_KIND[1]
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+        log.close()
 
 
 @compose

@@ -96,6 +96,11 @@ def test_the_report_has_four_panels_and_every_picture_it_references(workspace):
         assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 5_000, picture
     assert "res18" in text and "derived" in text  # the top models; derived data labelled as such
     assert "a3c" in text or "needs profiling" in text.lower()
+    # the decision in words comes first, the technical detail last; decision.txt says the same for `make main`
+    decision = (page.parent / "decision.txt").read_text().splitlines()
+    assert text.index('id="decision"') < text.index('id="node-mix"') < text.index('id="detail"')
+    assert decision[0].startswith(("Rent ", "Add no node", "Keep what you have")) and "owned nodes" in decision[0]
+    assert decision[2].startswith("The status quo is your owned nodes plus")
 
 
 @pytest.mark.slow
@@ -148,6 +153,10 @@ def test_hetplan_report_writes_the_page_for_a_plan_directory(workspace, tmp_path
     (["simulate", "--nodes", "n.csv", "--trace", ".hetplan/trace.csv", "--truth", ".hetplan/profiles.csv"], "n.csv",
      "hetplan init"),
     (["plan", "--budget", "20", "--no-mlflow", "--out-dir", "p"], ".hetplan/curves.parquet", "hetplan fit"),
+    (["plan", "--budget", "20", "--no-mlflow", "--owned", "mine.csv", "--out-dir", "p"], "mine.csv",
+     "hetplan init --workspace DIR --fleet"),
+    (["evaluate", "--trace", ".hetplan/trace.csv", "--budget", "20", "--owned", "mine.csv", "--no-mlflow"],
+     "mine.csv", "hetplan init --workspace DIR --fleet"),
     (["fit", "--profiles", "p.csv", "--out", "c.parquet", "--no-mlflow"], "p.csv", "hetplan profile"),
     (["publish", "--plan", "plan.json", "--hints", "h.parquet", "--store", "s"], "plan.json", "hetplan plan"),
     (["hints", "show", "--store", "s"], "s", "hetplan publish"),

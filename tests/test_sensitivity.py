@@ -228,6 +228,9 @@ def test_mlflow_registry_promotes_only_fits_that_are_not_worse(tmp_path, publish
     parent = next(r for r in runs if r.data.tags.get("hetplan.kind") == "fitting-job")
     assert "models" in {a.path for a in client.list_artifacts(parent.info.run_id)}
     assert (tmp_path / "mlartifacts").is_dir()  # artifacts beside the store, not in the working directory
+    # the MLflow UI opens the experiment as model training (not GenAI); the registered model says what it is
+    assert client.get_experiment_by_name(EXPERIMENT).tags["mlflow.experimentKind"] == "custom_model_development"
+    assert "res50 on one V100 GPU" in client.get_registered_model(name).description
 
 
 @pytest.mark.slow

@@ -220,6 +220,24 @@ def check_database(path: str | os.PathLike[str]) -> None:
         db.close()
 
 
+def read_actions(path: str | os.PathLike[str]) -> list[LoggedAction]:
+    """The action log an allocator database holds, oldest first, read without writing to it (the allocator may be
+    running); `StateError` for a missing file or one of another schema."""
+    path = Path(path)
+    if not path.is_file():
+        raise StateError(f"{path}: no such allocator database (made by `hetplan serve --db FILE`)")
+    db = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    try:
+        if _check_schema(db, path) is None:
+            return []
+        rows = db.execute("SELECT seq, at, kind, job_id, parts FROM actions ORDER BY seq").fetchall()
+    except sqlite3.DatabaseError as exc:
+        raise StateError(f"{path}: not an allocator database ({exc})") from None
+    finally:
+        db.close()
+    return [LoggedAction(seq, at, _action(kind, job_id, parts)) for seq, at, kind, job_id, parts in rows]
+
+
 def _check_schema(db: sqlite3.Connection, path: Path) -> str | None:
     """The database's schema (None: a new one); `StateError` for one this hetplan can neither read nor upgrade."""
     has_meta = db.execute("SELECT 1 FROM sqlite_master WHERE type='table' AND name='meta'").fetchone()

@@ -7,6 +7,7 @@ import sys
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from enum import StrEnum
+from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -37,6 +38,10 @@ ReplayEngine = Annotated[str, typer.Option("--engine", help="Where the planner's
 DaskAddress = Annotated[str | None, typer.Option("--dask-address", help="The Dask scheduler (tcp://host:8786) for "
                                                  "--engine dask (default: a LocalCluster on 127.0.0.1).")]
 
+CurvesFile = Annotated[Path | None, typer.Option(
+    "--curves", help="Curve table (default: the workspace's current curves, the newer of .hetplan/curves.parquet "
+    "from `hetplan fit` and .hetplan/current/curves.parquet from the nightly run).")]
+
 CalibrationFiles = Annotated[list[str] | None, typer.Option(
     "--calibration", help="Evaluated predictions to calibrate the prediction's interval on: hetplan evaluate's "
     "summary.csv files (repeat the option), or 'none' (default: the rows hetplan ships, simulated on derived "
@@ -54,10 +59,15 @@ ReplayJobs = Annotated[int | None, typer.Option("--replay-jobs", min=0, help="Jo
                                                 "and less faithful: bench/RESULTS.md.")]
 
 
+def curves_or_default(curves: Path | None) -> Path:
+    """The --curves option's file: as given, else the workspace's current curves (`hetplan.workspace`)."""
+    from hetplan.workspace import default_curves
+
+    return curves if curves is not None else default_curves()
+
+
 def calibration(files: list[str] | None):
     """The `Calibration` the --calibration options name (None for 'none'); a ContractError naming the file."""
-    from pathlib import Path
-
     from hetplan.planning.calibration import calibration_from
 
     if files and [f.lower() for f in files] == ["none"]:

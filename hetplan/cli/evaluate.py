@@ -12,9 +12,9 @@ from rich.table import Table
 
 from hetplan.allocator.stability import Stability
 from hetplan.cli.common import (
-    EXIT_INVALID, CalibrationFiles, DaskAddress, MoveBudget, MoveMargin, ReplayEngine, ReplayJobs, ReturnMargin,
-    ReturnWindowH, ScreenJobs, Shortlist, SpreadMoves, calibration, choices, console, contract_errors, errors,
-    read_trace, replay_engine, stability, warn,
+    EXIT_INVALID, CalibrationFiles, CurvesFile, DaskAddress, MoveBudget, MoveMargin, ReplayEngine, ReplayJobs,
+    ReturnMargin, ReturnWindowH, ScreenJobs, Shortlist, SpreadMoves, calibration, choices, console, contract_errors,
+    curves_or_default, errors, read_trace, replay_engine, stability, warn,
 )
 from hetplan.contracts import CURVES, PROFILES, ContractError, Problem, gpu_declarations
 from hetplan.fsio import atomic_write_bytes, save_figure
@@ -57,8 +57,7 @@ def evaluate(
                              "traces' own arrival times."),
     catalog: Path = typer.Option(Path(".hetplan/catalog.csv"), "--catalog", help="Node-shape catalog."),
     owned: Path | None = typer.Option(None, "--owned", help="Owned fleet (name,gpu_type,gpus,vcpus,mem_gb,count)."),
-    curves: Path = typer.Option(Path(".hetplan/curves.parquet"), "--curves",
-                                help="Fitted curves (the planner's view)."),
+    curves: CurvesFile = None,
     truth: Path = typer.Option(Path(".hetplan/profiles.csv"), "--truth",
                                help="Profiles the simulator treats as truth."),
     clouds: str = typer.Option("", "--clouds", help="Comma-separated clouds to buy from (default: all)."),
@@ -99,6 +98,7 @@ def evaluate(
             raise typer.BadParameter(f"one of {TRACE_CONTRACT}, {', '.join(FORMATS)}", param_hint=option)
     if solver not in SOLVER_NAMES:
         raise typer.BadParameter(f"one of {', '.join(SOLVER_NAMES)}", param_hint="--solver")
+    curves = curves_or_default(curves)
     with contract_errors():
         if out_dir.exists() and not out_dir.is_dir():
             raise ContractError([Problem(str(out_dir), "--out-dir exists and is not a directory")])

@@ -8,7 +8,7 @@ import pandas as pd
 import typer
 from rich.table import Table
 
-from hetplan.cli.common import console, contract_errors, errors, warn
+from hetplan.cli.common import CurvesFile, console, contract_errors, curves_or_default, errors, warn
 from hetplan.contracts import CURVES, PROFILES
 from hetplan.contracts.plan import fingerprint
 from hetplan.contracts.table import ContractError, Problem
@@ -78,15 +78,14 @@ def _summary(report: FitReport, out: Path) -> None:
 
 @curves_app.command("show")
 def show(
-    curves: Path | None = typer.Option(None, "--curves", help="Curve table (default: the newer of "
-                                       ".hetplan/curves.parquet and .hetplan/current/curves.parquet)."),
+    curves: CurvesFile = None,
     model: str | None = typer.Option(None, "--model", help="Only this model."),
     share: str = typer.Option(f"{PROPORTIONAL_SHARE[0]:g},{PROPORTIONAL_SHARE[1]:g}", "--share",
                               help="GPU-proportional share 'cores,GB' per GPU that speedups compare against."),
 ) -> None:
     """A table of knees and the speedup of the knee over the GPU-proportional share, per (model, GPU type)."""
     cores, mem = _share(share)
-    curves = curves or default_curves()
+    curves = curves_or_default(curves)
     with contract_errors():
         table = CURVES.load(curves)
         if model is not None:
@@ -112,12 +111,6 @@ def show(
     console.print(out)
 
 
-def default_curves() -> Path:
-    from hetplan.workspace import default_curves as newest
-
-    return newest()
-
-
 def _share(text: str) -> tuple[float, float]:
     try:
         cores, mem = (float(x) for x in text.split(","))
@@ -136,12 +129,12 @@ def _value_at(rows: pd.DataFrame, cores: float, mem: float) -> float:
 def plot(
     model: str = typer.Option(..., "--model", help="Model to plot on every GPU type."),
     out: Path = typer.Option(..., "--out", help="PNG to write."),
-    curves: Path | None = typer.Option(None, "--curves", help="Curve table (default as for `curves show`)."),
+    curves: CurvesFile = None,
 ) -> None:
     """Plot one model's curves on every GPU type (most RAM; knees starred; transferred dashed)."""
     from hetplan.sensitivity.plots import plot_model
 
-    curves = curves or default_curves()
+    curves = curves_or_default(curves)
     with contract_errors():
         table = CURVES.load(curves)
         if model not in set(table["model"]):

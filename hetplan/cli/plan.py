@@ -19,8 +19,8 @@ import typer
 from rich.table import Table
 
 from hetplan.cli.common import (
-    CalibrationFiles, DaskAddress, ReplayEngine, ReplayJobs, ScreenJobs, Shortlist, calibration, choices, console,
-    contract_errors, errors, read_trace, replay_engine, warn,
+    CalibrationFiles, CurvesFile, DaskAddress, ReplayEngine, ReplayJobs, ScreenJobs, Shortlist, calibration, choices,
+    console, contract_errors, curves_or_default, errors, read_trace, replay_engine, warn,
 )
 from hetplan.codesign import workload_from_trace
 from hetplan.contracts import DEMAND, ContractError, Problem, demand_from_trace, fingerprint
@@ -52,7 +52,7 @@ class Scheduler(str, Enum):
 
 
 def plan(
-    curves: Path = typer.Option(Path(".hetplan/curves.parquet"), "--curves", help="Curve table from `hetplan fit`."),
+    curves: CurvesFile = None,
     catalog: Path = typer.Option(Path(".hetplan/catalog.csv"), "--catalog", help="Node-shape catalog."),
     demand: Path = typer.Option(Path(".hetplan/demand.csv"), "--demand", help="Demand mix (without --workload)."),
     workload: Path | None = typer.Option(None, "--workload", help="Recent jobs to plan for (a trace); the mix and "
@@ -103,6 +103,7 @@ def plan(
                           time_limit=time_limit, gap=gap, sweep=tuple(_budgets(sweep_budgets)), holdout=holdout,
                           sizes=ReplaySizes(shortlist, screen_jobs, replay_jobs))
     _check(request, workload, workload_format, budget, owned)
+    curves = curves_or_default(curves)
     with contract_errors():
         if workload:
             request = replace(request, calibration=calibration(calibration_files))

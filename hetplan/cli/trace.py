@@ -1,4 +1,5 @@
-"""`hetplan trace`: import public job traces into hetplan's trace (and demand mix) files."""
+"""`hetplan trace`: import public job traces into hetplan's trace (and demand mix) files; export the cluster's own
+job history (the allocator's journal) as one."""
 
 from __future__ import annotations
 
@@ -7,19 +8,20 @@ from pathlib import Path
 import typer
 from rich.table import Table
 
-from hetplan.cli.common import choices, console, contract_errors, warn
-from hetplan.contracts import DEMAND, TRACE, demand_from_trace
+from hetplan.cli.common import CurvesFile, choices, console, contract_errors, curves_or_default, warn
+from hetplan.contracts import DEMAND, PROFILES, TRACE, demand_from_trace
 from hetplan.contracts.table import CSV_SUFFIXES, PARQUET_SUFFIXES, ContractError, Problem
 from hetplan.traces import FORMATS, MODEL_OPTION_FORMATS, TraceImport, import_trace
 
 SourceFormat = choices("SourceFormat", list(FORMATS))
 
-app = typer.Typer(help="Import public job traces (Synergy, Gavel, Philly, Alibaba).", no_args_is_help=True)
+app = typer.Typer(help="Import public job traces (Synergy, Gavel, Philly, Alibaba); export your allocator's jobs.",
+                  no_args_is_help=True)
 
 
 @app.callback()
 def _trace() -> None:
-    """Import public job traces into hetplan's trace contract."""
+    """Import public job traces into hetplan's trace contract, or export the jobs your allocator ran as one."""
 
 
 @app.command("import")
@@ -85,3 +87,38 @@ def _summary(source: Path, result: TraceImport, out: Path, demand_out: Path | No
         for key, count in handled.items():
             reasons.add_row(key, str(count))
         console.print(reasons)
+
+
+@app.command("export")
+def export_command(
+    out: Path = typer.Option(..., "--out", help="Trace to write (.csv or .parquet): `hetplan plan --workload` reads "
+                             "it as is."),
+    url: str | None = typer.Option(None, "--url", help="The running allocator, e.g. http://127.0.0.1:8080 (its "
+                                   "GET /v1/jobs)."),
+    db: Path | None = typer.Option(None, "--db", help="Or the allocator's SQLite database (read-only; it may run)."),
+    curves: CurvesFile = None,
+    profiles: Path = typer.Option(Path(".hetplan/profiles.csv"), "--profiles", help="Where no curve table exists "
+                                  "yet: the profiles the durations are derived with."),
+    token: str | None = typer.Option(None, "--token", envvar="HETPLAN_ALLOCATOR_TOKEN",
+                                     help="Bearer token, for an allocator that asks for one on reads."),
+) -> None:
+    """Write the jobs the allocator ran (done, on whole GPUs) as a trace: model, GPUs, arrival (first placement),
+    run time, and the duration at the reference allocation derived from the curves (`hetplan.traces.history`)."""
+    from hetplan.traces.history import workspace_speeds
+    from hetplan.traces.sources import ALLOCATOR, read_source
+
+    if (url is None) == (db is None):
+        raise typer.BadParameter("give the allocator's --url or its --db (one of them)", param_hint="--url/--db")
+    with contract_errors():
+        _check_suffix(out)
+        curves = curves_or_default(curves)
+        known = PROFILES.load(profiles) if profiles.is_file() and not curves.is_file() else None
+        speeds, how = workspace_speeds(curves, known)
+        sourced = read_source(ALLOCATOR + (url or str(db)), speeds=speeds, token=token)
+        TRACE.write(sourced.trace, out)
+    trace = sourced.trace
+    console.print(f"[green]exported[/] {len(trace)} jobs from {sourced.source} -> {out}: "
+                  f"{float((trace['num_gpus'] * trace['run_s']).sum()) / 3600:,.1f} GPU-hours run; "
+                  + (how or "durations at the reference allocation = run times (no curves)"),
+                  highlight=False, soft_wrap=True)
+    warn(sourced.warnings)

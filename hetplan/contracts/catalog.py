@@ -65,7 +65,7 @@ CATALOG = TableSchema(
 
 FLEET = TableSchema(
     name="owned fleet",
-    made_by="`hetplan init --workspace DIR` (the embedded owned fleet)",
+    made_by="`hetplan init --workspace DIR --fleet YOURS.csv` (or without --fleet: the embedded owned fleet)",
     columns=(
         Column("name", "str", doc="unique shape name of these owned nodes"),
         Column("gpu_type", "gpu"),

@@ -212,18 +212,30 @@ def _log_fit(client: MlflowClient, report: FitReport, fit: PairFit, sha: str, re
             signature=infer_signature(example, fit.estimator.predict(example)),
         )
         # Registered through the client: the fluent `registered_model_name=` prints two lines per version.
-        _ensure_registered(client, name)
+        _ensure_registered(client, name, description(fit.model, fit.gpu_type))
         created = client.create_model_version(name, info.model_uri, run_id=run.info.run_id, model_id=info.model_id,
                                               tags={CURVE_TAG: sha, "cv_mape": f"{fit.cv_mape:.6g}"})
     return _promote(client, name, str(created.version), fit.cv_mape)
 
 
-def _ensure_registered(client: MlflowClient, name: str) -> None:
+def description(model: str, gpu_type: str) -> str:
+    """What a registered model is, as its page in the MLflow UI says it."""
+    return (f"Training throughput of {model} on one {gpu_type} GPU against the host CPU cores and RAM given per GPU: "
+            "a monotone scikit-learn model fitted by hetplan (`hetplan fit`) to the profile records of this "
+            f"(model, GPU type). Input columns {', '.join(FEATURES)}; output: throughput per GPU in the profiles' "
+            "unit. `champion`: the version with the lowest cross-validated error; `challenger`: a newer one that is "
+            "not better. The curve it gives (knee, plateau) is what the planner and the allocator's hints read.")
+
+
+def _ensure_registered(client: MlflowClient, name: str, text: str) -> None:
+    """Register `name` with its description (or give an older registration one)."""
     try:
-        client.create_registered_model(name)
+        client.create_registered_model(name, description=text)
     except MlflowException as exc:
         if exc.error_code != "RESOURCE_ALREADY_EXISTS":
             raise
+        if not client.get_registered_model(name).description:
+            client.update_registered_model(name, description=text)
 
 
 def trusted_types(estimator: object) -> list[str]:

@@ -14,6 +14,12 @@ from airflow.sdk import Asset, Param
 DEFAULTS: dict[str, Any] = {
     "workspace": os.environ.get("HETPLAN_WORKSPACE", ".hetplan"),  # deployments set HETPLAN_WORKSPACE
     "budget": 200.0,
+    "fleet": "",              # your owned fleet (a CSV path) for the workspace; empty: keep its fleet.csv
+    # The workload's source, read every run: a trace file, an http(s) URL of one, or the cluster's job history
+    # (allocator:http://HOST:PORT, allocator:/path/allocator.db; while it has no done job, the workspace's trace);
+    # empty: keep the workspace's trace.csv. Deployments set HETPLAN_TRACE (docker-compose.yaml: the allocator).
+    "trace": os.environ.get("HETPLAN_TRACE", ""),
+    "catalog": "",            # node shapes to buy or rent (a CSV path); empty: keep the workspace's catalog.csv
     "objective": "jct",       # the workspace's workload plan: jct | p95-jct | makespan; throughput: its demand mix
     "gpu_types": ["T4"],
     "workload": "token-batch",
@@ -52,6 +58,12 @@ def nightly_params(**overrides: Any) -> dict[str, Param]:
     return {
         "workspace": Param(values["workspace"], type="string", description="Workspace directory (hetplan init)."),
         "budget": Param(values["budget"], type="number", minimum=0, description="US$ per hour to rent more with."),
+        "fleet": Param(values["fleet"], type="string", description="Your owned fleet (CSV path); empty: the "
+                       "workspace's."),
+        "trace": Param(values["trace"], type="string", description="Workload source, read every run: trace file, "
+                       "URL, allocator:http://HOST:PORT or allocator:/path/allocator.db; empty: the workspace's."),
+        "catalog": Param(values["catalog"], type="string", description="Node shapes to buy or rent (CSV path); "
+                         "empty: the workspace's."),
         "objective": Param(values["objective"], type="string", enum=["jct", "p95-jct", "makespan", "throughput"],
                            description="Plan the workspace's workload for this (throughput: its demand mix)."),
         "gpu_types": Param(values["gpu_types"], type="array", description="GPU types to profile (one mapped task each)."),
