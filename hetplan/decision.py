@@ -78,7 +78,8 @@ def decide(plan: Plan, curves: pd.DataFrame, shares: pd.Series, baselines: pd.Da
         how = " with hetplan's hints (cores and RAM per job)" if expected.winner != STATUS_QUO else ""
         margin = f"{expected.margin:.0%}" if expected.margin is not None else "a margin"
         headline = (f"Keep what you have: the status quo{how}, {_rent(nodes, plan)}{keep}; nothing hetplan "
-                    f"simulated beats its average JCT of {expected.avg_jct_h:.3g} h by more than {margin}.")
+                    f"simulated beats its average JCT of {expected.avg_jct_h:.3g} h by more than {margin} and the "
+                    "noise of its replays, on every draw and on the most recent jobs held back.")
     elif expected is not None:
         headline = f"{_upper(_rent(nodes, plan))}{keep}: expected average JCT {_plainly(expected)}"
         if expected.status_quo_avg_jct_h is not None:

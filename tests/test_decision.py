@@ -58,7 +58,7 @@ def test_a_plan_that_keeps_the_status_quo_says_so_with_the_plans_reason(winner, 
     assert said.headline.startswith("Keep what you have: the status quo")
     assert ("with hetplan's hints" in said.headline) == with_hints
     assert "rent 10 x cloud:8xv100 (8 x V100, 64 vCPUs, 488 GiB) for 44.00 $/h" in said.headline
-    assert said.headline.endswith(f"nothing hetplan simulated beats its average JCT of {jct} h by more than 2%.")
+    assert f"nothing hetplan simulated beats its average JCT of {jct} h by more than 2% and the noise" in said.headline
     assert said.why.startswith("Because it runs your jobs faster")  # V100's 8 cores per GPU: no model gains 10 %
 
 
