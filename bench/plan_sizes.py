@@ -68,7 +68,7 @@ def main() -> None:
             jct = float(row["avg_jct_h"])
         else:
             candidate = plans[k].candidate(winner)
-            draws, _ = sampled(workload.draws, REPLAY_JOBS)
+            draws, _ = sampled(workload.draws, REPLAY_JOBS, int(workload.summary["stressed_draws"]))
             jct = replay(problem, [candidate], draws, SimConfig("las", 300.0))[0].metrics["avg_jct_h"]
         label = "default" if k == 0 else f"{config.shortlist}, {config.screen_jobs}, {config.replay_jobs}"
         print(f"| {label} | {statistics.median(t for t, _ in times[k]):.1f} | "

@@ -40,6 +40,8 @@ SCREEN_JOBS = 2_000  # jobs of the screen's sample of draw 0
 REPLAY_JOBS = 5_000  # jobs a full replay samples from each draw of a longer workload (bench/plan_sizes.py)
 COST_SLACK = 0.25  # the cost objective shortlists candidates whose screened JCT is within this of the target
 OVERLOADED = 1.0  # a fluid load above this: the candidate's queue grows without bound
+STRESS_THIN = 3  # a sampled replay's stressed draws sample this many times fewer jobs: heavier and more queued,
+# they take 2-3x as long a job to replay (bench/plan_sizes.py)
 
 TWIN_SUFFIX = ", fastest first"  # a twin's name: its original's and this
 PRUNED, SCREENED_OUT, REPLAYED, TWIN = "pruned", "screened out", "replayed", "twin: the original's figures"
@@ -55,10 +57,12 @@ def thinned(jobs: pd.DataFrame, every: int) -> pd.DataFrame:
     return out.assign(arrival_s=first + (out["arrival_s"] - first) / every)
 
 
-def sampled(draws: Sequence[pd.DataFrame], jobs: int | None) -> tuple[tuple[pd.DataFrame, ...], int]:
-    """The draws thinned to at most `jobs` jobs each (None: as they are), and the thinning factor."""
+def sampled(draws: Sequence[pd.DataFrame], jobs: int | None, stressed: int = 0) -> tuple[tuple[pd.DataFrame, ...], int]:
+    """The draws thinned to at most `jobs` jobs each (None: as they are), and the thinning factor; where they are
+    thinned, the last `stressed` draws (a workload's stressed draws) `STRESS_THIN` times more."""
     every = 1 if jobs is None else max(1, math.ceil(max(len(d) for d in draws) / max(1, jobs)))
-    return tuple(thinned(d, every) for d in draws), every
+    first_stressed = len(draws) - stressed if every > 1 else len(draws)
+    return tuple(thinned(d, every * (STRESS_THIN if k >= first_stressed else 1)) for k, d in enumerate(draws)), every
 
 
 @dataclass(frozen=True)
@@ -125,12 +129,15 @@ def shortlist(problem: PlanningProblem, candidates: Sequence[Candidate], workloa
     overload = _overload(workload, candidates, loads, kept)
     if overload and replay_jobs is not None:  # every queue grows: a longer replay only grows it further
         replay_jobs = min(replay_jobs, screen_jobs)
-    draws, every = sampled(workload.draws, replay_jobs)
+    stressed = int(workload.summary.get("stressed_draws", 0))
+    draws, every = sampled(workload.draws, replay_jobs, stressed)
     scores, rejected = [float("nan")] * len(candidates), [0] * len(candidates)
     refused = [0] * len(candidates)  # the status quo's jobs a candidate's screen run did not complete
     done: dict[Run, dict] = {}
     record: dict = {"shortlist": screen, "replay_sample": _sample_record(workload.draws[0], draws[0], every),
                     "overloaded": overload or None}
+    if stressed and every > 1:
+        record["replay_sample"]["stressed_jobs"] = len(draws[-1])
     challengers = [i for i in kept if candidates[i].name != STATUS_QUO]
     if screen is None or len(challengers) <= screen:
         chosen = set(kept)
