@@ -1,6 +1,7 @@
 """Planning for a workload: candidates, replays, the choice rule, the record in plan.json, the CLI."""
 
 import json
+import math
 import os
 
 import numpy as np
@@ -9,7 +10,7 @@ import pytest
 from typer.testing import CliRunner
 
 from hetplan.cli import app
-from hetplan.codesign import choose, decide, plan_workload, propose, workload_from_trace
+from hetplan.codesign import decide, plan_workload, propose, workload_from_trace
 from hetplan.codesign.candidates import PROPORTIONAL, STATUS_QUO
 from hetplan.contracts import CURVES, ContractError, load_plan
 from hetplan.planner import build_problem
@@ -71,7 +72,7 @@ QUO = ("status quo", 10.0, 100, 5, 0, 0.0, 1.0, 16)
 ])
 def test_the_choice_rule(rows, objective, target, host_gpus, winner):
     table = pd.DataFrame(rows, columns=CHOICE_COLUMNS)
-    assert table.loc[choose(table, objective, target, host_gpus=host_gpus), "candidate"] == winner
+    assert table.loc[decide(table, objective, target, host_gpus=host_gpus).index, "candidate"] == winner
 
 
 def test_a_declined_size_is_said_with_its_cost_and_how_to_insist():
@@ -93,7 +94,7 @@ def test_a_jct_target_nobody_reaches_is_a_one_line_error():
     table = pd.DataFrame([("status quo", 10.0, 100.0, 0)],
                          columns=["candidate", "avg_jct_h", "cost_per_hour", "rejected"])
     with pytest.raises(ContractError, match="no candidate reaches an average JCT of 1 h; the fastest"):
-        choose(table, "cost", 1.0)
+        decide(table, "cost", 1.0)
 
 
 def test_the_cost_objective_buys_less_for_a_looser_target(curves, catalog):
@@ -239,7 +240,7 @@ def test_cli_plans_for_a_workload_and_says_why(files):
     assert "predicted for the workload:" in result.output and "predicted avg JCT" in result.output
     assert "simulated gain" in result.output
     assert "prediction: predicted speedup over the status quo" in result.output
-    assert "(nominal 90% interval: 3 arrival draws + 8 held-back jobs" in result.output
+    assert "(nominal 90% interval: 3 draws + 8 held-back jobs" in result.output
     assert "warning: too few jobs to trust the prediction interval: 40 jobs" in result.output
     assert "calibrated on" in result.output and "hetplan/data/calibration" in result.output
     plan = load_plan(out / "plan.json")
@@ -440,7 +441,7 @@ def test_the_screen_replays_the_status_quo_and_the_best_few_and_says_so(curves, 
 
 
 def test_a_sample_keeps_the_mix_and_the_arrival_rate():
-    from hetplan.codesign.screen import sampled
+    from hetplan.codesign.screen import STRESS_THIN, sampled
     from hetplan.codesign.workload import jobs_per_hour
 
     draw = workload_from_trace(jobs(n=1000)).draws[0]
@@ -448,6 +449,10 @@ def test_a_sample_keeps_the_mix_and_the_arrival_rate():
     assert every == 4 and len(sample) == 250 and list(sample["job_id"]) == list(draw["job_id"][::4])
     assert jobs_per_hour(sample) == pytest.approx(jobs_per_hour(draw), rel=0.01)
     assert sampled([draw], 1000) == ((draw,), 1)
+    (kept, stress), every = sampled([draw, draw], 250, stressed=1)  # a stressed draw: thinned STRESS_THIN x more
+    assert every == 4 and len(kept) == 250 and len(stress) == math.ceil(1000 / (4 * STRESS_THIN))
+    assert jobs_per_hour(stress) == pytest.approx(jobs_per_hour(draw), rel=0.02)
+    assert sampled([draw, draw], 1000, stressed=1)[0] == (draw, draw)  # not thinned: the stressed draw whole
 
 
 @pytest.mark.parametrize("engine", ["pool", "dask-threads", "dask-processes"])

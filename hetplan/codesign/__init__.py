@@ -8,11 +8,11 @@ The steady-state planner (`hetplan.planner`) stays the proposer and the `through
 from __future__ import annotations
 
 from hetplan.codesign.candidates import Candidate, propose
-from hetplan.codesign.objectives import WORKLOAD_OBJECTIVES, Decision, WorkloadObjective, choose, decide
+from hetplan.codesign.objectives import WORKLOAD_OBJECTIVES, Decision, WorkloadObjective, decide
 from hetplan.codesign.plan import Weighing, chosen, plan_workload, shortlist_for
 from hetplan.codesign.workload import Workload, workload_from_trace
 
 __all__ = [
-    "WORKLOAD_OBJECTIVES", "Candidate", "Decision", "Workload", "WorkloadObjective", "Weighing", "choose", "chosen", "decide",
+    "WORKLOAD_OBJECTIVES", "Candidate", "Decision", "Workload", "WorkloadObjective", "Weighing", "chosen", "decide",
     "plan_workload", "propose", "shortlist_for", "workload_from_trace",
 ]

@@ -96,7 +96,7 @@ NOISE_Z = 2.0
 HOST_SLACK = 0.03
 __all__ = ["FLOOR", "HOST_SLACK", "MARGIN", "NOISE_Z", "WORKLOAD_OBJECTIVES", "Decision", "Objective",
            "WorkloadObjective",
-           "beats", "choose", "decide", "declined", "workload_objective"]
+           "beats", "decide", "declined", "workload_objective"]
 
 
 def workload_objective(objective: WorkloadObjective) -> Objective:
@@ -115,6 +115,8 @@ class Decision:
     index: int
     reason: str
     declined: str = ""  # the job sizes the winner declines to host and what hosting them costs ("": none)
+    floor: bool = True  # whether the winner had to beat the status quo (no: the cost objective, no status quo,
+    # or a job size insisted on that the status quo cannot host)
 
 
 def figure_column(table: pd.DataFrame, objective: Objective) -> str:
@@ -174,13 +176,8 @@ def decide(table: pd.DataFrame, objective: WorkloadObjective, max_avg_jct: float
                      & (passed[column] <= best[column] * (1 + HOST_SLACK))]
     if len(hosting):
         best = hosting.sort_values(["rejected", column], kind="stable").iloc[0]
-    return Decision(int(best.name), _reason(best, pool, quo, column), declined(table, int(best.name), objective))
-
-
-def choose(table: pd.DataFrame, objective: WorkloadObjective, max_avg_jct: float | None = None,
-           margin: float = MARGIN, host_gpus: int | None = None) -> int:
-    """The index of the row `decide` chooses."""
-    return decide(table, objective, max_avg_jct, margin, host_gpus).index
+    return Decision(int(best.name), _reason(best, pool, quo, column, margin),
+                    declined(table, int(best.name), objective), floor=quo is not None)
 
 
 def _runs_most(table: pd.DataFrame) -> pd.DataFrame:
@@ -201,10 +198,10 @@ def _cheapest(pool: pd.DataFrame, column: str, max_avg_jct: float | None) -> Dec
                                      f"reaches {fastest[column]:.3g} h")])
     row = meets.sort_values(["cost_per_hour", column], kind="stable").iloc[0]
     return Decision(int(row.name), f"{row['candidate']}: the cheapest ({row['cost_per_hour']:.2f} $/h) of "
-                    f"{len(meets)} reaching an average JCT of {max_avg_jct:g} h ({row[column]:.3g} h)")
+                    f"{len(meets)} reaching an average JCT of {max_avg_jct:g} h ({row[column]:.3g} h)", floor=False)
 
 
-def _reason(best: pd.Series, pool: pd.DataFrame, quo: pd.Series | None, column: str) -> str:
+def _reason(best: pd.Series, pool: pd.DataFrame, quo: pd.Series | None, column: str, margin: float) -> str:
     """One line: why `best` won (or why the status quo stays)."""
     if quo is None:
         return f"{best['candidate']}: the best of {len(pool)} candidates (no status quo to hold a floor against)"
@@ -220,7 +217,7 @@ def _reason(best: pd.Series, pool: pd.DataFrame, quo: pd.Series | None, column: 
             f"{float(quo[column]) / float(runner[column]):.2f}x on its jobs, lead "
             f"{float(runner.get('lead_se', math.nan)):.1f} standard errors, worst draw "
             f"{float(runner.get('worst_draw_speedup', math.nan)):.2f}x) does not beat it by more than the margin "
-            f"({MARGIN:.0%}) and the noise ({NOISE_Z:g} standard errors) on every draw (floor {FLOOR:g}x)")
+            f"({margin:.0%}) and the noise ({NOISE_Z:g} standard errors) on every draw (floor {FLOOR:g}x)")
 
 
 def declined(table: pd.DataFrame, index: int, objective: WorkloadObjective) -> str:

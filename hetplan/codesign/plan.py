@@ -116,6 +116,7 @@ class Weighing:
         index = int(table.index[table["chosen"]][0])
         decision = Decision(index, reason, declined(table[table["screen"] != SCREENED_OUT], index, self.objective))
         planning = {**(self.result.plan.planning or {}), "winner": name, "candidates": _records(table),
+                    "screen": {**self.screen, "confidence": confidence(table, self.objective)},
                     "decision": {"reason": reason, "declined": decision.declined or None, "overruled": self.winner}}
         result = _stamped(candidate.result, dict(self.result.plan.inputs), planning)
         return replace(self, result=result, winner=name, candidates=table, decision=decision)

@@ -16,6 +16,7 @@ import pandas as pd
 from hetplan.codesign.candidates import Candidate
 from hetplan.allocator.spec import Node
 from hetplan.codesign.engines import START_METHOD, Engine, ProcessPool, usable_cpus
+from hetplan.codesign.versus import batch_se
 from hetplan.hints import HintSet
 from hetplan.planner.problem import PlanningProblem
 from hetplan.sim.setups import NodeMix
@@ -117,24 +118,17 @@ class Runs:
         return [(i, d) for i in range(len(self.candidates)) for d in range(len(self.draws))]
 
 
-BATCHES = 10
-
-
 def jct_by_job(jobs: pd.DataFrame) -> list[float]:
     """Each job's JCT in hours in the run's job order (the draw's), NaN where it did not complete."""
     jct = jobs["jct_s"].to_numpy(float) / 3600.0
     return np.where(jobs["status"].to_numpy() == "completed", jct, np.nan).tolist()
 
 
-def batch_means_se(jobs: pd.DataFrame, batches: int = BATCHES) -> float:
-    """The standard error of a run's average JCT (hours) by batch means: the completed jobs in arrival order
-    cut into `batches` batches, the spread of the batches' means over sqrt(batches) (neighbouring jobs queue
-    together, so their JCTs are not independent; batches far apart nearly are). NaN below 2 jobs a batch."""
+def batch_means_se(jobs: pd.DataFrame) -> float:
+    """The standard error of a run's average JCT (hours) by batch means over its completed jobs in arrival order
+    (`hetplan.codesign.versus.batch_se`)."""
     done = jobs[jobs["status"] == "completed"].sort_values("arrival_s", kind="stable")
-    if len(done) < 2 * batches:
-        return float("nan")
-    means = [float(part.mean()) for part in np.array_split(done["jct_s"].to_numpy(float) / 3600.0, batches)]
-    return float(np.std(means, ddof=1) / np.sqrt(batches))
+    return batch_se(done["jct_s"].to_numpy(float) / 3600.0) if len(done) else float("nan")
 
 
 def table(replayed: Sequence[Replayed], problem: PlanningProblem) -> pd.DataFrame:

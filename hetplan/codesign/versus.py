@@ -4,7 +4,7 @@ Both ran the same draws (the same jobs, the same arrivals), so their runs pair j
 jobs** of a draw are those the status quo completed: what a platform team runs today. On them:
 
 - `avg_jct_h` / `p95_jct_h`: the candidate's average and 95th-percentile JCT (mean over draws), beside the status
-  quo's own (`quo_avg_jct_h`, `quo_p95_jct_h`);
+  quo's average (`quo_avg_jct_h`);
 - `speedups`: per draw, the status quo's average JCT over the candidate's (above 1: faster); `worst` the least;
 - `lead_se`: the mean paired lead (status quo's JCT minus the candidate's, per job) over its standard error by
   batch means (jobs in arrival order cut into `BATCHES` batches: neighbouring jobs queue together, batches far
@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 
 BATCHES = 10
-__all__ = ["BATCHES", "Versus", "versus"]
+__all__ = ["BATCHES", "Versus", "batch_se", "versus"]
 
 
 @dataclass(frozen=True)
@@ -35,7 +35,6 @@ class Versus:
     avg_jct_h: float
     p95_jct_h: float
     quo_avg_jct_h: float
-    quo_p95_jct_h: float
     speedups: tuple[float, ...]
     lead_se: float
     refused: int
@@ -65,7 +64,7 @@ def versus(candidate: Sequence[np.ndarray], quo: Sequence[np.ndarray], only: np.
     same draws; `only` (a mask over the jobs, the same in every draw) keeps a part of them (the held-back jobs)."""
     if len(candidate) != len(quo) or not len(quo):
         raise ValueError(f"pairing needs the same draws on both sides, got {len(candidate)} and {len(quo)}")
-    avg, p95, q_avg, q_p95, speedups, leads, variances = [], [], [], [], [], [], []
+    avg, p95, q_avg, speedups, leads, variances = [], [], [], [], [], []
     refused = extra = quo_jobs = 0
     extra_jct: list[np.ndarray] = []
     for mine, theirs in zip(candidate, quo):
@@ -85,29 +84,30 @@ def versus(candidate: Sequence[np.ndarray], quo: Sequence[np.ndarray], only: np.
         avg.append(float(a.mean()))
         q_avg.append(float(b.mean()))
         p95.append(float(np.percentile(a, 95)))
-        q_p95.append(float(np.percentile(b, 95)))
         speedups.append(q_avg[-1] / avg[-1] if avg[-1] > 0 else float("nan"))
         leads.append(float((b - a).mean()))
-        variances.append(_batch_se(b - a) ** 2)
+        variances.append(batch_se(b - a) ** 2)
     if not avg:
         nan = float("nan")
-        return Versus(nan, nan, nan, nan, (), nan, refused, quo_jobs, extra, nan)
+        return Versus(nan, nan, nan, (), nan, refused, quo_jobs, extra, nan)
     se = math.sqrt(sum(variances)) / len(variances)
     lead = float(np.mean(leads))
     lead_se = lead / se if se > 0 else (math.inf if lead > 0 else -math.inf if lead < 0 else 0.0)
     pooled = np.concatenate(extra_jct)
-    return Versus(float(np.mean(avg)), float(np.mean(p95)), float(np.mean(q_avg)), float(np.mean(q_p95)),
+    return Versus(float(np.mean(avg)), float(np.mean(p95)), float(np.mean(q_avg)),
                   tuple(speedups), lead_se, refused, quo_jobs, extra,
                   float(pooled.mean()) if len(pooled) else float("nan"))
 
 
-def _batch_se(differences: np.ndarray, batches: int = BATCHES) -> float:
-    """The standard error of the mean of `differences` (in arrival order) by batch means; with fewer than two
-    jobs a batch, the plain standard error (0 for a single job)."""
-    n = len(differences)
+def batch_se(values: np.ndarray, batches: int = BATCHES) -> float:
+    """The standard error of the mean of `values` (in arrival order) by batch means: cut into `batches` batches,
+    the spread of the batches' means over sqrt(batches) (neighbouring jobs queue together, so their JCTs are not
+    independent; batches far apart nearly are); with fewer than two values a batch, the plain standard error
+    (0 for a single value)."""
+    n = len(values)
     if n < 2:
         return 0.0
     if n < 2 * batches:
-        return float(np.std(differences, ddof=1) / math.sqrt(n))
-    means = [float(part.mean()) for part in np.array_split(differences, batches)]
+        return float(np.std(values, ddof=1) / math.sqrt(n))
+    means = [float(part.mean()) for part in np.array_split(values, batches)]
     return float(np.std(means, ddof=1) / math.sqrt(batches))

@@ -113,9 +113,9 @@ def finish(problem: PlanningProblem, request: PlanRequest, workload: Workload, l
             plans.append(_plan_workload(with_budget(problem, budget), request, workload))
         except ContractError as exc:  # a budget of the sweep that plans nothing is a gap in the frontier
             warnings.append(f"--sweep {budget:g}: {'; '.join(p.message for p in exc.problems)}")
+    weighed, prediction = _checked(problem, request, objective, workload, weighed)
     frontier = pd.concat([p.candidates.assign(budget=p.problem.budget) for p in [*plans, weighed]],
                          ignore_index=True)
-    weighed, prediction = _checked(problem, request, objective, workload, weighed)
     prediction = prediction.calibrate(request.calibration)
     warnings += prediction.warnings
     if weighed.decision is not None and weighed.decision.declined:
@@ -179,7 +179,8 @@ def _checked(problem: PlanningProblem, request: PlanRequest, objective: Objectiv
     if isinstance(held, str):  # the check could not run: the interval without it, and why
         out = predict(planned, None, request.holdout)
         return planned, replace(out, warnings=[*out.warnings, held]) if held else out
-    against = held.verdict(planned.winner) if objective is not Objective.cost else None
+    floor = planned.decision is None or planned.decision.floor  # no floor (e.g. a size insisted on): none here
+    against = held.verdict(planned.winner) if floor and objective is not Objective.cost else None
     if against is not None:
         planned = planned.with_winner(*_fallback(planned, held, against))
     return planned, predict(planned, held, request.holdout)

@@ -3,8 +3,9 @@
 The planner predicts the winner's average JCT and its speedup over the status quo (status quo avg JCT / the
 winner's) by replaying the workload with its own curves. Two errors hide in that number:
 
-- the arrivals: each candidate runs on several arrival draws (the trace's own and Poisson ones); the spread
-  of the per-draw figures is how much the prediction moves with the order jobs happen to arrive in;
+- the draws: each candidate runs on several draws (the trace's own arrivals, Poisson ones and a stressed
+  bootstrap of the jobs); the spread of the per-draw figures is how much the prediction moves with the order
+  jobs happen to arrive in and the mix they happen to have;
 - the future: the plan is chosen on past jobs and judged on the next ones. The held-back check plans again
   on the first (1 - holdout) of the jobs by arrival, replays that plan's winner and status quo on the whole
   workload (so the held-back jobs meet a warm cluster), and compares the speedup and avg JCT on the held-back
@@ -179,7 +180,7 @@ class Prediction:
             held = ("and the held-back check's log error (plan on the first part by arrival, replay its winner and "
                     "status quo, compare on the last part; a workload longer than one replay's sample is checked "
                     "on as many of its most recent jobs)")
-        return (f"point x exp(+-{Z:.3g} sigma), sigma from the spread of {len(self.speedup_by_draw)} arrival draws "
+        return (f"point x exp(+-{Z:.3g} sigma), sigma from the spread of {len(self.speedup_by_draw)} draws "
                 f"{held}; at least the draws' range; simulated with the planner's curves (the first part's plan "
                 "keeps the whole workload's demand mix: only its jobs and arrivals are held back)")
 
@@ -200,7 +201,7 @@ class Prediction:
             text += (f"{c.point:.2f}x [{c.low:.2f}x, {c.high:.2f}x] ({k.coverage:.0%} interval calibrated on "
                      f"{k.rows} evaluated predictions, {k.source}); the planner's own: ")
         text += (f"{s.point:.2f}x [{s.low:.2f}x, {s.high:.2f}x], avg JCT {j.point:.3g} h [{j.low:.3g}, {j.high:.3g}] h "
-                 f"(nominal {NOMINAL:.0%} interval: {len(self.speedup_by_draw) or 'its'} arrival draws")
+                 f"(nominal {NOMINAL:.0%} interval: {len(self.speedup_by_draw) or 'its'} draws")
         if self.held_back:
             h = self.held_back
             text += (f" + {h.jobs} held-back jobs, where the plan on the rest predicted {h.predicted_speedup:.2f}x "
@@ -215,7 +216,8 @@ class Prediction:
             held = {"jobs": h.jobs, "winner": h.winner, "predicted_speedup": _finite(h.predicted_speedup),
                     "realised_speedup": _finite(h.realised_speedup), "speedup_log_error": _finite(h.speedup_error),
                     "predicted_avg_jct_h": _finite(h.predicted_avg_jct_h),
-                    "realised_avg_jct_h": _finite(h.realised_avg_jct_h), "jct_log_error": _finite(h.jct_error)}
+                    "realised_avg_jct_h": _finite(h.realised_avg_jct_h), "jct_log_error": _finite(h.jct_error),
+                    "mix_shift": h.shift.to_dict() if h.shift is not None else None}
         return {"speedup_over_status_quo": self.speedup.to_dict(), "avg_jct_h": self.avg_jct_h.to_dict(),
                 "speedup_by_draw": [_finite(v) for v in self.speedup_by_draw], "held_back": held,
                 "nominal_coverage": NOMINAL, "method": self.method, "jobs": self.jobs, "trusted": self.trusted,
@@ -228,6 +230,9 @@ class Prediction:
 def predict(planned: Weighing, held_back: HeldBack | None, holdout: float) -> Prediction:
     """The interval of `planned`'s prediction (see the module), widened by `held_back`'s error and by the mix
     shift between the held-back jobs and the rest when given. The speedup is on the status quo's jobs."""
+    unpaired = held_back is not None and not math.isfinite(held_back.speedup_error)
+    if unpaired:  # no held-back job both sides completed: no error to widen by, and no check to trust
+        held_back = None
     winner = _by_draw(planned, planned.winner)
     paired = _paired(planned, planned.winner)
     chosen = planned.row(planned.winner)
@@ -242,11 +247,14 @@ def predict(planned: Weighing, held_back: HeldBack | None, holdout: float) -> Pr
     jobs = int(planned.workload.summary["jobs"])
     warnings = []
     if holdout <= 0:
-        warnings.append("no held-back check (holdout 0): the interval is the arrival draws' spread alone and misses "
+        warnings.append("no held-back check (holdout 0): the interval is the draws' spread alone and misses "
                         "the error of planning on past jobs for future ones")
+    elif unpaired:
+        warnings.append("the held-back check completed no held-back job on both sides: the interval is the "
+                        "draws' spread alone")
     elif held_back is None:
         warnings.append(f"the workload ({jobs} jobs) is too small to hold back {holdout:.0%} of it: the interval is "
-                        "the arrival draws' spread alone")
+                        "the draws' spread alone")
     if held_back is not None and held_back.shift is not None and held_back.shift.differs:
         warnings.append(held_back.shift.line())
     small = jobs < MIN_JOBS or held_back is None or held_back.jobs < MIN_HELD_BACK
