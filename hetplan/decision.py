@@ -1,12 +1,12 @@
 """The plan's decision in words, for a buyer: what to rent, what it costs, what it gains, and why.
 
-`decide(plan, curves, shares)` reads plan.json (its node mix, and a workload plan's `planning` record through
-`prediction`, the one place that knows where the predicted JCT and its interval live) and the curves it was
+`say(plan, curves, shares)` reads plan.json (its node mix, and a workload plan's `planning` record through
+`expected`, the one place that knows where the predicted JCT and its interval live) and the curves it was
 planned on, and says:
 
 - **headline**: "Rent 2 x SHAPE (8 x H100, 208 vCPUs, 1800 GiB) for 49.33 $/h and keep your 37 owned nodes:
-  expected average JCT 10.8 h (90 % likely 6.1-19.4 h) against 55.7 h for the status quo", or, when the plan
-  keeps the status quo, "Keep what you have: ..." with the plan's reason;
+  expected average JCT 10.8 h (90 % likely 6.1-19.4 h) against 55.7 h for the status quo" (on the jobs the
+  status quo runs), or, when the plan keeps the status quo, "Keep what you have: ..." with the plan's reason;
 - **status_quo**: what the status quo is, in one sentence;
 - **why**: the workload's models that run faster on the added GPU types with the cores their shapes give per GPU
   than with the GPU-proportional reference share (3 cores per GPU), from the curves.
@@ -23,13 +23,13 @@ import pandas as pd
 
 from hetplan.contracts.plan import Plan
 from hetplan.gpus import REFERENCE
+from hetplan.planner.baselines import STATUS_QUO
 
-STATUS_QUO = "status quo"
 GAIN = 1.1  # a model "gains from CPU" on a GPU type when its shape's cores per GPU give it 10 % or more
 
 
 @dataclass(frozen=True)
-class Prediction:
+class Expected:
     """A workload plan's predicted average JCT (hours) with its interval, beside the status quo's."""
 
     winner: str
@@ -39,10 +39,11 @@ class Prediction:
     coverage: float | None
     status_quo_avg_jct_h: float | None
     margin: float | None  # how much better than the status quo a candidate must be to replace it
+    reason: str  # the plan's own reason for its winner ("": none recorded)
 
 
 @dataclass(frozen=True)
-class Decision:
+class Said:
     headline: str
     status_quo: str
     why: str
@@ -51,7 +52,7 @@ class Decision:
         return "\n".join((self.headline, self.why, self.status_quo))
 
 
-def prediction(plan: Plan) -> Prediction | None:
+def expected(plan: Plan) -> Expected | None:
     """The predicted average JCT of a workload plan (`planning` in plan.json); None for a plan without one."""
     planning = plan.planning or {}
     candidates = {c.get("candidate"): c for c in planning.get("candidates") or []}
@@ -60,34 +61,50 @@ def prediction(plan: Plan) -> Prediction | None:
         return None
     interval = (planning.get("prediction") or {}).get("avg_jct_h") or {}
     quo = candidates.get(STATUS_QUO, {}).get("avg_jct_h")
-    point = interval.get("point")  # None where the interval could not be computed
-    return Prediction(winner, float(candidates[winner]["avg_jct_h"] if point is None else point), interval.get("low"),
-                      interval.get("high"), (planning.get("prediction") or {}).get("nominal_coverage"),
-                      None if quo is None else float(quo), planning.get("margin"))
+    mine = float(candidates[winner]["avg_jct_h"])
+    point = interval.get("point") or mine  # the interval's point where it could be computed
+    # on the status quo's jobs (the jobs both run), where the winner also runs larger ones: the interval scaled
+    core = candidates[winner].get("core_avg_jct_h")
+    scale = float(core) / mine if core is not None and mine > 0 and quo is not None else 1.0
+    low, high = interval.get("low"), interval.get("high")
+    return Expected(winner, float(point) * scale, None if low is None else float(low) * scale,
+                      None if high is None else float(high) * scale,
+                      (planning.get("prediction") or {}).get("nominal_coverage"), None if quo is None else float(quo),
+                      planning.get("margin"), str((planning.get("decision") or {}).get("reason") or ""))
 
 
-def decide(plan: Plan, curves: pd.DataFrame, shares: pd.Series, baselines: pd.DataFrame | None = None) -> Decision:
+def say(plan: Plan, curves: pd.DataFrame, shares: pd.Series, baselines: pd.DataFrame | None = None) -> Said:
     """The decision in words (see the module)."""
     added = {s: n for s, n in sorted(plan.node_counts.items()) if n > 0}
     owned = sum(plan.owned_nodes.values())
     keep = f"keep your {owned} owned nodes" if owned else "you own no node yet"
     nodes = _listed([f"{n} x {s} ({_shape(plan, s)})" for s, n in added.items()])
-    expected = prediction(plan)
+    jct = expected(plan)
     quo_nodes = _status_quo_nodes(plan, baselines)
-    if expected is not None and expected.winner.startswith(STATUS_QUO):
-        how = " with hetplan's hints (cores and RAM per job)" if expected.winner != STATUS_QUO else ""
-        margin = f"{expected.margin:.0%}" if expected.margin is not None else "a margin"
-        headline = (f"Keep what you have: the status quo{how}, {_rent(nodes, plan)}{keep}; nothing hetplan "
-                    f"simulated beats its average JCT of {expected.avg_jct_h:.3g} h by more than {margin} and the "
-                    "noise of its replays, on every draw and on the most recent jobs held back.")
-    elif expected is not None:
-        headline = f"{_upper(_rent(nodes, plan))}{keep}: expected average JCT {_plainly(expected)}"
-        if expected.status_quo_avg_jct_h is not None:
-            headline += f" against {expected.status_quo_avg_jct_h:.3g} h for the status quo"
+    if jct is not None and jct.winner == STATUS_QUO:
+        margin = f"{jct.margin:.0%}" if jct.margin is not None else "a margin"
+        headline = (f"Keep what you have: the status quo, {_rent(nodes, plan)}{keep}: expected average JCT "
+                    f"{_plainly(jct)}; nothing else hetplan simulated beat it by more than {margin} and the "
+                    f"noise of its replays{_why_kept(jct.reason)}.")
+    elif jct is not None and jct.winner.startswith(STATUS_QUO):
+        headline = (f"Keep your nodes and give each job hetplan's hints (cores and RAM per job): the status quo, "
+                    f"{_rent(nodes, plan)}{keep}: expected average JCT {_plainly(jct)}")
+        if jct.status_quo_avg_jct_h is not None:
+            headline += f" against {jct.status_quo_avg_jct_h:.3g} h without the hints"
+        headline += "."
+    elif jct is not None:
+        headline = f"{_upper(_rent(nodes, plan))}{keep}: expected average JCT {_plainly(jct)}"
+        if jct.status_quo_avg_jct_h is not None:
+            headline += f" against {jct.status_quo_avg_jct_h:.3g} h for the status quo"
         headline += "."
     else:
         headline = f"{_upper(_rent(nodes, plan))}{keep}{_served(baselines)}."
-    return Decision(headline, _status_quo_sentence(plan, quo_nodes), _why(plan, curves, shares, added))
+    return Said(headline, _status_quo_sentence(plan, quo_nodes), _why(plan, curves, shares, added))
+
+
+def _why_kept(reason: str) -> str:
+    """Where the plan kept the status quo because the held-back check overruled its first choice: that, plainly."""
+    return f" ({reason.split(': ', 1)[1]})" if "overruled by the held-back check" in reason else ""
 
 
 def _listed(items: list[str]) -> str:
@@ -103,7 +120,7 @@ def _rent(nodes: str, plan: Plan) -> str:
     return f"rent {nodes} for {plan.cost_per_hour:.2f} $/h and " if nodes else "add no node (0 $/h) and "
 
 
-def _plainly(expected: Prediction) -> str:
+def _plainly(expected: Expected) -> str:
     """One interval, said plainly."""
     point = f"{expected.avg_jct_h:.3g} h"
     if expected.low_h is None or expected.high_h is None:

@@ -37,7 +37,7 @@ from matplotlib.figure import Figure  # noqa: E402
 
 from hetplan.contracts import CURVES, DEMAND, TRACE, ContractError, Problem, demand_from_trace, load_plan  # noqa: E402
 from hetplan.contracts.plan import Plan  # noqa: E402
-from hetplan.decision import Decision, decide  # noqa: E402
+from hetplan.decision import Said, say  # noqa: E402
 from hetplan.fsio import atomic_write_bytes  # noqa: E402
 from hetplan.plots import styles  # noqa: E402
 
@@ -74,7 +74,7 @@ def render_report(plan_dir: Path, curves_path: Path, out: Path, *, trace: Path |
     shares = model_shares(trace=trace, demand=demand)
     top = [m for m in shares.index if m in set(curves["model"])][:top_models]
     baselines = _baselines(plan_dir / "baselines.csv")
-    decision = decide(plan, curves, shares, baselines)
+    decision = say(plan, curves, shares, baselines)
     out.mkdir(parents=True, exist_ok=True)
     _save(plot_node_mix(plan), out / PICTURES[0])
     _save(plot_top_curves(curves, top, plan), out / PICTURES[1])
@@ -196,7 +196,7 @@ def needs_profiling(plan: Plan, curves: pd.DataFrame) -> list[tuple[str, str, st
 
 
 def render(plan: Plan, curves: pd.DataFrame, shares: pd.Series, top: list[str], summary: str,
-           decision: Decision) -> str:
+           decision: Said) -> str:
     """The page: the decision in words, the four panels, then the technical detail."""
     e = html.escape
     todo = needs_profiling(plan, curves)

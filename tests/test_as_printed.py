@@ -134,7 +134,7 @@ def test_a_fresh_copy_with_your_fleet_and_trace_names_what_to_buy_and_every_prin
     assert "Traceback" not in output and "ERROR" not in output, output[-5000:]
     ws = clone / ".hetplan"
     decision = (ws / "report" / "decision.txt").read_text().splitlines()
-    assert re.match(r"(Rent \d+ x \S+ \(\d+ x [\w-]+, \d+ vCPUs, \d+ GiB\)|Keep what you have)", decision[0])
+    assert re.match(r"(Rent \d+ x \S+ \(\d+ x [\w-]+, \d+ vCPUs, \d+ GiB\)|Keep what you have|Keep your nodes)", decision[0])
     assert "status quo" in decision[0] and "keep your 11 owned nodes" in decision[0]
     assert decision[2].startswith("The status quo is your owned nodes plus")
     assert decision[0] in (ws / "report" / "report.html").read_text().replace("&#x27;", "'")

@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 
 from hetplan.contracts.plan import Plan
-from hetplan.decision import decide, prediction
+from hetplan.decision import expected, say
 
 SHAPES = {"cloud:8xh100": {"gpu_type": "H100", "gpus": 8, "vcpus": 208, "mem_gb": 1800, "price_per_hour": 24.0},
           "cloud:8xv100": {"gpu_type": "V100", "gpus": 8, "vcpus": 64, "mem_gb": 488, "price_per_hour": 4.4},
@@ -39,7 +39,7 @@ SHARES = pd.Series({"res18": 0.6, "transformer": 0.4})
 
 def test_a_plan_that_rents_says_what_for_how_much_and_the_jct_with_one_interval():
     plan = _plan("speed floor 0.75", {"cloud:8xh100": 2}, {"point": 1.2, "low": 0.8, "high": 1.9})
-    said = decide(plan, CURVES, SHARES)
+    said = say(plan, CURVES, SHARES)
     assert said.headline == ("Rent 2 x cloud:8xh100 (8 x H100, 208 vCPUs, 1800 GiB) for 48.00 $/h and keep your 2 "
                              "owned nodes: expected average JCT 1.2 h (90% likely between 0.8 and 1.9 h, simulated) "
                              "against 7.5 h for the status quo.")
@@ -50,29 +50,47 @@ def test_a_plan_that_rents_says_what_for_how_much_and_the_jct_with_one_interval(
     assert said.headline.count("between") == 1  # one interval
 
 
-@pytest.mark.parametrize(("winner", "with_hints", "jct"), [("status quo", False, "7.5"),
-                                                           ("status quo + hints", True, "7.4")])
-def test_a_plan_that_keeps_the_status_quo_says_so_with_the_plans_reason(winner, with_hints, jct):
-    plan = _plan(winner, {"cloud:8xv100": 10})
-    said = decide(plan, CURVES, SHARES)
-    assert said.headline.startswith("Keep what you have: the status quo")
-    assert ("with hetplan's hints" in said.headline) == with_hints
-    assert "rent 10 x cloud:8xv100 (8 x V100, 64 vCPUs, 488 GiB) for 44.00 $/h" in said.headline
-    assert f"nothing hetplan simulated beats its average JCT of {jct} h by more than 2% and the noise" in said.headline
+def test_a_plan_that_keeps_the_status_quo_says_so_and_why():
+    plan = _plan("status quo", {"cloud:8xv100": 10})
+    said = say(plan, CURVES, SHARES)
+    assert said.headline == ("Keep what you have: the status quo, rent 10 x cloud:8xv100 (8 x V100, 64 vCPUs, 488 "
+                             "GiB) for 44.00 $/h and keep your 2 owned nodes: expected average JCT 7.5 h; nothing "
+                             "else hetplan simulated beat it by more than 2% and the noise of its replays.")
     assert said.why.startswith("Because it runs your jobs faster")  # V100's 8 cores per GPU: no model gains 10 %
+    overruled = plan.planning | {"decision": {"reason": "the status quo: speed floor 0.75 was overruled by the "
+                                              "held-back check (1.01x on the held-back jobs)"}}
+    said = say(plan.model_copy(update={"planning": overruled}), CURVES, SHARES)
+    assert said.headline.endswith("the noise of its replays (speed floor 0.75 was overruled by the held-back check "
+                                  "(1.01x on the held-back jobs)).")
+
+
+def test_a_plan_that_keeps_the_nodes_with_hints_says_what_the_hints_gain():
+    said = say(_plan("status quo + hints", {"cloud:8xv100": 10}), CURVES, SHARES)
+    assert said.headline == ("Keep your nodes and give each job hetplan's hints (cores and RAM per job): the status "
+                             "quo, rent 10 x cloud:8xv100 (8 x V100, 64 vCPUs, 488 GiB) for 44.00 $/h and keep your "
+                             "2 owned nodes: expected average JCT 7.4 h against 7.5 h without the hints.")
+
+
+def test_the_expected_jct_is_on_the_status_quos_jobs_where_the_winner_runs_more():
+    plan = _plan("speed floor 0.75", {"cloud:8xh100": 2}, {"point": 1.2, "low": 0.8, "high": 1.6})
+    planning = dict(plan.planning)  # the winner also runs jobs too large for the status quo: slower on average
+    planning["candidates"] = [c | {"core_avg_jct_h": 0.6} if c["candidate"] == "speed floor 0.75" else c
+                              for c in planning["candidates"]]
+    jct = expected(plan.model_copy(update={"planning": planning}))
+    assert (jct.avg_jct_h, jct.low_h, jct.high_h) == pytest.approx((0.6, 0.4, 0.8))
 
 
 def test_the_prediction_is_read_from_the_planning_record_and_absent_without_one():
     plan = _plan("speed floor 0.75", {"cloud:8xh100": 2}, {"point": 1.25, "low": 0.8, "high": 1.9})
-    expected = prediction(plan)
-    assert (expected.avg_jct_h, expected.low_h, expected.high_h, expected.status_quo_avg_jct_h) == (1.25, 0.8, 1.9, 7.5)
-    no_interval = prediction(_plan("speed floor 0.75", {"cloud:8xh100": 2}))
+    jct = expected(plan)
+    assert (jct.avg_jct_h, jct.low_h, jct.high_h, jct.status_quo_avg_jct_h) == (1.25, 0.8, 1.9, 7.5)
+    no_interval = expected(_plan("speed floor 0.75", {"cloud:8xh100": 2}))
     assert (no_interval.avg_jct_h, no_interval.low_h) == (1.2, None)  # the winner's replayed figure, no interval
     steady = _plan("speed floor 0.75", {}).model_copy(update={"planning": None})
-    assert prediction(steady) is None
+    assert expected(steady) is None
     baselines = pd.DataFrame({"name": ["status quo", "hetplan"], "value": [100.0, 130.0],
                               "node_counts": ['{"cloud:8xv100": 3}', "{}"]})
-    said = decide(steady, CURVES, SHARES, baselines)
+    said = say(steady, CURVES, SHARES, baselines)
     assert said.headline == ("Add no node (0 $/h) and keep your 2 owned nodes: it serves 130.0 reference GPUs of "
                              "your mix per hour, 1.30x the status quo.")
     assert said.status_quo.startswith("The status quo is your owned nodes plus 3 x cloud:8xv100:")
