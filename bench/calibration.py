@@ -34,7 +34,7 @@ from hetplan.codesign.candidates import STATUS_QUO
 from hetplan.evaluation import ProblemInputs, evaluate
 from hetplan.planning.calibration import coverage_by_group
 from common import derived_setting, machine, record
-from evaluate import CATALOGS, catalogs, plan_winner
+from evaluate import CATALOGS, catalogs
 from workloads import calibration_pairs, short
 
 
@@ -42,7 +42,7 @@ def rows_of(pair, label: str, budget: float, result) -> list[dict]:
     out = []
     for r in result.summary[result.summary["setup"] == "hetplan"].itertuples():
         out.append({"trace": pair.label, "group": pair.group, "catalog": label, "budget": budget, "rho": r.rho,
-                    "winner": plan_winner(result, r), "setup": "hetplan",
+                    "winner": r.winner, "setup": "hetplan",
                     "predicted_jct_speedup": r.predicted_jct_speedup, "predicted_low": r.predicted_low,
                     "predicted_high": r.predicted_high, "jct_speedup": r.jct_speedup})
     return out

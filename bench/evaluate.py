@@ -35,21 +35,20 @@ from hetplan.evaluation import ProblemInputs, evaluate
 from hetplan.contracts import ContractError
 from hetplan.hints import HintSet
 from hetplan.planning.calibration import COVERAGE, Calibration
-from hetplan.resources import upstream_path
 from hetplan.sim.engine import SimConfig, simulate
 from hetplan.sim.metrics import summarize
 from hetplan.sim.truth import TruthCurves
-from hetplan.traces import import_trace
 from common import derived_setting, machine, record, sim_fingerprint
+from workloads import GAVEL, gavel_halves
 
-TRACES = ("gavel_philly_0e4a51.trace", "gavel_philly_2869ce.trace")
+TRACES = GAVEL
 RHOS = (0.5, 0.8, 1.0, 1.3)
 
 
 def halves(file: str) -> tuple[pd.DataFrame, pd.DataFrame]:
-    trace = import_trace(upstream_path("traces", file), "gavel").trace.sort_values("arrival_s", kind="stable")
-    cut = len(trace) // 2
-    return trace.iloc[:cut].reset_index(drop=True), trace.iloc[cut:].reset_index(drop=True)
+    """The trace's first half by arrival to plan on, its second to replay."""
+    pair = gavel_halves(file)
+    return pair.plan, pair.replay
 
 
 CATALOGS = {"all": "all clouds", "aws-gcp-azure": "AWS + GCP + Azure"}
@@ -129,7 +128,7 @@ def main() -> None:
                         hetplan_rows.append({"trace": file, "catalog": label, "budget": budget, "rho": r.rho,
                                              "speedup": r.jct_speedup, "predicted": r.predicted_jct_speedup,
                                              "low": r.predicted_low, "high": r.predicted_high,
-                                             "within": within, "winner": plan_winner(result, r)})
+                                             "within": within, "winner": r.winner})
                         predictions.append(f"| {short} | {label} | {budget:g} | {r.rho:g} | "
                                            f"{r.predicted_jct_speedup:.2f}x [{r.predicted_low:.2f}, "
                                            f"{r.predicted_high:.2f}] | {r.jct_speedup:.2f}x | "
@@ -199,12 +198,6 @@ def main() -> None:
         "the first half):", *mixes, "", *(f"- note: {n}" for n in sorted(notes)), "", *cost_lines, "",
     ]
     record(text)
-
-
-def plan_winner(result, row) -> str:
-    """The name of the candidate the planner chose for `row`'s load."""
-    plan = result.plans.get(f"rho {row.rho:g}")
-    return plan.winner if plan is not None else ""
 
 
 def calibration_rows(frame: pd.DataFrame) -> pd.DataFrame:

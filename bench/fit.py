@@ -66,7 +66,7 @@ def main() -> None:
     if args.no_record:
         return
     lines = [
-        f"\n## Sensitivity fitting (`bench/fit.py`, issue 4)\n",
+        "\n## Sensitivity fitting (`bench/fit.py`, issue 4)\n",
         f"Run: `.venv/bin/python bench/fit.py --repeats {args.repeats}` on {dt.datetime.now(dt.UTC):%Y-%m-%d %H:%M} UTC; "
         f"{machine()}. Profiles: the **derived** reference set (45 grid points per pair); models beyond its 7 are "
         "renamed copies (synthetic). Fit = 2 candidate estimators x 5-fold CV + outlier pass + refit, per pair, "

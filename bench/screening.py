@@ -43,6 +43,7 @@ from hetplan.sim.workload import prepare_workload, with_load
 from hetplan.traces import import_trace
 from common import fitted_curves, machine, record
 from evaluate import RHOS, TRACES, catalogs, halves
+from workloads import short
 
 
 def cases(args, curves, truth: TruthCurves):
@@ -72,10 +73,6 @@ def cases(args, curves, truth: TruthCurves):
 def relabelled(trace, truth: TruthCurves, seed: int):
     jobs = prepare_workload(trace, truth.models, "mix", seed).jobs
     return jobs.assign(model=jobs["sim_model"]).drop(columns="sim_model")
-
-
-def short(file: str) -> str:
-    return file.split("_")[-1].split(".")[0]
 
 
 def cpu_s() -> float:

@@ -1,7 +1,7 @@
 """Out-of-sample workload pairs for the benches: (plan on this, replay that), grouped by the trace they come from.
 
 - `gavel_halves(file)`: a shipped Philly-derived Gavel trace split by arrival, first half / second half (the
-  out-of-sample grid of bench/evaluate.py);
+  out-of-sample grid of bench/evaluate.py, which reads it);
 - `gavel_window(file)`: the same trace's second quarter / third quarter (another window of it);
 - `sia_pair(kind, plan, replay)`: two of Sia's public workloads (bench/data/sia), one planned on, the other
   replayed: the same generator, other jobs. **Derived**: Sia's files carry arrivals, models and GPU counts but no

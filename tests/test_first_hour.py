@@ -88,7 +88,7 @@ def test_the_report_has_four_panels_and_every_picture_it_references(workspace):
     page = workspace / "report" / "report.html"
     text = page.read_text()
     for panel in ("node-mix", "curves", "jct", "needs-profiling"):
-        assert f'<section class="panel' in text and f'id="{panel}"' in text, panel
+        assert '<section class="panel' in text and f'id="{panel}"' in text, panel
     pictures = re.findall(r'<img src="([^"]+)"', text)
     assert sorted(pictures) == ["curves.png", "jct.png", "node_mix.png"]
     for picture in pictures:
