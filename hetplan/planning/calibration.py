@@ -9,7 +9,9 @@ prediction, in logs (e = log(realised / predicted)):
 - shift: c = the median of e over the rows (the planner's bias, e.g. over-predicting);
 - margin: m = the ceil((n + 1) x coverage)-th smallest |e - c| of the n rows (split conformal with absolute
   residuals): for a new prediction exchangeable with the rows, [predicted x e^(c - m), predicted x e^(c + m)]
-  holds the realised value with probability at least `coverage`.
+  holds the realised value with probability at least `coverage`; with `GROUPED` (the default where the rows name
+  their trace) m grows by the largest distance of one trace group's median e from c, as a new trace may be
+  biased as the most biased one seen was.
 
 The planner's own interval is not used: on the shipped rows its width did not track the error (too narrow on one
 trace, wide enough on the other), and a score built on it covered fewer left-out rows (bench/RESULTS.md).
@@ -34,7 +36,8 @@ from hetplan.resources import data_path
 COVERAGE = 0.90
 COLUMNS = ("predicted_jct_speedup", "jct_speedup")
 SHIPPED = "calibration/prediction_errors.csv"
-"""The rows hetplan ships (hetplan/data): bench/evaluate.py's out-of-sample grid, simulated on derived data."""
+"""The rows hetplan ships (hetplan/data): bench/calibration.py's out-of-sample rows of 4 trace groups, simulated on
+derived data."""
 
 
 ABSOLUTE, SCALED, GROUPED = "absolute", "scaled", "grouped"
