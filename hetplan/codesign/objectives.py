@@ -20,7 +20,10 @@ The rule (`decide`), in order:
 2. **The floor.** A candidate other than the status quo stays only if it beats the status quo on the objective
    by more than `margin` and by more than the replays' noise (its paired lead at least `NOISE_Z` standard
    errors) and is never worse than `FLOOR` x the status quo on any draw. The status quo always passes: when
-   nothing else does, it is the answer, and the decision says why.
+   nothing else does, it is the answer, and the decision says why. The noise and the per-draw floor are on the
+   status quo's jobs' average JCT whatever the objective (the jobs a team runs today must not wait longer on
+   average): a plan for `p95-jct` or `makespan` must also not cost them that. Without a status quo to compare
+   with (none, or a job size insisted on that it cannot host) there is no floor (`Decision.floor`).
 3. **The best**, by the objective, of those left.
 4. **Job sizes are a decision.** Of the candidates left, one that runs more of the workload's jobs (hosts the
    sizes the best one refuses) is preferred when it costs the status quo's jobs at most `HOST_SLACK` on the
