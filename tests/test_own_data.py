@@ -136,3 +136,23 @@ def test_an_allocator_that_ran_nothing_yet_leaves_the_workspace_trace(tmp_path, 
     assert "no done job" in caplog.text
     result = CliRunner().invoke(app, ["trace", "export", "--db", str(db), "--out", str(tmp_path / "t.csv")])
     assert result.exit_code == 1 and len(_errors(result.output)) == 1 and not (tmp_path / "t.csv").exists()
+
+
+@pytest.mark.parametrize("yours", [False, True])
+def test_a_workspace_made_before_workspace_json_never_fails_the_nightly_source(tmp_path, caplog, yours):
+    from hetplan.pipeline import prepare
+
+    ws = tmp_path / "ws"
+    prepare(ws)  # every file from the embedded defaults
+    if yours:
+        shutil.copy(EXAMPLE / "trace.csv", ws / "trace.csv")
+    (ws / "workspace.json").unlink()  # as an older hetplan left it
+    night = tmp_path / "night.csv"
+    TRACE.write(TRACE.load(EXAMPLE / "trace.csv").iloc[:120], night)
+    for _ in range(2):  # the night it gets its workspace.json, and the next
+        prepare(ws, trace=str(night))
+        assert len(TRACE.load(ws / "trace.csv")) == (200 if yours else 120)
+    assert (ws / "workspace.json").is_file()
+    kept = [r.message for r in caplog.records if "is not used" in r.message]
+    assert len(kept) == (2 if yours else 0) and all(str(ws / "trace.csv") in m for m in kept)
+
