@@ -7,13 +7,13 @@ jobs), the derived profile set (labelled derived), the published V100 table and 
 Every file is validated against its contract before anything is written.
 
 A file hetplan did not write (you copied it in, or edited it since) is never overwritten: it is validated and
-kept, and a different file given for its place is refused (`--force` overwrites). `workspace.json` records
-what hetplan wrote, with each file's checksum and source, so that a nightly run may refresh a trace it wrote
-from a source (`hetplan.traces.sources`) and never touches one you placed. A workspace made before
-`workspace.json` existed gets one at its next init: a file that holds its embedded default (`demand.csv`: the
-mix of the workspace's trace) is hetplan's, the others are yours and kept, a different source for them a
-warning, never an error. Later stages (fit, plan, publish) read and add to the same directory: the plan is for
-the workload, on the owned fleet plus what the budget rents.
+kept, and a different file given for its place is refused (`--force` overwrites); a `demand.csv` of yours is
+kept when the trace changes, with a warning. `workspace.json` records what hetplan wrote, with each file's checksum and
+source, so that a nightly run may refresh a trace it wrote from a source (`hetplan.traces.sources`) and never
+touches one you placed. A workspace made before `workspace.json` existed gets one at its next init: a file that
+holds its embedded default (`demand.csv`: the mix of the workspace's trace) is hetplan's, the others are yours
+and kept, a different source for them a warning, never an error. Later stages (fit, plan, publish) read and add
+to the same directory: the plan is for the workload, on the owned fleet plus what the budget rents.
 """
 
 from __future__ import annotations
@@ -178,9 +178,7 @@ def init_workspace(root: Path, *, force: bool = False, seed: Seed = Seed()) -> I
                       lambda: (_reference().published, "published V100 table"))
     trace = _file(ws, ws.trace, TRACE, seed.trace, force, warnings, lambda: _default_trace(warnings),
                   lambda src: _read_trace(src, seed, profiles.frame, warnings))
-    demand_fresh = force or trace.fresh or not ws.demand.is_file()
-    demand = _File(ws.demand, DEMAND, demand_from_trace(trace.frame) if demand_fresh else DEMAND.load(ws.demand),
-                   f"demand mix of {ws.trace.name}" if demand_fresh else "kept", demand_fresh)
+    demand = _demand(ws, trace, force, warnings)
     files = [catalog, fleet, profiles, published, trace, demand]
     written = [f.schema.write(f.frame, f.path) for f in files if f.fresh]
     _record(ws, {f.path.name: f.origin for f in files if f.fresh})
@@ -211,6 +209,19 @@ def _file(ws: Workspace, path: Path, schema: TableSchema, source: str | None, fo
         return _File(path, schema, schema.load(path), "kept", False)
     frame, what = default()
     return _File(path, schema, frame, f"embedded default: {what}", True)
+
+
+def _demand(ws: Workspace, trace: _File, force: bool, warnings: list[str]) -> _File:
+    """`demand.csv`: the trace's mix when the file is missing or the trace changed, but never over a file of yours
+    (kept, with a warning when it no longer matches the trace)."""
+    path = ws.demand
+    if path.is_file() and not force and not (trace.fresh and ws.is_ours(path)):
+        kept = DEMAND.load(path)
+        if trace.fresh and not _same(DEMAND, path, demand_from_trace(trace.frame)):
+            warnings.append(f"{path}: your own file is kept but no longer matches {ws.trace.name}'s demand mix; "
+                            "move it aside (or use --force) to have it rewritten")
+        return _File(path, DEMAND, kept, "kept", False)
+    return _File(path, DEMAND, demand_from_trace(trace.frame), f"demand mix of {ws.trace.name}", True)
 
 
 def _adopt(ws: Workspace) -> None:

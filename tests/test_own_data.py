@@ -156,3 +156,19 @@ def test_a_workspace_made_before_workspace_json_never_fails_the_nightly_source(t
     kept = [r.message for r in caplog.records if "is not used" in r.message]
     assert len(kept) == (2 if yours else 0) and all(str(ws / "trace.csv") in m for m in kept)
 
+
+def test_your_own_demand_mix_is_kept_when_the_trace_changes(tmp_path, caplog):
+    from hetplan.pipeline import prepare
+
+    ws = tmp_path / "ws"
+    trace = TRACE.load(EXAMPLE / "trace.csv")
+    night1, night2 = tmp_path / "night1.csv", tmp_path / "night2.csv"
+    TRACE.write(trace.iloc[:120], night1)
+    TRACE.write(trace[trace["num_gpus"] == 1], night2)
+    prepare(ws, trace=str(night1))
+    mine = "model,num_gpus,share\nres50,1,1.0\n"
+    (ws / "demand.csv").write_text(mine)
+    prepare(ws, trace=str(night2))
+    assert len(TRACE.load(ws / "trace.csv")) == len(trace[trace["num_gpus"] == 1])
+    assert (ws / "demand.csv").read_text() == mine
+    assert "no longer matches" in caplog.text
