@@ -75,6 +75,21 @@ def test_a_job_first_seen_at_a_restart_is_partial_not_guessed(tmp_path):
         raw.execute("UPDATE actions SET kind = 'start'")
     assert [(x.action.kind, x.restart) for x in read_actions(db)] == [("start", False)]
 
+
+@pytest.mark.parametrize("how", ["option", "env"])
+def test_serve_sets_how_many_actions_the_log_keeps(tmp_path, monkeypatch, how):
+    import uvicorn
+
+    import hetplan.allocator.service as service
+
+    seen = []
+    monkeypatch.setattr(service, "create_app", seen.append)
+    monkeypatch.setattr(uvicorn, "run", lambda app, **kw: None)
+    args, env = (["--action-log", "50000"], {}) if how == "option" else ([], {"HETPLAN_ALLOCATOR_ACTION_LOG": "50000"})
+    result = CliRunner().invoke(app, ["serve", "--db", str(tmp_path / "a.db"), *args], env=env)
+    assert result.exit_code == 0, result.output
+    assert [s.action_log for s in seen] == [50_000]
+
 def test_durations_are_run_times_times_the_speed_of_each_span():
     from hetplan.traces.history import RUN_TIME, trace_from_history
 
