@@ -90,6 +90,12 @@ def test_serve_sets_how_many_actions_the_log_keeps(tmp_path, monkeypatch, how):
     assert result.exit_code == 0, result.output
     assert [s.action_log for s in seen] == [50_000]
 
+
+def test_export_asks_for_no_token_as_get_v1_jobs_takes_none():
+    result = CliRunner().invoke(app, ["trace", "export", "--help"], env={"COLUMNS": "250"})
+    assert result.exit_code == 0 and "--out" in result.output
+    assert "--token" not in result.output and "HETPLAN_ALLOCATOR_TOKEN" not in result.output
+
 def test_durations_are_run_times_times_the_speed_of_each_span():
     from hetplan.traces.history import RUN_TIME, trace_from_history
 
