@@ -253,7 +253,8 @@ def _adopt(ws: Workspace) -> None:
 def _holds(schema: TableSchema, path: Path, frame: pd.DataFrame) -> bool:
     """True when `path` is `frame` as hetplan writes it (the same checksum), or holds the same rows."""
     with tempfile.TemporaryDirectory() as tmp:
-        return fingerprint(schema.write(frame, Path(tmp) / path.name)) == fingerprint(path) or _same(schema, path, frame)
+        written = schema.write(frame, Path(tmp) / path.name)
+        return fingerprint(written) == fingerprint(path) or _same(schema, path, frame)
 
 
 def _same(schema: TableSchema, path: Path, frame: pd.DataFrame) -> bool:

@@ -80,7 +80,7 @@ def test_a_job_first_seen_at_a_restart_is_partial_not_guessed(tmp_path):
 def test_serve_sets_how_many_actions_the_log_keeps(tmp_path, monkeypatch, how):
     import uvicorn
 
-    import hetplan.allocator.service as service
+    from hetplan.allocator import service
 
     seen = []
     monkeypatch.setattr(service, "create_app", seen.append)

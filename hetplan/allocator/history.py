@@ -7,8 +7,9 @@ A job's actions, in order: `start` (it got GPUs), `resize` / `migrate` (its core
 
 The log keeps the last `retain` actions (`hetplan.allocator.journal`): a job whose first start is no longer in
 it is left out and counted as `partial`, never guessed; so is one first seen at a restart (a start after a
-preemption: `LoggedAction.restart`; logs written before restarts were marked cannot tell one from a first start). The service serves the histories read-only
-(`GET /v1/jobs`); `hetplan trace export` reads them there or from the allocator's SQLite database.
+preemption: `LoggedAction.restart`; logs written before restarts were marked cannot tell one from a first
+start). The service serves the histories read-only (`GET /v1/jobs`); `hetplan trace export` reads them there or
+from the allocator's SQLite database.
 """
 
 from __future__ import annotations
