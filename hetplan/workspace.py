@@ -7,16 +7,20 @@ jobs), the derived profile set (labelled derived), the published V100 table and 
 Every file is validated against its contract before anything is written.
 
 A file hetplan did not write (you copied it in, or edited it since) is never overwritten: it is validated and
-kept, and a different file given for its place is refused (`--force` overwrites). `workspace.json` records
-what hetplan wrote, with each file's checksum and source, so that a nightly run may refresh a trace it wrote
-from a source (`hetplan.traces.sources`) and never touches one you placed. Later stages (fit, plan, publish)
-read and add to the same directory: the plan is for the workload, on the owned fleet plus what the budget rents.
+kept, and a different file given for its place is refused (`--force` overwrites); a `demand.csv` of yours is
+kept when the trace changes, with a warning. `workspace.json` records what hetplan wrote, with each file's checksum and
+source, so that a nightly run may refresh a trace it wrote from a source (`hetplan.traces.sources`) and never
+touches one you placed. A workspace made before `workspace.json` existed gets one at its next init: a file that
+holds its embedded default (`demand.csv`: the mix of the workspace's trace) is hetplan's, the others are yours
+and kept, a different source for them a warning, never an error. Later stages (fit, plan, publish) read and add
+to the same directory: the plan is for the workload, on the owned fleet plus what the budget rents.
 """
 
 from __future__ import annotations
 
 import functools
 import json
+import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -93,8 +97,9 @@ class Workspace:
         """The files `init_workspace` writes."""
         return (self.catalog, self.fleet, self.profiles, self.published_profiles, self.trace, self.demand)
 
-    def written(self) -> dict[str, dict[str, str]]:
-        """`workspace.json`: file name -> {"source", "sha256", "at"} of each file hetplan wrote ({} if none)."""
+    def written(self) -> dict[str, dict]:
+        """`workspace.json`: file name -> {"source", "sha256", "at"} of each file hetplan wrote, or {"source",
+        "at", "yours": true} for a file of yours found when it was first written ({} if none)."""
         try:
             return json.loads(self.manifest.read_text())
         except (OSError, ValueError):
@@ -104,6 +109,10 @@ class Workspace:
         """True when hetplan wrote `path` and nobody changed it since (its checksum is the recorded one)."""
         entry = self.written().get(path.name)
         return entry is not None and path.is_file() and entry.get("sha256") == fingerprint(path)
+
+    def predates(self, path: Path) -> bool:
+        """True for a file of yours the workspace held before `workspace.json` existed (see the module)."""
+        return bool(self.written().get(path.name, {}).get("yours"))
 
 
 @dataclass(frozen=True)
@@ -156,19 +165,20 @@ def init_workspace(root: Path, *, force: bool = False, seed: Seed = Seed()) -> I
         raise WorkspaceExistsError([Problem(str(ws.root), f"already a workspace ({', '.join(p.name for p in ws.seeded)}"
                                             "): nothing overwritten; use --force to re-seed it from the defaults")])
     warnings: list[str] = []
-    catalog = _file(ws, ws.catalog, CATALOG, seed.catalog, force, lambda: (load_default_catalog(), "default catalog"),
-                    CATALOG.load)
+    if not force:
+        _adopt(ws)
+    catalog = _file(ws, ws.catalog, CATALOG, seed.catalog, force, warnings,
+                    lambda: (load_default_catalog(), "default catalog"), CATALOG.load)
     catalog_path = seed.catalog or (ws.catalog if ws.catalog.is_file() and not catalog.fresh else DEFAULT_CATALOG)
-    fleet = _file(ws, ws.fleet, FLEET, seed.fleet, force, lambda: (load_default_fleet(), "default fleet"),
+    fleet = _file(ws, ws.fleet, FLEET, seed.fleet, force, warnings, lambda: (load_default_fleet(), "default fleet"),
                   lambda src: _read_fleet(src, catalog_path))
-    profiles = _file(ws, ws.profiles, PROFILES, None, force, lambda: (_reference().derived, "derived profiles"))
-    published = _file(ws, ws.published_profiles, PROFILES, None, force,
+    profiles = _file(ws, ws.profiles, PROFILES, None, force, warnings,
+                     lambda: (_reference().derived, "derived profiles"))
+    published = _file(ws, ws.published_profiles, PROFILES, None, force, warnings,
                       lambda: (_reference().published, "published V100 table"))
-    trace = _file(ws, ws.trace, TRACE, seed.trace, force, lambda: _default_trace(warnings),
+    trace = _file(ws, ws.trace, TRACE, seed.trace, force, warnings, lambda: _default_trace(warnings),
                   lambda src: _read_trace(src, seed, profiles.frame, warnings))
-    demand_fresh = force or trace.fresh or not ws.demand.is_file()
-    demand = _File(ws.demand, DEMAND, demand_from_trace(trace.frame) if demand_fresh else DEMAND.load(ws.demand),
-                   f"demand mix of {ws.trace.name}" if demand_fresh else "kept", demand_fresh)
+    demand = _demand(ws, trace, force, warnings)
     files = [catalog, fleet, profiles, published, trace, demand]
     written = [f.schema.write(f.frame, f.path) for f in files if f.fresh]
     _record(ws, {f.path.name: f.origin for f in files if f.fresh})
@@ -176,7 +186,7 @@ def init_workspace(root: Path, *, force: bool = False, seed: Seed = Seed()) -> I
                        {f.path.name: f.origin for f in files}, written)
 
 
-def _file(ws: Workspace, path: Path, schema: TableSchema, source: str | None, force: bool,
+def _file(ws: Workspace, path: Path, schema: TableSchema, source: str | None, force: bool, warnings: list[str],
           default: Callable[[], tuple[pd.DataFrame, str]],
           read: Callable[[str], pd.DataFrame] | None = None) -> _File:
     """What `path` will hold: `source` read (if given), else the workspace's own file kept, else the default."""
@@ -186,6 +196,10 @@ def _file(ws: Workspace, path: Path, schema: TableSchema, source: str | None, fo
         if exists and not force:
             if _same(schema, path, frame):
                 return _File(path, schema, frame, "kept (the same as " + source + ")", False)
+            if ws.predates(path):
+                warnings.append(f"{path}: your own file (older than {MANIFEST}) is kept and {source} is not used; "
+                                "move it aside to take the source")
+                return _File(path, schema, schema.load(path), "kept (yours)", False)
             if not ws.is_ours(path):
                 raise ContractError([Problem(str(path), f"your own file (hetplan did not write it, or it changed "
                                              f"since) differs from {source}: nothing overwritten; move it aside, or "
@@ -195,6 +209,52 @@ def _file(ws: Workspace, path: Path, schema: TableSchema, source: str | None, fo
         return _File(path, schema, schema.load(path), "kept", False)
     frame, what = default()
     return _File(path, schema, frame, f"embedded default: {what}", True)
+
+
+def _demand(ws: Workspace, trace: _File, force: bool, warnings: list[str]) -> _File:
+    """`demand.csv`: the trace's mix when the file is missing or the trace changed, but never over a file of yours
+    (kept, with a warning when it no longer matches the trace)."""
+    path = ws.demand
+    if path.is_file() and not force and not (trace.fresh and ws.is_ours(path)):
+        kept = DEMAND.load(path)
+        if trace.fresh and not _same(DEMAND, path, demand_from_trace(trace.frame)):
+            warnings.append(f"{path}: your own file is kept but no longer matches {ws.trace.name}'s demand mix; "
+                            "move it aside (or use --force) to have it rewritten")
+        return _File(path, DEMAND, kept, "kept", False)
+    return _File(path, DEMAND, demand_from_trace(trace.frame), f"demand mix of {ws.trace.name}", True)
+
+
+def _adopt(ws: Workspace) -> None:
+    """Write `workspace.json` for a workspace made before it existed (all its files, no manifest): a file that
+    holds its embedded default (`demand.csv`: the mix of the workspace's trace) is recorded as hetplan's, the
+    others as yours."""
+    if ws.manifest.exists() or not all(p.is_file() for p in ws.seeded):
+        return
+    defaults: dict[Path, tuple[TableSchema, Callable[[], pd.DataFrame]]] = {
+        ws.catalog: (CATALOG, load_default_catalog), ws.fleet: (FLEET, load_default_fleet),
+        ws.profiles: (PROFILES, lambda: _reference().derived),
+        ws.published_profiles: (PROFILES, lambda: _reference().published),
+        ws.trace: (TRACE, lambda: _default_trace([])[0]),
+        ws.demand: (DEMAND, lambda: demand_from_trace(TRACE.load(ws.trace))),
+    }
+    at = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    entries: dict[str, dict] = {}
+    for path, (schema, default) in defaults.items():
+        try:
+            ours = _holds(schema, path, default())
+        except ContractError:
+            ours = False
+        entries[path.name] = ({"source": f"embedded default (found before {MANIFEST})", "sha256": fingerprint(path),
+                               "at": at} if ours else {"source": f"yours (found before {MANIFEST})", "at": at,
+                                                       "yours": True})
+    atomic_write_bytes(ws.manifest, (json.dumps(entries, indent=2, sort_keys=True) + "\n").encode())
+
+
+def _holds(schema: TableSchema, path: Path, frame: pd.DataFrame) -> bool:
+    """True when `path` is `frame` as hetplan writes it (the same checksum), or holds the same rows."""
+    with tempfile.TemporaryDirectory() as tmp:
+        written = schema.write(frame, Path(tmp) / path.name)
+        return fingerprint(written) == fingerprint(path) or _same(schema, path, frame)
 
 
 def _same(schema: TableSchema, path: Path, frame: pd.DataFrame) -> bool:

@@ -136,3 +136,39 @@ def test_an_allocator_that_ran_nothing_yet_leaves_the_workspace_trace(tmp_path, 
     assert "no done job" in caplog.text
     result = CliRunner().invoke(app, ["trace", "export", "--db", str(db), "--out", str(tmp_path / "t.csv")])
     assert result.exit_code == 1 and len(_errors(result.output)) == 1 and not (tmp_path / "t.csv").exists()
+
+
+@pytest.mark.parametrize("yours", [False, True])
+def test_a_workspace_made_before_workspace_json_never_fails_the_nightly_source(tmp_path, caplog, yours):
+    from hetplan.pipeline import prepare
+
+    ws = tmp_path / "ws"
+    prepare(ws)  # every file from the embedded defaults
+    if yours:
+        shutil.copy(EXAMPLE / "trace.csv", ws / "trace.csv")
+    (ws / "workspace.json").unlink()  # as an older hetplan left it
+    night = tmp_path / "night.csv"
+    TRACE.write(TRACE.load(EXAMPLE / "trace.csv").iloc[:120], night)
+    for _ in range(2):  # the night it gets its workspace.json, and the next
+        prepare(ws, trace=str(night))
+        assert len(TRACE.load(ws / "trace.csv")) == (200 if yours else 120)
+    assert (ws / "workspace.json").is_file()
+    kept = [r.message for r in caplog.records if "is not used" in r.message]
+    assert len(kept) == (2 if yours else 0) and all(str(ws / "trace.csv") in m for m in kept)
+
+
+def test_your_own_demand_mix_is_kept_when_the_trace_changes(tmp_path, caplog):
+    from hetplan.pipeline import prepare
+
+    ws = tmp_path / "ws"
+    trace = TRACE.load(EXAMPLE / "trace.csv")
+    night1, night2 = tmp_path / "night1.csv", tmp_path / "night2.csv"
+    TRACE.write(trace.iloc[:120], night1)
+    TRACE.write(trace[trace["num_gpus"] == 1], night2)
+    prepare(ws, trace=str(night1))
+    mine = "model,num_gpus,share\nres50,1,1.0\n"
+    (ws / "demand.csv").write_text(mine)
+    prepare(ws, trace=str(night2))
+    assert len(TRACE.load(ws / "trace.csv")) == len(trace[trace["num_gpus"] == 1])
+    assert (ws / "demand.csv").read_text() == mine
+    assert "no longer matches" in caplog.text

@@ -52,6 +52,50 @@ def test_the_log_gives_each_jobs_spans_and_leaves_out_what_it_cannot_know():
     assert Histories.from_dict(histories.to_dict()) == histories  # what GET /v1/jobs carries
 
 
+
+def test_a_job_first_seen_at_a_restart_is_partial_not_guessed(tmp_path):
+    import sqlite3
+
+    from hetplan.allocator.core import Allocator
+    from hetplan.allocator.durable import SqliteJournal, read_actions
+    from hetplan.allocator.spec import Job, Node
+
+    db = tmp_path / "allocator.db"
+    allocator = Allocator([Node("n1", "V100", 4, 32, 256)], "proportional", journal=SqliteJournal(db, "NORMAL"),
+                          retain=1)  # the log keeps only the newest action
+    first = allocator.allocate(Job("p", "res50", 1))
+    allocator.apply_actions([Action("stop", "p", (first,), ())])  # preempted: it may come back
+    assert allocator.restore(first)  # its restart: the first start and the stop have fallen out of the log
+    for logged in (allocator.log.entries(), read_actions(db)):
+        assert [(x.action.kind, x.restart) for x in logged] == [("start", True)]
+        histories = job_histories(logged)
+        assert (histories.jobs, histories.partial) == ([], 1)
+    allocator.journal.close()
+    with sqlite3.connect(db) as raw:  # a journal from before restarts were marked: still read, as a start
+        raw.execute("UPDATE actions SET kind = 'start'")
+    assert [(x.action.kind, x.restart) for x in read_actions(db)] == [("start", False)]
+
+
+@pytest.mark.parametrize("how", ["option", "env"])
+def test_serve_sets_how_many_actions_the_log_keeps(tmp_path, monkeypatch, how):
+    import uvicorn
+
+    from hetplan.allocator import service
+
+    seen = []
+    monkeypatch.setattr(service, "create_app", seen.append)
+    monkeypatch.setattr(uvicorn, "run", lambda app, **kw: None)
+    args, env = (["--action-log", "50000"], {}) if how == "option" else ([], {"HETPLAN_ALLOCATOR_ACTION_LOG": "50000"})
+    result = CliRunner().invoke(app, ["serve", "--db", str(tmp_path / "a.db"), *args], env=env)
+    assert result.exit_code == 0, result.output
+    assert [s.action_log for s in seen] == [50_000]
+
+
+def test_export_asks_for_no_token_as_get_v1_jobs_takes_none():
+    result = CliRunner().invoke(app, ["trace", "export", "--help"], env={"COLUMNS": "250"})
+    assert result.exit_code == 0 and "--out" in result.output
+    assert "--token" not in result.output and "HETPLAN_ALLOCATOR_TOKEN" not in result.output
+
 def test_durations_are_run_times_times_the_speed_of_each_span():
     from hetplan.traces.history import RUN_TIME, trace_from_history
 

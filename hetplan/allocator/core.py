@@ -395,7 +395,7 @@ class Allocator:
         if apply:
             self._apply(actions)
         now = self.clock()
-        logged = self.log.number(actions, now) if actions else ()
+        logged = self.log.number(actions, now, self.history) if actions else ()  # a kept history: a restart
         history = {a.job_id: self.history[a.job_id] for a in actions if a.job_id in self.history}
         record(history, actions, now)
         histories: dict[str, MoveHistory | None] = {a.job_id: history.get(a.job_id) for a in actions}

@@ -33,6 +33,7 @@ from hetplan.allocator.spec import Allocation, Node
 from hetplan.hints import HintSet
 
 log = logging.getLogger(__name__)
+RESTART = "restart"  # the `kind` an action log row has for a restart (`LoggedAction.restart`), else the action's
 
 SCHEMA_VERSION = "4"  # 4: + gangs, the action log, re-size marks, move histories; 3: + GPU shares and own requests;
 # 2: memory in MiB, nodes' mem_gb in GiB; 1: 1000-MB units
@@ -128,7 +129,7 @@ class SqliteJournal:
         out.latest = int(latest[0]) if latest else 0
         rows = db.execute("SELECT seq, at, kind, job_id, parts FROM actions WHERE seq > ? ORDER BY seq",
                           (out.latest - retain,)).fetchall()
-        out.logged = [LoggedAction(seq, at, _action(kind, job_id, parts)) for seq, at, kind, job_id, parts in rows]
+        out.logged = [_logged(*row) for row in rows]
         log.info("restored %d nodes, %d allocations and actions up to %d from %s", len(out.nodes),
                  len(out.allocations), out.latest, self.path)
         return out
@@ -162,8 +163,8 @@ class SqliteJournal:
                     db.execute("INSERT OR REPLACE INTO history VALUES (?, ?)", (job, json.dumps(history)))
             if change.logged:
                 db.executemany("INSERT INTO actions VALUES (?, ?, ?, ?, ?)",
-                               [(x.seq, x.at, x.action.kind, x.action.job_id, _parts(x.action))
-                                for x in change.logged])
+                               [(x.seq, x.at, RESTART if x.restart else x.action.kind, x.action.job_id,
+                                 _parts(x.action)) for x in change.logged])
                 latest = change.logged[-1].seq
                 db.execute("DELETE FROM actions WHERE seq <= ?", (latest - retain,))
                 db.execute("INSERT OR REPLACE INTO meta VALUES ('latest', ?)", (str(latest),))
@@ -201,10 +202,12 @@ def _parts(action: Action) -> str:
     return json.dumps([[_row(a) for a in action.before], [_row(a) for a in action.after]])
 
 
-def _action(kind: str, job_id: str, parts: str) -> Action:
+def _logged(seq: int, at: float, kind: str, job_id: str, parts: str) -> LoggedAction:
+    """A row of `actions` (kind `restart`: a `start` that is a restart; databases before it have none)."""
     before, after = json.loads(parts)
-    return Action(kind, job_id, tuple(Allocation(*a) for a in before),  # type: ignore[arg-type]
-                  tuple(Allocation(*a) for a in after))
+    action = Action("start" if kind == RESTART else kind, job_id,  # type: ignore[arg-type]
+                    tuple(Allocation(*a) for a in before), tuple(Allocation(*a) for a in after))
+    return LoggedAction(seq, at, action, kind == RESTART)
 
 
 def check_database(path: str | os.PathLike[str]) -> None:
@@ -235,7 +238,7 @@ def read_actions(path: str | os.PathLike[str]) -> list[LoggedAction]:
         raise StateError(f"{path}: not an allocator database ({exc})") from None
     finally:
         db.close()
-    return [LoggedAction(seq, at, _action(kind, job_id, parts)) for seq, at, kind, job_id, parts in rows]
+    return [_logged(*row) for row in rows]
 
 
 def _check_schema(db: sqlite3.Connection, path: Path) -> str | None:

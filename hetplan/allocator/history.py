@@ -6,8 +6,10 @@ A job's actions, in order: `start` (it got GPUs), `resize` / `migrate` (its core
 *done* when its last span has ended (the log cannot tell a release from an eviction never followed by a start).
 
 The log keeps the last `retain` actions (`hetplan.allocator.journal`): a job whose first start is no longer in
-it is left out and counted as `partial`, never guessed. The service serves the histories read-only
-(`GET /v1/jobs`); `hetplan trace export` reads them there or from the allocator's SQLite database.
+it is left out and counted as `partial`, never guessed; so is one first seen at a restart (a start after a
+preemption: `LoggedAction.restart`; logs written before restarts were marked cannot tell one from a first
+start). The service serves the histories read-only (`GET /v1/jobs`); `hetplan trace export` reads them there or
+from the allocator's SQLite database.
 """
 
 from __future__ import annotations
@@ -111,7 +113,7 @@ def job_histories(logged: Iterable[LoggedAction]) -> Histories:
         if job in cut:
             continue
         mine = spans.get(job)
-        if mine is None and action.kind != "start":
+        if mine is None and (action.kind != "start" or entry.restart):
             cut.add(job)
             continue
         if mine and mine[-1].end is None:  # whatever it is, the current span ends here

@@ -13,7 +13,7 @@ actions; a reader further behind gets `TooOld` (HTTP 410 Gone) and lists the all
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Container, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import islice
 from typing import Literal, Protocol
@@ -31,11 +31,13 @@ RETAIN = 10_000
 
 @dataclass(frozen=True, slots=True)
 class LoggedAction:
-    """An applied action with its number in the log and when it was applied (the allocator's clock)."""
+    """An applied action with its number in the log and when it was applied (the allocator's clock); `restart`: a
+    `start` of a job that held resources before (stopped, not released for good), not its first start."""
 
     seq: int
     at: float
     action: Action
+    restart: bool = False
 
 
 class TooOld(LookupError):
@@ -58,9 +60,11 @@ class ActionLog:
         self._entries: deque[LoggedAction] = deque(entries, maxlen=retain)
         self.latest = latest
 
-    def number(self, actions: Sequence[Action], at: float) -> tuple[LoggedAction, ...]:
-        """The actions with the numbers they will get (nothing is logged until `extend`)."""
-        return tuple(LoggedAction(self.latest + i, at, a) for i, a in enumerate(actions, 1))
+    def number(self, actions: Sequence[Action], at: float, started: Container[str] = ()) -> tuple[LoggedAction, ...]:
+        """The actions with the numbers they will get (nothing is logged until `extend`); a start of a job in
+        `started` (it started before) is a restart."""
+        return tuple(LoggedAction(self.latest + i, at, a, a.kind == "start" and a.job_id in started)
+                     for i, a in enumerate(actions, 1))
 
     def extend(self, logged: Sequence[LoggedAction]) -> None:
         self._entries.extend(logged)

@@ -18,6 +18,7 @@ from hetplan.allocator.spec import Node
 log = logging.getLogger(__name__)
 STORE_ENV_NAME = "HETPLAN_HINT_STORE"  # hetplan.hints.STORE_ENV, spelled here so --help need not import the store
 KUBECONFIG_ENV_NAME = "HETPLAN_ALLOCATOR_KUBECONFIG"  # what ServiceSettings.from_env reads for `kubeconfig`
+ACTION_LOG_ENV_NAME = "HETPLAN_ALLOCATOR_ACTION_LOG"  # ... and for `action_log`
 
 
 def _fail(message: str) -> typer.Exit:
@@ -54,6 +55,9 @@ def serve(
                                     "power loss) or NORMAL (survives a process crash; faster)."),
     tick: float = typer.Option(60.0, "--tick", min=0, help="Seconds between rebalancing ticks (hint policy; 0: only "
                                "on POST /v1/actions/tick)."),
+    action_log: int = typer.Option(10_000, "--action-log", min=1, envvar=ACTION_LOG_ENV_NAME, show_envvar=True,
+                                   help="Actions the log keeps (GET /v1/actions; GET /v1/jobs, which `hetplan trace "
+                                   "export` reads, leaves out jobs whose first start is older)."),
     log_level: str = typer.Option("warning", "--log-level", help="uvicorn log level."),
 ) -> None:
     """Serve allocations over HTTP (and as a Kubernetes scheduler extender) until interrupted."""
@@ -81,7 +85,7 @@ def serve(
         settings = ServiceSettings(db=db, store=store, policy=policy, strict=strict, token=token,
                                    write_token=write_token, hint_poll_seconds=poll, max_body_bytes=max_body,
                                    max_extender_body_bytes=max_extender_body, synchronous=synchronous.upper(),
-                                   tick_seconds=tick, kubeconfig=kubeconfig)
+                                   tick_seconds=tick, kubeconfig=kubeconfig, action_log=action_log)
     except ValidationError as exc:
         raise _fail("; ".join(err["msg"] for err in exc.errors())) from None
     _check_db(settings.db)

@@ -99,8 +99,6 @@ def export_command(
     curves: CurvesFile = None,
     profiles: Path = typer.Option(Path(".hetplan/profiles.csv"), "--profiles", help="Where no curve table exists "
                                   "yet: the profiles the durations are derived with."),
-    token: str | None = typer.Option(None, "--token", envvar="HETPLAN_ALLOCATOR_TOKEN",
-                                     help="Bearer token, for an allocator that asks for one on reads."),
 ) -> None:
     """Write the jobs the allocator ran (done, on whole GPUs) as a trace: model, GPUs, arrival (first placement),
     run time, and the duration at the reference allocation derived from the curves (`hetplan.traces.history`)."""
@@ -114,7 +112,7 @@ def export_command(
         curves = curves_or_default(curves)
         known = PROFILES.load(profiles) if profiles.is_file() and not curves.is_file() else None
         speeds, how = workspace_speeds(curves, known)
-        sourced = read_source(ALLOCATOR + (url or str(db)), speeds=speeds, token=token)
+        sourced = read_source(ALLOCATOR + (url or str(db)), speeds=speeds)
         TRACE.write(sourced.trace, out)
     trace = sourced.trace
     console.print(f"[green]exported[/] {len(trace)} jobs from {sourced.source} -> {out}: "

@@ -82,7 +82,7 @@ def trace_from_history(histories: Histories, speeds: Speeds | None) -> HistoryTr
         warnings.append(f"{shares} CPU-only or GPU-share jobs are left out (a trace's jobs hold whole GPUs)")
     if histories.partial:
         warnings.append(f"{histories.partial} jobs whose first start is older than the action log keeps are left "
-                        "out (raise HETPLAN_ALLOCATOR_ACTION_LOG to keep more)")
+                        "out (raise `hetplan serve --action-log` or HETPLAN_ALLOCATOR_ACTION_LOG to keep more)")
     origin = min((j.first_start for j in jobs), default=0.0)
     rows, uncurved = [], set()
     for job in jobs:

@@ -43,14 +43,14 @@ def is_url(spec: str) -> bool:
     return spec.startswith(("http://", "https://"))
 
 
-def read_source(spec: str, *, fmt: str = "trace", speeds: Speeds | None = None, token: str | None = None) -> Sourced:
+def read_source(spec: str, *, fmt: str = "trace", speeds: Speeds | None = None) -> Sourced:
     """The trace a source names (see the module); `speeds` give an allocator history's durations at the reference
-    allocation, `token` is sent as a bearer token to an allocator that asks for one."""
+    allocation."""
     spec = spec.strip()
     if spec.startswith(ALLOCATOR):
-        return from_allocator(spec.removeprefix(ALLOCATOR), speeds=speeds, token=token)
+        return from_allocator(spec.removeprefix(ALLOCATOR), speeds=speeds)
     if is_url(spec):
-        return Sourced(_download(spec, token), spec)
+        return Sourced(_download(spec), spec)
     path = spec.removeprefix("file://")
     if fmt == "trace":
         return Sourced(TRACE.load(path), spec)
@@ -60,12 +60,13 @@ def read_source(spec: str, *, fmt: str = "trace", speeds: Speeds | None = None, 
     return Sourced(imported.trace, spec, list(imported.warnings))
 
 
-def from_allocator(where: str, *, speeds: Speeds | None = None, token: str | None = None) -> Sourced:
-    """The trace of the allocator's job history, at `where`: its URL or its SQLite database."""
+def from_allocator(where: str, *, speeds: Speeds | None = None) -> Sourced:
+    """The trace of the allocator's job history, at `where`: its URL (`GET /v1/jobs`, open like every read) or its
+    SQLite database."""
     from hetplan.allocator.history import Histories, job_histories
 
     if is_url(where):
-        histories = Histories.from_dict(_get_json(where.rstrip("/") + "/v1/jobs", token))
+        histories = Histories.from_dict(_get_json(where.rstrip("/") + "/v1/jobs"))
     else:
         from hetplan.allocator.cluster import StateError
         from hetplan.allocator.durable import read_actions
@@ -84,12 +85,11 @@ def from_allocator(where: str, *, speeds: Speeds | None = None, token: str | Non
     return Sourced(result.trace, ALLOCATOR + where, warnings)
 
 
-def _get(url: str, token: str | None) -> bytes:
+def _get(url: str) -> bytes:
     import httpx
 
-    headers = {"Authorization": f"Bearer {token}"} if token else {}
     try:
-        response = httpx.get(url, headers=headers, timeout=TIMEOUT_S, follow_redirects=True)
+        response = httpx.get(url, timeout=TIMEOUT_S, follow_redirects=True)
     except httpx.HTTPError as exc:
         raise ContractError([Problem(url, f"cannot fetch it: {exc}")]) from None
     if response.status_code != 200:
@@ -97,18 +97,18 @@ def _get(url: str, token: str | None) -> bytes:
     return response.content
 
 
-def _get_json(url: str, token: str | None) -> dict:
+def _get_json(url: str) -> dict:
     import json
 
     try:
-        return json.loads(_get(url, token))
+        return json.loads(_get(url))
     except ValueError:
         raise ContractError([Problem(url, "not a JSON answer: is this the hetplan allocator's URL?")]) from None
 
 
-def _download(url: str, token: str | None) -> pd.DataFrame:
+def _download(url: str) -> pd.DataFrame:
     """A trace file at `url`, validated; problems name the URL and its rows."""
-    data = _get(url, token)
+    data = _get(url)
     suffix = ".parquet" if url.split("?", 1)[0].endswith(".parquet") else ".csv"
     with tempfile.TemporaryDirectory() as tmp:
         local = Path(tmp) / f"trace{suffix}"
