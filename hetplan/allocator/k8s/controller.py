@@ -46,6 +46,7 @@ from typing import Any
 
 from hetplan.allocator.k8s import adoption, pods
 from hetplan.allocator.k8s.cursor import CursorStore
+from hetplan.allocator.k8s.errors import one_line
 from hetplan.allocator.k8s.lease import LeaseElector
 from hetplan.allocator.k8s.moves import Migration, next_step
 from hetplan.allocator.k8s.resize import Rules, plan_resize, read_rules
@@ -55,19 +56,6 @@ log = logging.getLogger(__name__)
 STRATEGIC = "application/strategic-merge-patch+json"
 MERGE = "application/merge-patch+json"
 JSON_PATCH = "application/json-patch+json"
-
-
-def _one_line(exc: BaseException) -> str:
-    status = getattr(exc, "status", None)
-    if status is not None and hasattr(exc, "reason"):
-        body = getattr(exc, "body", None)
-        try:
-            message = json.loads(body).get("message", "") if body else ""
-        except (ValueError, AttributeError):
-            message = ""
-        return f"HTTP {status} {exc.reason}{': ' + message[:200] if message else ''}"
-    text = " ".join(f"{type(exc).__name__}: {exc}".split())
-    return text[:300]
 
 
 @dataclass
@@ -241,7 +229,7 @@ class Controller:
         failures += 1
         if failures >= 3:
             self._resource_version = None
-        log.warning("controller: pod watch: %s; retrying", _one_line(exc))
+        log.warning("controller: pod watch: %s; retrying", one_line(exc))
         self._stopping.wait(min(0.2 * 2 ** failures, 10))
         return failures
 
@@ -319,7 +307,7 @@ class Controller:
                 ok = self.step()
             except Exception as exc:  # noqa: BLE001 - the loop outlives any error: logged, counted, retried
                 self.stats.count("errors")
-                log.warning("controller: %s; retrying", _one_line(exc))
+                log.warning("controller: %s; retrying", one_line(exc))
                 ok = False
             failures = 0 if ok else failures + 1
             if failures:  # 0.1 s doubling to 0.5 s: a restarting service is followed within 0.5 s of coming back
@@ -334,7 +322,7 @@ class Controller:
         try:
             self.rules = read_rules(self._api, self.timeout)
         except Exception as exc:  # noqa: BLE001 - unknown: 1.33's rules, the stricter ones
-            log.warning("controller: server version not read (%s); resizing by 1.33's rules", _one_line(exc))
+            log.warning("controller: server version not read (%s); resizing by 1.33's rules", one_line(exc))
         self.reconcile()
         self._leading = True
 
@@ -360,7 +348,7 @@ class Controller:
             return True
         except Exception as exc:  # noqa: BLE001 - one part's error stops no other part; logged, counted, retried
             self.stats.count("errors")
-            log.warning("controller: %s: %s; retrying", name, _one_line(exc))
+            log.warning("controller: %s: %s; retrying", name, one_line(exc))
             return False
 
     def _follow_log(self) -> None:
@@ -521,7 +509,7 @@ class Controller:
             self._refused[uid] = target
             self.stats.count("resize-refused")
             log.warning("controller: resize of %s/%s to %s refused: %s (not retried)", ns, name, target,
-                        _one_line(exc))
+                        one_line(exc))
             return
         except Exception as exc:  # noqa: BLE001 - a timeout or a broken connection: the outcome is unknown
             self._retry_later(job, target, seq, at, exc)
@@ -544,7 +532,7 @@ class Controller:
         backoff = min(known.backoff * 2, 30.0) if known is not None and known.target == target else 0.5
         self._retries[job] = RetryResize(target, seq, at, time.monotonic() + backoff, backoff)
         self.stats.count("resize-retried")
-        log.info("controller: resize of %s to %s: %s; sent again in %.1f s", job, target, _one_line(exc), backoff)
+        log.info("controller: resize of %s to %s: %s; sent again in %.1f s", job, target, one_line(exc), backoff)
 
     def _retry_resizes(self) -> None:
         """The resizes the API server did not answer (429, 5xx, no answer) whose backoff is over, sent again
@@ -577,7 +565,7 @@ class Controller:
         except ApiException as exc:
             if exc.status != 409:
                 self.stats.count("migrate-refused")
-                log.warning("controller: replacement of %s/%s refused: %s", ns, pods.key(pod)[1], _one_line(exc))
+                log.warning("controller: replacement of %s/%s refused: %s", ns, pods.key(pod)[1], one_line(exc))
                 return
             answer = self.core.read_namespaced_pod(new["metadata"]["name"], ns, _preload_content=False,
                                                    _request_timeout=self.timeout)
@@ -657,7 +645,7 @@ class Controller:
                 if exc.status == 404 and step in ("ungate", "cancel"):
                     del self._migrations[job]
                     continue
-                log.warning("controller: move of %s: %s; retrying", job, _one_line(exc))
+                log.warning("controller: move of %s: %s; retrying", job, one_line(exc))
                 m.next_try = now + 1.0
         with self._lock:  # the removed pods' last states that no move needs any more
             olds = {m.old for m in self._migrations.values()}
@@ -803,7 +791,7 @@ class Controller:
                                            _content_type=MERGE, _preload_content=False, _request_timeout=self.timeout)
         except ApiException as exc:
             if exc.status != 404:
-                log.warning("controller: annotating %s/%s: %s", ns, name, _one_line(exc))
+                log.warning("controller: annotating %s/%s: %s", ns, name, one_line(exc))
 
     # ------------------------------------------------------------------ reconcile
 
