@@ -50,7 +50,7 @@ from hetplan.allocator.k8s.errors import one_line
 from hetplan.allocator.k8s.lease import LeaseElector
 from hetplan.allocator.k8s.moves import Migration, next_step
 from hetplan.allocator.k8s.resize import Rules, plan_resize, read_rules
-from hetplan.allocator.k8s.service_client import AllocatorClient, Gone
+from hetplan.allocator.k8s.service_client import AllocatorClient, Gone, refusal
 
 log = logging.getLogger(__name__)
 STRATEGIC = "application/strategic-merge-patch+json"
@@ -157,7 +157,7 @@ class Controller:
         self._refused: dict[str, pods.Target] = {}  # pod uid -> the target the API server refused (422): not resent
         self._kept: dict[str, pods.Target] = {}  # pod uid -> the target whose memory shrink was left out (1.33)
         self.adopt_every = adopt_every
-        self._adopt_tries: dict[str, float] = {}  # pod uid -> when to try adopting it again (the default path)
+        self._adopt_tries: dict[str, float] = {}  # pod uid -> when to try adopting it again (after a refusal)
         self._waiting: dict[str, float] = {}  # job -> when to ask again for its unbound pod (`_requeue`)
 
     # ------------------------------------------------------------------ threads
@@ -828,7 +828,7 @@ class Controller:
             job = pods.job_id(pod)
             if job is not None and pods.gated(pod) and job not in self._migrations:
                 self._resume(job, pod)
-            if job is None or job in by_job or pods.gated(pod):
+            if job is None or job in by_job or pods.gated(pod) or self._adopt_tries.get(pods.uid(pod), 0.0) > now:
                 continue
             self._adopt(job, pod)
         if latest is not None:
@@ -837,23 +837,28 @@ class Controller:
 
     def _adopt(self, job: str, pod: dict) -> bool:
         """A pod without an allocation (`adoption`): adopted where it runs (or allocated anew when not bound), then
-        re-sized or moved toward its allocation; a default-path pod gets its job id. Whether it was adopted."""
+        re-sized or moved toward its allocation; a default-path pod gets its job id. Whether it was adopted. A pod
+        that cannot be read or that the allocator refuses (a rejection, or a 4xx: a job id too long, a request out
+        of range) is a fault of that pod alone: counted `adopt-refused`, logged, asked again in `adopt_every` s."""
         from kubernetes.client.exceptions import ApiException
 
         try:
             body = adoption.request(pod)
-        except ValueError as exc:
-            log.warning("controller: pod %s/%s has no allocation and cannot be read: %s", *pods.key(pod), exc)
-            return False
-        answer = self.service.adopt(body) if "node" in body else \
-            self.service.allocate({k: v for k, v in body.items() if k != "node"})
+        except (ValueError, OverflowError) as exc:
+            return self._adopt_refused(pod, f"it cannot be read: {exc}"[:300])
+        try:
+            answer = self.service.adopt(body) if "node" in body else \
+                self.service.allocate({k: v for k, v in body.items() if k != "node"})
+        except Exception as exc:
+            why = refusal(exc)
+            if why is None:
+                raise  # the service down, a 5xx: an error of the pass, retried
+            return self._adopt_refused(pod, f"the allocator refuses it ({why})")
         if answer.get("status") != "allocated" or len(answer.get("parts") or []) > 1:
             if answer.get("status") == "allocated":
                 self.service.release(job)
-            self.stats.count("adopt-refused")
-            log.info("controller: pod %s/%s has no allocation and the allocator refuses it (%s: %s); left as it "
-                     "is, asked again later", *pods.key(pod), answer.get("reason") or "a gang", answer.get("message"))
-            return False
+            return self._adopt_refused(pod, f"the allocator refuses it ({answer.get('reason') or 'a gang'}: "
+                                            f"{answer.get('message')})")
         if pods.job_id(pod) is None:
             ns, name = pods.key(pod)
             try:
@@ -870,8 +875,16 @@ class Controller:
                 if pods.uid(self.pods.get(pods.key(pod), {})) == pods.uid(pod):
                     self.pods[pods.key(pod)] = pod
         self.stats.count("adopted")
+        self._adopt_tries.pop(pods.uid(pod), None)
         self.converge(job, pods.Target.of(answer["allocation"]), self.cursor or 0)
         return True
+
+    def _adopt_refused(self, pod: dict, why: str) -> bool:
+        self.stats.count("adopt-refused")
+        self._adopt_tries[pods.uid(pod)] = time.monotonic() + self.adopt_every
+        log.info("controller: pod %s/%s has no allocation and %s; left as it is, asked again later", *pods.key(pod),
+                 why)
+        return False
 
     def _adopt_default_path(self) -> None:
         """Opted-in pods the webhook left to the default path, now running: adopted (`adoption`), each tried again
@@ -881,8 +894,7 @@ class Controller:
             due = [p for p in self.pods.values() if adoption.default_path(p)
                    and self._adopt_tries.get(pods.uid(p), 0.0) <= now]
         for pod in due:
-            if not self._adopt("/".join(pods.key(pod)), pod):
-                self._adopt_tries[pods.uid(pod)] = now + self.adopt_every
+            self._adopt("/".join(pods.key(pod)), pod)  # a refusal sets its next try
         live = {pods.uid(p) for p in due}
         for uid in [u for u, t in self._adopt_tries.items() if t < now and u not in live]:
             del self._adopt_tries[uid]

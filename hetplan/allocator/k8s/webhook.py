@@ -68,8 +68,9 @@ def admit(pod: Mapping[str, Any], namespace: str, allocate: Callable[[dict], dic
             body["cpus"] = int(own_cpu) / 1000
         if own_mem is not None:
             body["mem_gb"] = int(own_mem) / 1024
-    except ValueError:
-        raise Unserved(f"annotation {pods.REQUESTED_CPU_KEY}/{pods.REQUESTED_MEMORY_KEY} is no whole number") from None
+    except (ValueError, OverflowError):  # OverflowError: more digits than a float holds
+        raise Unserved(f"annotation {pods.REQUESTED_CPU_KEY}/{pods.REQUESTED_MEMORY_KEY} is no whole number in "
+                       "range") from None
     try:
         answer = allocate(body)
     except Exception as exc:  # noqa: BLE001 - fail-open: the service down, a 4xx, anything
