@@ -1,5 +1,6 @@
 """Adoption by the controller against the STRICT STAND-IN API server (`standin_apiserver.py`; not a real
-kube-apiserver): a pod the allocator refuses is a fault of that pod alone."""
+kube-apiserver): a pod the allocator refuses is a fault of that pod alone, a pod being deleted is not adopted again,
+and a pod the API server says is bound keeps its room however late the node sync's pod watch is."""
 
 from __future__ import annotations
 
@@ -7,11 +8,12 @@ import logging
 import time
 
 import pytest
+from standin_apiserver import eventually, k8s_pod
+from test_k8s_controller import allocation, no_proxy, rig  # noqa: F401 - fixtures
+from test_k8s_strict import leading
 
 from hetplan.allocator.k8s import pods
-from standin_apiserver import eventually, k8s_pod
-from test_k8s_controller import no_proxy, rig  # noqa: F401 - fixtures
-from test_k8s_strict import leading
+from hetplan.allocator.rebalance import Action
 
 BAD_PODS = [  # (case, k8s_pod's arguments, annotations): each one a 4xx from the allocator, or unreadable
     ("job-id-over-253-chars", {}, {pods.JOB_ID_KEY: "ml/" + "j" * 260}),
@@ -45,3 +47,23 @@ def test_a_pod_the_allocator_refuses_stalls_nothing_else(rig, caplog, case, shap
     assert len(lines) == 1 and lines[0].startswith("controller: pod ml/bad has no allocation and ") \
         and len(lines[0].splitlines()) == 1, lines
 
+
+def test_a_pod_being_deleted_is_not_adopted_again(tmp_path):
+    """Bug: a reconcile adopted a terminating pod whose allocation was gone (a `stop` evicted it): its room was
+    allocated again to a pod on its way out."""
+    from test_k8s_controller import NODES, Rig
+
+    from hetplan.allocator import Allocator
+
+    r = Rig(tmp_path, Allocator(NODES, "first-fit"), termination_seconds=3)
+    try:
+        c = leading(r)
+        r.api.create_pod("ml", k8s_pod("p1", annotations={pods.GRACE_KEY: "30"}))
+        a = allocation(r.allocator, "ml/p1")
+        r.allocator.apply_actions([Action("stop", "ml/p1", (a,), ())])
+        eventually(lambda: pods.terminating(c.pods.get(("ml", "p1"), {})))
+        c.reconcile()
+        assert "ml/p1" not in r.allocator.running() and c.stats.counts["adopted"] == 0
+        assert r.api.evictions[("ml", "p1")] == 1
+    finally:
+        r.close()

@@ -21,8 +21,8 @@ only serve the webhook), woken every `poll` seconds and by every pod event:
    than the log, or ahead of it): reconcile, then go on from the log's latest.
 4. **Reconcile** (at start, after a 410, every `reconcile_seconds`): `/v1/allocations` against the pods, both
    ways: a pod whose cores, RAM or node differ from its allocation is re-sized or moved; an allocation without a
-   pod for `orphan_grace` seconds is released; a pod with a job id and no allocation is allocated again (then
-   re-sized or moved), or left alone with one logged reason if the allocator refuses it.
+   pod for `orphan_grace` seconds is released; a pod with a job id and no allocation (and not being deleted) is
+   allocated again (then re-sized or moved), or left alone with one logged reason if the allocator refuses it.
 5. **Adoption** (every pass): an opted-in pod the webhook left to the default path, once running, is adopted where
    it runs (`adoption`); a pod bound first wins its room over an allocation whose pod is not bound yet. A `stop`
    for a pod not bound (it holds no room) leaves it Pending and asks for its job again every `adopt_every` s.
@@ -826,6 +826,8 @@ class Controller:
             self._orphans.pop(job, None)
         for pod in snapshot:
             job = pods.job_id(pod)
+            if pods.terminating(pod):
+                continue  # on its way out: neither a move to resume nor a pod to adopt
             if job is not None and pods.gated(pod) and job not in self._migrations:
                 self._resume(job, pod)
             if job is None or job in by_job or pods.gated(pod) or self._adopt_tries.get(pods.uid(pod), 0.0) > now:
