@@ -175,6 +175,23 @@ def test_a_guaranteed_pod_on_1_33_keeps_its_memory_and_only_its_cpu_shrinks(rig)
     assert [x for x in rig.api.refused if x[1].endswith("/resize")] == []
 
 
+def test_a_burstable_pod_with_a_cpu_limit_grows_to_it_and_stays_burstable(rig):
+    """Bug: the cpu limit followed the request; a pod whose memory request = limit then became Guaranteed: 422, and
+    that target refused for good. Its own shape (the webhook was down), adopted where it runs."""
+    rig.api.webhook_url = None
+    pod = k8s_pod("b1", cpu="2", memory="8Gi", annotations={pods.JOB_ID_KEY: "ml/b1"})
+    pod["spec"]["containers"][0]["resources"]["limits"].update({"cpu": "4", "memory": "8Gi"})
+    rig.api.create_pod("ml", pod)
+    c = leading(rig)
+    eventually(lambda: "ml/b1" in rig.allocator.running())
+    a = allocation(rig.allocator, "ml/b1")
+    grown = replace(a, cpu_m=4000)  # its cpu limit exactly
+    rig.allocator.apply_actions([Action("resize", "ml/b1", (a,), (grown,))])
+    eventually(lambda: requests_of(rig.api.pod("ml", "b1")) == (4000, a.mem_mib))
+    assert qos_class(rig.api.pod("ml", "b1")["spec"]) == "Burstable"
+    assert [x for x in rig.api.refused if x[1].endswith("/resize")] == [] and c.stats.counts["resize-refused"] == 0
+
+
 def test_a_resize_answered_429_or_500_is_sent_again_with_a_backoff_not_counted_refused(rig):
     """Bug: a 429 or a 500 on pods/resize was counted refused until the next reconcile (30-94 s later)."""
     c = leading(rig)
@@ -193,6 +210,12 @@ RESIZE_CASES = [  # (version, the pod's QoS form, cpu_m, mem_mib before -> after
     ("1.33", "Burstable", (4000, 16384), (2000, 8192)), ("1.33", "Burstable", (4000, 8192), (6000, 16384)),
     ("1.33", "Guaranteed", (4000, 16384), (2000, 8192)), ("1.33", "Guaranteed", (4000, 8192), (6000, 16384)),
     ("1.34", "Burstable", (4000, 16384), (2000, 8192)), ("1.34", "Guaranteed", (4000, 16384), (2000, 8192)),
+    # Burstable by its cpu limit alone (twice its request; memory request = limit): the limit must not follow the
+    # request down to it, nor be left equal to it on a growth (Guaranteed: 422, refused for good)
+    ("1.33", "Burstable-cpu-limit", (4000, 16384), (2000, 8192)),
+    ("1.33", "Burstable-cpu-limit", (2000, 8192), (6000, 16384)),
+    ("1.34", "Burstable-cpu-limit", (4000, 16384), (2000, 8192)),
+    ("1.34", "Burstable-cpu-limit", (2000, 8192), (4000, 8192)),  # grows to its old cpu limit exactly
 ]
 
 
@@ -206,7 +229,9 @@ def test_every_planned_resize_passes_the_versions_validation(version, form, befo
     limits["memory"] = pods.mem_text(before[1])
     if form == "Guaranteed":
         limits["cpu"] = pods.cpu_text(before[0])
-    assert qos_class(pod["spec"]) == form
+    if form == "Burstable-cpu-limit":
+        limits["cpu"] = pods.cpu_text(2 * before[0])
+    assert qos_class(pod["spec"]) == form.split("-")[0]
     rules = Rules.of(f"v{version}.2")
     plan = plan_resize(pod, pods.Target("n", *after), rules)
     from standin_apiserver import merge_patch
@@ -219,6 +244,10 @@ def test_every_planned_resize_passes_the_versions_validation(version, form, befo
     kept = version == "1.33" and form == "Guaranteed" and after[1] < before[1]
     assert plan.memory_kept == kept
     assert pods.requests(resized) == (after[0], before[1] if kept else after[1])
+    if form == "Burstable-cpu-limit":  # never lowered, never below the request
+        limit = resized["spec"]["containers"][0]["resources"]["limits"]["cpu"]
+        assert pods.summed([{"resources": {"limits": {"cpu": limit}}}], "cpu", pods.MILLI) >= \
+            max(2 * before[0], after[0])
 
 
 def test_a_pod_that_took_the_default_path_is_adopted_where_it_runs(rig):
