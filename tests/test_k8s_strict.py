@@ -112,6 +112,34 @@ def test_an_ambiguous_cursor_write_is_read_again_and_nothing_waits_behind_it(rig
     assert c.elector.leading() and c.stats.counts["resigned"] == 0
 
 
+def test_a_replica_whose_cursor_another_wrote_gives_the_lease_up_and_reads_it_again_before_writing(rig):
+    """Bug: `CursorTaken` was raised once, but the read behind it had cleared the store's doubt: the next save
+    overwrote the other replica's cursor, and this replica went on leading. Now it gives the Lease up at once, and
+    writes the cursor again only once it leads anew and has read it (`_begin`)."""
+    import copy
+
+    c = leading(rig)
+    rig.api.create_pod("ml", k8s_pod("p1"))
+    eventually(lambda: c.cursor == rig.allocator.log.latest and not c._unsaved)
+    key = ("configmaps", "hetplan", "hetplan-controller-cursor")
+    with rig.api.lock:  # another replica that believes it leads writes the cursor
+        theirs = copy.deepcopy(rig.api.objects[key])
+        theirs["data"]["writer"] = "c2"
+        rig.api.object_call("PUT", *key, theirs)
+        mark = len(rig.api.calls)
+    rig.api.create_pod("ml", k8s_pod("p2"))  # a start action: the cursor moves on; its write conflicts (409)
+    eventually(lambda: c.elector.leading() and c.cursor == rig.allocator.log.latest and not c._unsaved, 10)
+    writes = [(path.rsplit("/", 1)[1], body) for m, path, body in rig.api.calls[mark:] if m == "PUT"]
+    holders = {i: (body.get("spec") or {}).get("holderIdentity") for i, (name, body) in enumerate(writes)
+               if name == "hetplan-controller"}
+    released = min((i for i, holder in holders.items() if not holder), default=None)
+    assert released is not None, "the Lease was never given up"
+    again = min(i for i, holder in holders.items() if i > released and holder == "c1")
+    cursor = [i for i, (name, _) in enumerate(writes) if name == key[2]]
+    assert cursor[0] < released and all(i > again for i in cursor[1:]), (cursor, released, again)
+    assert rig.api.objects[key]["data"]["writer"] == "c1" and c.stats.counts["cursor-taken"] == 1
+
+
 def test_a_leader_that_cannot_progress_gives_the_lease_up_and_releases_go_on(rig):
     """Bug: with every step failing, the Lease kept renewing on its own thread, so no replica took over. Now the
     wedged leader resigns after a lease period; releases never waited behind the failing cursor meanwhile."""

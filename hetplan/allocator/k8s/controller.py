@@ -17,7 +17,8 @@ only serve the webhook), woken every `poll` seconds and by every pod event:
    is bound (one not bound is kept: 5.); `start` -> nothing (the webhook created the pod with its allocation).
    Every step first compares the cluster with the target, so an action applied again changes nothing.
 3. **Cursor**: after each batch of actions read, the ConfigMap `<name>-cursor` (key `cursor`) is written, with the
-   resourceVersion read (a replica that lost the lease cannot overwrite it). 410 from the log (the cursor is older
+   resourceVersion read (a replica that lost the lease cannot overwrite it; one that finds it written by another
+   gives the Lease up and reads it again before writing, if it leads again). 410 from the log (the cursor is older
    than the log, or ahead of it): reconcile, then go on from the log's latest.
 4. **Reconcile** (at start, after a 410, every `reconcile_seconds`): `/v1/allocations` against the pods, both
    ways: a pod whose cores, RAM or node differ from its allocation is re-sized or moved; an allocation without a
@@ -45,7 +46,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hetplan.allocator.k8s import adoption, pods
-from hetplan.allocator.k8s.cursor import CursorStore
+from hetplan.allocator.k8s.cursor import CursorStore, CursorTaken
 from hetplan.allocator.k8s.errors import one_line
 from hetplan.allocator.k8s.lease import LeaseElector
 from hetplan.allocator.k8s.moves import Migration, next_step
@@ -147,7 +148,8 @@ class Controller:
         self._api = api
         self._leading = False
         self._last_progress = time.monotonic()  # the last step that did all its work
-        self._resign_until = 0.0  # after giving the Lease up for want of progress: not before this
+        self._resign_until = 0.0  # after giving the Lease up (no progress, the cursor taken): not before this
+        self._lease_lock = threading.Lock()  # the renewing thread's Lease calls, and a step-down from the loop
         self._last_reconcile = 0.0
         self._orphans: dict[str, float] = {}  # job -> when first seen without a pod
         self._migrations: dict[str, Migration] = {}
@@ -277,16 +279,24 @@ class Controller:
                 log.error("controller: %s made no progress for %.0f s; giving the lease up", self.identity,
                           now - self._last_progress)
                 self.stats.count("resigned")
-                self._resign_until = now + self.elector.duration
-                self.elector.release()
-                self._wake.set()
-            if now >= self._resign_until:
-                was = self.elector.leading()
-                self.elector.lead()
-                if self.elector.leading() and not was:
-                    self._last_progress = time.monotonic()
-                    self._wake.set()
+                self._give_up()
+            with self._lease_lock:
+                if time.monotonic() >= self._resign_until:
+                    was = self.elector.leading()
+                    self.elector.lead()
+                    if self.elector.leading() and not was:
+                        self._last_progress = time.monotonic()
+                        self._wake.set()
             self._stopping.wait(every if self.elector.leading() else min(every, 1.0))
+
+    def _give_up(self) -> None:
+        """Release the Lease and stay away for a lease duration, so that another replica leads meanwhile; the loop
+        stops acting at once, and reads the cursor again (`_begin`) if this replica leads again."""
+        with self._lease_lock:
+            self._resign_until = time.monotonic() + self.elector.duration
+            self.elector.release()
+        self._leading = False
+        self._wake.set()
 
     def _run(self) -> None:
         failures = 0
@@ -337,6 +347,8 @@ class Controller:
                            ("kubelet", self._report_kubelet), ("adopt", self._adopt_default_path),
                            ("requeued", self._adopt_waiting),
                            ("reconcile", self._reconcile_when_due)):
+            if not self.elector.leading():
+                return False  # the Lease was lost or given up mid-pass: nothing more is done
             ok = self._phase(name, part) and ok
         if ok:
             self._last_progress = time.monotonic()
@@ -346,6 +358,8 @@ class Controller:
         try:
             part()
             return True
+        except CursorTaken:
+            return False  # logged and acted on (`_save_cursor`)
         except Exception as exc:  # noqa: BLE001 - one part's error stops no other part; logged, counted, retried
             self.stats.count("errors")
             log.warning("controller: %s: %s; retrying", name, one_line(exc))
@@ -388,6 +402,11 @@ class Controller:
         self.cursor, self._unsaved = seq, True
         try:
             self.store.save(seq)
+        except CursorTaken as exc:  # another replica leads, or believes it does: this one stops at once
+            self.stats.count("cursor-taken")
+            log.error("controller: %s; %s stops leading and gives the lease up", exc, self.identity)
+            self._give_up()
+            raise
         except Exception:
             self.stats.count("cursor-unsaved")
             raise
