@@ -54,8 +54,8 @@ from pydantic import ValidationError
 
 from hetplan.allocator.cluster import Cluster, StateError
 from hetplan.allocator.k8s.errors import one_line
-from hetplan.allocator.k8s.extender import GPU_RESOURCE, K8sNode, node_gpu_type, node_resources
-from hetplan.allocator.k8s.room import PodLedger, Usage, room
+from hetplan.allocator.k8s.extender import GPU_RESOURCE, MODEL_KEY, K8sNode, node_gpu_type, node_resources
+from hetplan.allocator.k8s.room import PodLedger, Usage, bound, room
 from hetplan.allocator.metrics import Metrics
 from hetplan.allocator.core import Allocator, NodeChanges
 from hetplan.allocator.spec import CLOSED_LABEL, MIB_PER_GIB, Node
@@ -480,6 +480,23 @@ class NodeSync:
         self.pods_ready.set()
         self._recount(None if first else changed)
         return rv or "0"
+
+    def bound_jobs(self) -> set[str] | None:
+        """The jobs with an opted-in pod bound to a node as the API server says now (a list, not the watch, which
+        may lag a binding); None when it cannot be read (logged)."""
+        from kubernetes.client import CoreV1Api
+
+        core = CoreV1Api(self.api)
+
+        def opted_in(**kw: Any) -> Any:
+            return core.list_pod_for_all_namespaces(label_selector=MODEL_KEY, **kw)
+
+        try:
+            items, _ = self._list_all(opted_in)
+        except Exception as exc:  # noqa: BLE001 - unknown: the caller takes no room back
+            log.warning("kubernetes node sync: reading the bound pods: %s", one_line(exc))
+            return None
+        return {b.job for p in items if (b := bound(p)) is not None and b.job is not None}
 
     def _follow_allocations(self) -> None:
         """Recount the nodes whose allocations changed (a job released, moved or re-sized changes what its pods hold
