@@ -14,7 +14,7 @@ from hetplan.allocator import Allocator
 from hetplan.allocator.k8s import pods
 from hetplan.allocator.k8s.resize import Rules, plan_resize
 from hetplan.allocator.rebalance import Action
-from standin_apiserver import ApiError, Fault, eventually, k8s_pod
+from standin_apiserver import CONTROLLER_USER, LAUNCHER, ApiError, Fault, eventually, k8s_pod
 from standin_rules import qos_class, validate_resize
 from test_k8s_controller import NODES, Rig, allocation, no_proxy, requests_of, rig  # noqa: F401 - fixtures
 
@@ -373,6 +373,51 @@ def test_a_moves_replacement_is_admitted_as_the_controller_made_it(rig):
     assert rig.api.webhook_failures == 0 and rig.api.admission_warnings == [] and c.stats.counts["migrated"] == 1
     assert requests_of(rig.api.pod("ml", new)) == (allocation(rig.allocator, "ml/p1").cpu_m,
                                                    allocation(rig.allocator, "ml/p1").mem_mib)
+
+
+FORGED = [  # (case, the webhook up, the gate, creator, the job id it claims): pods naming `p1` as the pod they replace
+    ("gated-by-a-user", True, True, LAUNCHER, "ml/p1"),
+    ("not-gated", True, False, LAUNCHER, "ml/evil"),
+    ("webhook-down-another-job", False, True, LAUNCHER, "ml/evil"),
+]
+
+
+@pytest.mark.parametrize("case,hook,gated,user,job", FORGED, ids=[f[0] for f in FORGED])
+def test_a_pod_posing_as_a_moves_replacement_neither_bypasses_the_webhook_nor_moves_the_pod_it_names(
+        rig, case, hook, gated, user, job):
+    """Bug: the webhook admitted unchanged any pod with `hetplan.io/migrated-from` and a job id (annotations anyone
+    may write), and the controller took a gated one for a move in progress and evicted the pod it names. Now only
+    the controller's own user gets a replacement through (a gated one from anybody else is denied; one without the
+    gate is admitted as a new pod, the mark removed), and the controller resumes no move of a pod of another job."""
+    c = leading(rig)
+    rig.api.create_pod("ml", k8s_pod("p1", annotations={pods.GRACE_KEY: "0"}))
+    forged = k8s_pod("p1-m99", annotations={pods.JOB_ID_KEY: job, pods.MIGRATED_FROM_KEY: "p1"})
+    if gated:
+        forged["spec"]["schedulingGates"] = [{"name": pods.MIGRATION_GATE}]
+    if not hook:
+        rig.api.webhook_url = None  # failurePolicy Ignore: admitted unchanged
+    if case == "gated-by-a-user":
+        with pytest.raises(ApiError, match="only the hetplan controller creates"):
+            rig.api.create_pod("ml", forged, user)
+        assert rig.api.pod("ml", "p1-m99") is None
+    else:
+        made = rig.api.create_pod("ml", forged, user)
+        assert (pods.MIGRATED_FROM_KEY in pods.annotations(made)) == (not hook)
+        assert (job in rig.allocator.running()) == hook  # served as a new pod of its own
+    eventually(lambda: ("ml", "p1") in c.pods and (case == "gated-by-a-user" or ("ml", "p1-m99") in c.pods))
+    c.reconcile()
+    time.sleep(0.5)
+    assert rig.api.evictions[("ml", "p1")] == 0 and rig.api.pod("ml", "p1")["status"]["phase"] == "Running"
+    assert not [p for m, p, _ in rig.api.calls if m == "PATCH" and p.endswith("/pods/p1")]  # no checkpoint asked
+    assert c.stats.counts["replacement-refused"] == (case == "webhook-down-another-job")
+
+
+def test_the_controllers_own_replacement_is_admitted_as_it_made_it(rig):
+    rig.api.create_pod("ml", k8s_pod("p1"))
+    new = pods.replacement(rig.api.pod("ml", "p1"), pods.Target("gpu-b", 3000, 9216), 7)
+    made = rig.api.create_pod("ml", new, CONTROLLER_USER)
+    assert made["spec"]["containers"] == new["spec"]["containers"] and pods.gated(made)
+    assert pods.annotations(made) == new["metadata"]["annotations"] and rig.api.admission_warnings == []
 
 
 def race(tmp_path, nodes: list[str]):

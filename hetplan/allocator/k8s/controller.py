@@ -161,6 +161,7 @@ class Controller:
         self.adopt_every = adopt_every
         self._adopt_tries: dict[str, float] = {}  # pod uid -> when to try adopting it again (after a refusal)
         self._waiting: dict[str, float] = {}  # job -> when to ask again for its unbound pod (`_requeue`)
+        self._forged: set[str] = set()  # uids of gated pods naming another job's pod as the one they replace
 
     # ------------------------------------------------------------------ threads
 
@@ -603,6 +604,13 @@ class Controller:
         seq = name.rsplit("-m", 1)[1] if "-m" in name else "0"
         with self._lock:
             old_pod = self.pods.get((ns, old))
+        if old_pod is not None and pods.job_id(old_pod) != job:  # not a replacement of that pod: never evict it
+            if pods.uid(new) not in self._forged:
+                self._forged.add(pods.uid(new))
+                self.stats.count("replacement-refused")
+                log.warning("controller: %s/%s is gated as the replacement of %s, whose job is not %s: no move "
+                            "resumed, it stays gated", ns, name, old, job)
+            return
         m = Migration(job, (ns, old), (ns, name), int(seq) if seq.isdigit() else 0,
                       grace=self._grace(old_pod) if old_pod else self.checkpoint_grace)
         # gone before this replica looked, or stopping by an eviction: evicted by the previous leader
