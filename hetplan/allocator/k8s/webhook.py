@@ -6,8 +6,9 @@ the job id `<namespace>/<name>`, the model, the pod's GPUs and its own cpu/memor
 a JSONPatch that
 
 - writes the job id and the pod's own request as annotations (`pods.JOB_ID_KEY`, ...),
-- sets the main container's cpu/memory requests = limits so that the pod's requests equal the allocation, with
-  `resizePolicy` NotRequired (re-sizes happen in place),
+- sets the main container's cpu/memory requests so that the pod's requests equal the allocation, a memory limit
+  equal to its memory request and no cpu limit (Burstable: `pods.resources`), with `resizePolicy` NotRequired
+  (re-sizes happen in place),
 - pins the pod to the node chosen: a required node affinity on `metadata.name` (the scheduler still binds it and
   checks it fits; the extender still scores).
 
@@ -15,6 +16,8 @@ a JSONPatch that
 containers leave nothing, the service unreachable, anything unexpected) is admitted unchanged, with one log line
 and one admission warning naming the reason: the pod takes the default scheduler's path. The webhook configuration
 uses `failurePolicy: Ignore` so that a webhook that is down admits pods unchanged too.
+
+A move's replacement (`replacement`) is admitted unchanged only from the controller's user (`review`).
 """
 
 from __future__ import annotations
