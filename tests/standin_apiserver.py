@@ -237,6 +237,9 @@ class QuietServer(ThreadingHTTPServer):
         pass
 
 
+LAUNCHER = "system:serviceaccount:default:launcher"  # who creates the test's own pods (a Job's controller, say)
+CONTROLLER_USER = "system:serviceaccount:hetplan:hetplan-controller"
+
 POD = re.compile(r"^/api/v1/namespaces/([^/]+)/pods(?:/([^/]+))?(?:/([a-z]+))?$")
 OBJECT = re.compile(r"^/(?:api/v1|apis/coordination\.k8s\.io/v1)/namespaces/([^/]+)/(configmaps|leases)(?:/([^/]+))?$")
 
@@ -283,6 +286,8 @@ class FakeApiServer:
         self.running_at: dict[tuple[str, str], float] = {}  # and first bound (Running)
         self.evictions: Counter[tuple[str, str]] = Counter()  # eviction calls per pod (a terminating one included)
         self.refused: list[tuple[str, str, int]] = []  # (method, path, code) of every error answered
+        self.users: dict[str, str] = {"not-a-real-token": CONTROLLER_USER}  # bearer token -> the user it authenticates
+        # (`kubeconfig`'s token: the controller's service account, whose pods are its moves' replacements)
         self.faults: list[Fault] = []  # injected faults, matched in order
         self.faulted: Counter[int] = Counter()  # injected faults answered, by code
         self._rng = __import__("random").Random(seed)
@@ -349,7 +354,8 @@ class FakeApiServer:
                         if method == "GET":
                             return self._pods(ns, query)
                         if method == "POST":
-                            return self._json(201, outer.create_pod(ns, body))
+                            token = self.headers.get("Authorization", "").removeprefix("Bearer ")
+                            return self._json(201, outer.create_pod(ns, body, outer.users.get(token, LAUNCHER)))
                     else:
                         ctype = self.headers.get("Content-Type", "")
                         return self._json(*outer.pod_call(method, ns, name, sub, body, ctype))
@@ -618,7 +624,9 @@ current-context: stand-in
         with self.lock:
             return [copy.deepcopy(p) for p in self.pods.values() if not terminal(p)]
 
-    def create_pod(self, namespace: str, body: dict) -> dict:
+    def create_pod(self, namespace: str, body: dict, user: str = LAUNCHER) -> dict:
+        """Create a pod as `user` (what the webhook reads in `userInfo`): the test's own pods as a launcher, the
+        API's callers as `users` says of their token."""
         pod = copy.deepcopy(body)
         meta = pod.setdefault("metadata", {})
         meta["namespace"] = namespace
@@ -627,7 +635,7 @@ current-context: stand-in
                 raise ApiError(422, "Invalid", "name or generateName is required")
             meta["name"] = meta["generateName"] + uuid.uuid4().hex[:5]
         if self.webhook_url and matches(meta.get("labels") or {}, self.webhook_selector):
-            pod = self._admit(pod)
+            pod = self._admit(pod, user)
         validate_create(pod)
         with self.lock:
             if (namespace, meta["name"]) in self.pods:
@@ -651,7 +659,7 @@ current-context: stand-in
                 self._unbound[(namespace, pod["metadata"]["name"])] = time.monotonic()
             return copy.deepcopy(pod)
 
-    def _admit(self, pod: dict) -> dict:
+    def _admit(self, pod: dict, user: str = LAUNCHER) -> dict:
         """Call the mutating webhook (AdmissionReview v1) with the configuration's timeout (HTTPS when
         `webhook_context` is set) and apply its JSONPatch; no answer: admitted unchanged (failurePolicy Ignore) or
         refused (Fail)."""
@@ -659,7 +667,7 @@ current-context: stand-in
             "uid": str(uuid.uuid4()), "kind": {"group": "", "version": "v1", "kind": "Pod"},
             "resource": {"group": "", "version": "v1", "resource": "pods"}, "operation": "CREATE",
             "namespace": pod["metadata"]["namespace"], "name": pod["metadata"]["name"], "object": pod,
-            "userInfo": {"username": "system:serviceaccount:default:launcher"}, "dryRun": False}}
+            "userInfo": {"username": user}, "dryRun": False}}
         response, failure = None, "no endpoint"
         for url in [self.webhook_url] if isinstance(self.webhook_url, str) else self.webhook_url or []:
             try:

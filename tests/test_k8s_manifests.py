@@ -92,14 +92,19 @@ def test_rbac_grants_exactly_the_verbs_the_code_uses():
 
 def test_the_controllers_own_objects_are_pinned_by_name():
     """get and update on Leases and ConfigMaps only for the controller's two objects; create (which a name cannot
-    limit) alone on its own rule."""
+    limit) alone on its own rule. Every one of the two resources must be met by a pinned rule and a create rule
+    (else the loop would pass without asserting anything)."""
+    pinned, created = set(), set()
     for rule in rules_of("hetplan-controller"):
         for resource in rule["resources"]:
             if resource in CONTROLLER_OBJECTS:
                 if rule["verbs"] == ["create"]:
                     assert "resourceNames" not in rule
+                    created.add(resource)
                 else:
                     assert rule.get("resourceNames") == CONTROLLER_OBJECTS[resource], rule
+                    pinned.add(resource)
+    assert pinned == created == set(CONTROLLER_OBJECTS)
 
 
 def deployments() -> dict[str, dict]:

@@ -173,3 +173,42 @@ def test_an_adoption_takes_back_only_unbound_room_newest_first_in_one_journaled_
         assert running == {"ml/old": "a", "ml/fell": "a", "ml/new": "b", "ml/b": "b"} and not a.cluster.check()
     with DurableAllocator(tmp_path / "a.db", "first-fit") as again:  # journaled as one change
         assert {j: p[0].node for j, p in again.running().items()} == running and again.log.latest == latest + 3
+
+
+@pytest.mark.parametrize("case", ["bound-the-watch-lags", "pending", "pods-unreadable"])
+def test_a_pod_the_api_server_says_is_bound_keeps_its_room_however_late_the_pod_watch(r, case):
+    """Bug: the adoption took room back from every job the node sync's pod list had not seen bound, and that list
+    lags bindings: a pod bound a moment ago could lose its room. Now the API server is asked first: a bound pod
+    keeps its room, only a pod it says is Pending gives it back, and nothing is given back when it cannot say."""
+    from hetplan.allocator.service import ServiceSettings
+    from hetplan.allocator.service.adoption import adopt_job
+    from hetplan.allocator.service.context import ServiceContext
+    from hetplan.allocator.spec import Rejection
+    from standin_apiserver import Fault
+
+    for job in ("other", "new"):  # 2 + 2 GPUs: gpu-a is full
+        assert r.allocator.allocate(Job.request(f"ml/{job}", "res50", 2, 2, 8)).node == "gpu-a"
+    r.bound_pod("other", "gpu-a", gpus=2, namespace="ml", annotations={pods.JOB_ID_KEY: "ml/other"})
+    new = k8s_pod("new", gpus=2, namespace="ml", annotations={pods.JOB_ID_KEY: "ml/new"})
+    if case == "pending":
+        new["spec"]["schedulingGates"] = [{"name": "example.com/hold"}]  # not bound, and not about to be
+    else:
+        new["spec"]["nodeName"] = "gpu-a"
+    created = r.api.create_pod("ml", new)
+    assert created["status"]["phase"] == ("Pending" if case == "pending" else "Running")
+    eventually(lambda: "ml/other" in r.sync.ledger.jobs()
+               and ("ml/new" in r.sync.ledger.jobs()) == (case != "pending"))
+    r.sync.ledger.update("DELETED", created)  # the pod watch lags: the sync has not seen `new` bound (yet)
+    if case == "pods-unreadable":
+        r.api.faults.append(Fault("GET", r"^/api/v1/pods$", 500))
+    ctx = ServiceContext(ServiceSettings(tick_seconds=0))
+    ctx.allocator, ctx.node_sync = r.allocator, r.sync
+    decision, _, actions = adopt_job(ctx, Job.request("ml/fell", "res50", 2, 2, 8), "gpu-a")
+    if case == "pending":
+        assert decision.node == "gpu-a" and [(x.kind, x.job_id) for x in actions] == [("migrate", "ml/new")]
+        assert r.allocator.running(["ml/new"])["ml/new"][0].node == "gpu-b"
+    else:
+        assert isinstance(decision, Rejection) and actions == []
+        assert r.allocator.running(["ml/new"])["ml/new"][0].node == "gpu-a"
+    assert r.allocator.running(["ml/other"])["ml/other"][0].node == "gpu-a"
+    assert r.api.faulted[500] == (case == "pods-unreadable")  # asked, and it could not answer

@@ -14,7 +14,7 @@ from hetplan.allocator import Allocator
 from hetplan.allocator.k8s import pods
 from hetplan.allocator.k8s.resize import Rules, plan_resize
 from hetplan.allocator.rebalance import Action
-from standin_apiserver import ApiError, Fault, eventually, k8s_pod
+from standin_apiserver import CONTROLLER_USER, LAUNCHER, ApiError, Fault, eventually, k8s_pod
 from standin_rules import qos_class, validate_resize
 from test_k8s_controller import NODES, Rig, allocation, no_proxy, requests_of, rig  # noqa: F401 - fixtures
 
@@ -112,6 +112,34 @@ def test_an_ambiguous_cursor_write_is_read_again_and_nothing_waits_behind_it(rig
     assert c.elector.leading() and c.stats.counts["resigned"] == 0
 
 
+def test_a_replica_whose_cursor_another_wrote_gives_the_lease_up_and_reads_it_again_before_writing(rig):
+    """Bug: `CursorTaken` was raised once, but the read behind it had cleared the store's doubt: the next save
+    overwrote the other replica's cursor, and this replica went on leading. Now it gives the Lease up at once, and
+    writes the cursor again only once it leads anew and has read it (`_begin`)."""
+    import copy
+
+    c = leading(rig)
+    rig.api.create_pod("ml", k8s_pod("p1"))
+    eventually(lambda: c.cursor == rig.allocator.log.latest and not c._unsaved)
+    key = ("configmaps", "hetplan", "hetplan-controller-cursor")
+    with rig.api.lock:  # another replica that believes it leads writes the cursor
+        theirs = copy.deepcopy(rig.api.objects[key])
+        theirs["data"]["writer"] = "c2"
+        rig.api.object_call("PUT", *key, theirs)
+        mark = len(rig.api.calls)
+    rig.api.create_pod("ml", k8s_pod("p2"))  # a start action: the cursor moves on; its write conflicts (409)
+    eventually(lambda: c.elector.leading() and c.cursor == rig.allocator.log.latest and not c._unsaved, 10)
+    writes = [(path.rsplit("/", 1)[1], body) for m, path, body in rig.api.calls[mark:] if m == "PUT"]
+    holders = {i: (body.get("spec") or {}).get("holderIdentity") for i, (name, body) in enumerate(writes)
+               if name == "hetplan-controller"}
+    released = min((i for i, holder in holders.items() if not holder), default=None)
+    assert released is not None, "the Lease was never given up"
+    again = min(i for i, holder in holders.items() if i > released and holder == "c1")
+    cursor = [i for i, (name, _) in enumerate(writes) if name == key[2]]
+    assert cursor[0] < released and all(i > again for i in cursor[1:]), (cursor, released, again)
+    assert rig.api.objects[key]["data"]["writer"] == "c1" and c.stats.counts["cursor-taken"] == 1
+
+
 def test_a_leader_that_cannot_progress_gives_the_lease_up_and_releases_go_on(rig):
     """Bug: with every step failing, the Lease kept renewing on its own thread, so no replica took over. Now the
     wedged leader resigns after a lease period; releases never waited behind the failing cursor meanwhile."""
@@ -175,6 +203,23 @@ def test_a_guaranteed_pod_on_1_33_keeps_its_memory_and_only_its_cpu_shrinks(rig)
     assert [x for x in rig.api.refused if x[1].endswith("/resize")] == []
 
 
+def test_a_burstable_pod_with_a_cpu_limit_grows_to_it_and_stays_burstable(rig):
+    """Bug: the cpu limit followed the request; a pod whose memory request = limit then became Guaranteed: 422, and
+    that target refused for good. Its own shape (the webhook was down), adopted where it runs."""
+    rig.api.webhook_url = None
+    pod = k8s_pod("b1", cpu="2", memory="8Gi", annotations={pods.JOB_ID_KEY: "ml/b1"})
+    pod["spec"]["containers"][0]["resources"]["limits"].update({"cpu": "4", "memory": "8Gi"})
+    rig.api.create_pod("ml", pod)
+    c = leading(rig)
+    eventually(lambda: "ml/b1" in rig.allocator.running())
+    a = allocation(rig.allocator, "ml/b1")
+    grown = replace(a, cpu_m=4000)  # its cpu limit exactly
+    rig.allocator.apply_actions([Action("resize", "ml/b1", (a,), (grown,))])
+    eventually(lambda: requests_of(rig.api.pod("ml", "b1")) == (4000, a.mem_mib))
+    assert qos_class(rig.api.pod("ml", "b1")["spec"]) == "Burstable"
+    assert [x for x in rig.api.refused if x[1].endswith("/resize")] == [] and c.stats.counts["resize-refused"] == 0
+
+
 def test_a_resize_answered_429_or_500_is_sent_again_with_a_backoff_not_counted_refused(rig):
     """Bug: a 429 or a 500 on pods/resize was counted refused until the next reconcile (30-94 s later)."""
     c = leading(rig)
@@ -193,6 +238,12 @@ RESIZE_CASES = [  # (version, the pod's QoS form, cpu_m, mem_mib before -> after
     ("1.33", "Burstable", (4000, 16384), (2000, 8192)), ("1.33", "Burstable", (4000, 8192), (6000, 16384)),
     ("1.33", "Guaranteed", (4000, 16384), (2000, 8192)), ("1.33", "Guaranteed", (4000, 8192), (6000, 16384)),
     ("1.34", "Burstable", (4000, 16384), (2000, 8192)), ("1.34", "Guaranteed", (4000, 16384), (2000, 8192)),
+    # Burstable by its cpu limit alone (twice its request; memory request = limit): the limit must not follow the
+    # request down to it, nor be left equal to it on a growth (Guaranteed: 422, refused for good)
+    ("1.33", "Burstable-cpu-limit", (4000, 16384), (2000, 8192)),
+    ("1.33", "Burstable-cpu-limit", (2000, 8192), (6000, 16384)),
+    ("1.34", "Burstable-cpu-limit", (4000, 16384), (2000, 8192)),
+    ("1.34", "Burstable-cpu-limit", (2000, 8192), (4000, 8192)),  # grows to its old cpu limit exactly
 ]
 
 
@@ -206,7 +257,9 @@ def test_every_planned_resize_passes_the_versions_validation(version, form, befo
     limits["memory"] = pods.mem_text(before[1])
     if form == "Guaranteed":
         limits["cpu"] = pods.cpu_text(before[0])
-    assert qos_class(pod["spec"]) == form
+    if form == "Burstable-cpu-limit":
+        limits["cpu"] = pods.cpu_text(2 * before[0])
+    assert qos_class(pod["spec"]) == form.split("-")[0]
     rules = Rules.of(f"v{version}.2")
     plan = plan_resize(pod, pods.Target("n", *after), rules)
     from standin_apiserver import merge_patch
@@ -219,6 +272,10 @@ def test_every_planned_resize_passes_the_versions_validation(version, form, befo
     kept = version == "1.33" and form == "Guaranteed" and after[1] < before[1]
     assert plan.memory_kept == kept
     assert pods.requests(resized) == (after[0], before[1] if kept else after[1])
+    if form == "Burstable-cpu-limit":  # never lowered, never below the request
+        limit = resized["spec"]["containers"][0]["resources"]["limits"]["cpu"]
+        assert pods.summed([{"resources": {"limits": {"cpu": limit}}}], "cpu", pods.MILLI) >= \
+            max(2 * before[0], after[0])
 
 
 def test_a_pod_that_took_the_default_path_is_adopted_where_it_runs(rig):
@@ -316,6 +373,51 @@ def test_a_moves_replacement_is_admitted_as_the_controller_made_it(rig):
     assert rig.api.webhook_failures == 0 and rig.api.admission_warnings == [] and c.stats.counts["migrated"] == 1
     assert requests_of(rig.api.pod("ml", new)) == (allocation(rig.allocator, "ml/p1").cpu_m,
                                                    allocation(rig.allocator, "ml/p1").mem_mib)
+
+
+FORGED = [  # (case, the webhook up, the gate, creator, the job id it claims): pods naming `p1` as the pod they replace
+    ("gated-by-a-user", True, True, LAUNCHER, "ml/p1"),
+    ("not-gated", True, False, LAUNCHER, "ml/evil"),
+    ("webhook-down-another-job", False, True, LAUNCHER, "ml/evil"),
+]
+
+
+@pytest.mark.parametrize("case,hook,gated,user,job", FORGED, ids=[f[0] for f in FORGED])
+def test_a_pod_posing_as_a_moves_replacement_neither_bypasses_the_webhook_nor_moves_the_pod_it_names(
+        rig, case, hook, gated, user, job):
+    """Bug: the webhook admitted unchanged any pod with `hetplan.io/migrated-from` and a job id (annotations anyone
+    may write), and the controller took a gated one for a move in progress and evicted the pod it names. Now only
+    the controller's own user gets a replacement through (a gated one from anybody else is denied; one without the
+    gate is admitted as a new pod, the mark removed), and the controller resumes no move of a pod of another job."""
+    c = leading(rig)
+    rig.api.create_pod("ml", k8s_pod("p1", annotations={pods.GRACE_KEY: "0"}))
+    forged = k8s_pod("p1-m99", annotations={pods.JOB_ID_KEY: job, pods.MIGRATED_FROM_KEY: "p1"})
+    if gated:
+        forged["spec"]["schedulingGates"] = [{"name": pods.MIGRATION_GATE}]
+    if not hook:
+        rig.api.webhook_url = None  # failurePolicy Ignore: admitted unchanged
+    if case == "gated-by-a-user":
+        with pytest.raises(ApiError, match="only the hetplan controller creates"):
+            rig.api.create_pod("ml", forged, user)
+        assert rig.api.pod("ml", "p1-m99") is None
+    else:
+        made = rig.api.create_pod("ml", forged, user)
+        assert (pods.MIGRATED_FROM_KEY in pods.annotations(made)) == (not hook)
+        assert (job in rig.allocator.running()) == hook  # served as a new pod of its own
+    eventually(lambda: ("ml", "p1") in c.pods and (case == "gated-by-a-user" or ("ml", "p1-m99") in c.pods))
+    c.reconcile()
+    time.sleep(0.5)
+    assert rig.api.evictions[("ml", "p1")] == 0 and rig.api.pod("ml", "p1")["status"]["phase"] == "Running"
+    assert not [p for m, p, _ in rig.api.calls if m == "PATCH" and p.endswith("/pods/p1")]  # no checkpoint asked
+    assert c.stats.counts["replacement-refused"] == (case == "webhook-down-another-job")
+
+
+def test_the_controllers_own_replacement_is_admitted_as_it_made_it(rig):
+    rig.api.create_pod("ml", k8s_pod("p1"))
+    new = pods.replacement(rig.api.pod("ml", "p1"), pods.Target("gpu-b", 3000, 9216), 7)
+    made = rig.api.create_pod("ml", new, CONTROLLER_USER)
+    assert made["spec"]["containers"] == new["spec"]["containers"] and pods.gated(made)
+    assert pods.annotations(made) == new["metadata"]["annotations"] and rig.api.admission_warnings == []
 
 
 def race(tmp_path, nodes: list[str]):

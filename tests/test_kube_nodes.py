@@ -312,7 +312,8 @@ def test_errors_are_logged_counted_and_retried_and_a_broken_watch_resumes(tmp_pa
         assert "hetplan_allocator_kube_sync_errors_total 2.0" in metrics.render()
         warnings = [r.getMessage() for r in caplog.records]
         assert len(warnings) == 2 and all(len(w.splitlines()) == 1 for w in warnings)
-        assert "HTTP 403 Forbidden (the service account needs get, list and watch on nodes)" in warnings[0]
+        assert "HTTP 403 Forbidden: nodes is forbidden" in warnings[0]  # the API server's message, one line
+        assert "(the service account needs get, list and watch on nodes)" in warnings[0]
         eventually(lambda: any("watch=" in r for r in api_server.requests))
         api_server.events.put({"type": "DROP"})  # the connection breaks mid-watch
         api_server.push("ADDED", k8s_node("gpu-b", rv="150"))

@@ -23,6 +23,9 @@ ALLOCATE_WAIT = typer.Option(5.0, "--allocate-wait", min=0,
 TLS_CERT = typer.Option(None, "--tls-cert", help="The webhook's certificate (PEM).")
 TLS_KEY = typer.Option(None, "--tls-key", help="Its key (PEM).")
 LOG_LEVEL = typer.Option("info", "--log-level")
+CONTROLLER_USER = typer.Option(None, "--controller-user",
+                               help="The controller's user as the API server names it (the only creator of a move's "
+                                    "replacement; default: system:serviceaccount:hetplan:hetplan-controller).")
 
 
 def _until_signalled() -> None:
@@ -58,12 +61,14 @@ def controller(
     allocate_wait: float = ALLOCATE_WAIT,
     workers: int = typer.Option(8, "--workers", min=1, max=64,
                                 help="Threads applying one batch of actions: different jobs' at once (1: in order)."),
+    controller_user: str | None = CONTROLLER_USER,
     log_level: str = LOG_LEVEL,
 ) -> None:
     """Follow the allocator's action log and apply it to the pods (leader-elected); serve the admission webhook."""
     from hetplan.allocator.k8s.controller import Controller
     from hetplan.allocator.k8s.nodes import KubeConfigError, load_client
     from hetplan.allocator.k8s.service_client import AllocatorClient
+    from hetplan.allocator.k8s.webhook import CONTROLLER_USER as DEFAULT_USER
     from hetplan.allocator.k8s.webhook import WebhookServer
 
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -81,7 +86,7 @@ def controller(
         servers.append(WebhookServer(AllocatorClient(service, wait=allocate_wait, token=write_token), webhook_host,
                                      webhook_port, str(tls_cert) if tls_cert else None,
                                      str(tls_key) if tls_key else None, metrics=worker.stats.render,
-                                     healthy=worker.healthy).start())
+                                     healthy=worker.healthy, controllers=(controller_user or DEFAULT_USER,)).start())
     if health_port:
         servers.append(WebhookServer(None, webhook_host, health_port, metrics=worker.stats.render, mutate=False,
                                      healthy=worker.healthy).start())
@@ -102,15 +107,18 @@ def webhook(
     tls_key: Path | None = TLS_KEY,
     write_token: str | None = WRITE_TOKEN,
     allocate_wait: float = ALLOCATE_WAIT,
+    controller_user: str | None = CONTROLLER_USER,
     log_level: str = LOG_LEVEL,
 ) -> None:
     """Serve the mutating admission webhook alone: no Kubernetes client, no rights; it only calls the allocator."""
     from hetplan.allocator.k8s.service_client import AllocatorClient
+    from hetplan.allocator.k8s.webhook import CONTROLLER_USER as DEFAULT_USER
     from hetplan.allocator.k8s.webhook import WebhookServer
 
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     server = WebhookServer(AllocatorClient(service, wait=allocate_wait, token=write_token), host, port,
-                           str(tls_cert) if tls_cert else None, str(tls_key) if tls_key else None).start()
+                           str(tls_cert) if tls_cert else None, str(tls_key) if tls_key else None,
+                           controllers=(controller_user or DEFAULT_USER,)).start()
     logging.getLogger(__name__).info("webhook: service %s, port %s (%s)", service, server.port,
                                      "HTTPS" if tls_cert else "plain HTTP")
     _until_signalled()

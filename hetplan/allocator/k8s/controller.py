@@ -17,12 +17,13 @@ only serve the webhook), woken every `poll` seconds and by every pod event:
    is bound (one not bound is kept: 5.); `start` -> nothing (the webhook created the pod with its allocation).
    Every step first compares the cluster with the target, so an action applied again changes nothing.
 3. **Cursor**: after each batch of actions read, the ConfigMap `<name>-cursor` (key `cursor`) is written, with the
-   resourceVersion read (a replica that lost the lease cannot overwrite it). 410 from the log (the cursor is older
+   resourceVersion read (a replica that lost the lease cannot overwrite it; one that finds it written by another
+   gives the Lease up and reads it again before writing, if it leads again). 410 from the log (the cursor is older
    than the log, or ahead of it): reconcile, then go on from the log's latest.
 4. **Reconcile** (at start, after a 410, every `reconcile_seconds`): `/v1/allocations` against the pods, both
    ways: a pod whose cores, RAM or node differ from its allocation is re-sized or moved; an allocation without a
-   pod for `orphan_grace` seconds is released; a pod with a job id and no allocation is allocated again (then
-   re-sized or moved), or left alone with one logged reason if the allocator refuses it.
+   pod for `orphan_grace` seconds is released; a pod with a job id and no allocation (and not being deleted) is
+   allocated again (then re-sized or moved), or left alone with one logged reason if the allocator refuses it.
 5. **Adoption** (every pass): an opted-in pod the webhook left to the default path, once running, is adopted where
    it runs (`adoption`); a pod bound first wins its room over an allocation whose pod is not bound yet. A `stop`
    for a pod not bound (it holds no room) leaves it Pending and asks for its job again every `adopt_every` s.
@@ -45,29 +46,17 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hetplan.allocator.k8s import adoption, pods
-from hetplan.allocator.k8s.cursor import CursorStore
+from hetplan.allocator.k8s.cursor import CursorStore, CursorTaken
+from hetplan.allocator.k8s.errors import one_line
 from hetplan.allocator.k8s.lease import LeaseElector
 from hetplan.allocator.k8s.moves import Migration, next_step
 from hetplan.allocator.k8s.resize import Rules, plan_resize, read_rules
-from hetplan.allocator.k8s.service_client import AllocatorClient, Gone
+from hetplan.allocator.k8s.service_client import AllocatorClient, Gone, refusal
 
 log = logging.getLogger(__name__)
 STRATEGIC = "application/strategic-merge-patch+json"
 MERGE = "application/merge-patch+json"
 JSON_PATCH = "application/json-patch+json"
-
-
-def _one_line(exc: BaseException) -> str:
-    status = getattr(exc, "status", None)
-    if status is not None and hasattr(exc, "reason"):
-        body = getattr(exc, "body", None)
-        try:
-            message = json.loads(body).get("message", "") if body else ""
-        except (ValueError, AttributeError):
-            message = ""
-        return f"HTTP {status} {exc.reason}{': ' + message[:200] if message else ''}"
-    text = " ".join(f"{type(exc).__name__}: {exc}".split())
-    return text[:300]
 
 
 @dataclass
@@ -159,7 +148,8 @@ class Controller:
         self._api = api
         self._leading = False
         self._last_progress = time.monotonic()  # the last step that did all its work
-        self._resign_until = 0.0  # after giving the Lease up for want of progress: not before this
+        self._resign_until = 0.0  # after giving the Lease up (no progress, the cursor taken): not before this
+        self._lease_lock = threading.Lock()  # the renewing thread's Lease calls, and a step-down from the loop
         self._last_reconcile = 0.0
         self._orphans: dict[str, float] = {}  # job -> when first seen without a pod
         self._migrations: dict[str, Migration] = {}
@@ -169,8 +159,9 @@ class Controller:
         self._refused: dict[str, pods.Target] = {}  # pod uid -> the target the API server refused (422): not resent
         self._kept: dict[str, pods.Target] = {}  # pod uid -> the target whose memory shrink was left out (1.33)
         self.adopt_every = adopt_every
-        self._adopt_tries: dict[str, float] = {}  # pod uid -> when to try adopting it again (the default path)
+        self._adopt_tries: dict[str, float] = {}  # pod uid -> when to try adopting it again (after a refusal)
         self._waiting: dict[str, float] = {}  # job -> when to ask again for its unbound pod (`_requeue`)
+        self._forged: set[str] = set()  # uids of gated pods naming another job's pod as the one they replace
 
     # ------------------------------------------------------------------ threads
 
@@ -241,7 +232,7 @@ class Controller:
         failures += 1
         if failures >= 3:
             self._resource_version = None
-        log.warning("controller: pod watch: %s; retrying", _one_line(exc))
+        log.warning("controller: pod watch: %s; retrying", one_line(exc))
         self._stopping.wait(min(0.2 * 2 ** failures, 10))
         return failures
 
@@ -289,16 +280,24 @@ class Controller:
                 log.error("controller: %s made no progress for %.0f s; giving the lease up", self.identity,
                           now - self._last_progress)
                 self.stats.count("resigned")
-                self._resign_until = now + self.elector.duration
-                self.elector.release()
-                self._wake.set()
-            if now >= self._resign_until:
-                was = self.elector.leading()
-                self.elector.lead()
-                if self.elector.leading() and not was:
-                    self._last_progress = time.monotonic()
-                    self._wake.set()
+                self._give_up()
+            with self._lease_lock:
+                if time.monotonic() >= self._resign_until:
+                    was = self.elector.leading()
+                    self.elector.lead()
+                    if self.elector.leading() and not was:
+                        self._last_progress = time.monotonic()
+                        self._wake.set()
             self._stopping.wait(every if self.elector.leading() else min(every, 1.0))
+
+    def _give_up(self) -> None:
+        """Release the Lease and stay away for a lease duration, so that another replica leads meanwhile; the loop
+        stops acting at once, and reads the cursor again (`_begin`) if this replica leads again."""
+        with self._lease_lock:
+            self._resign_until = time.monotonic() + self.elector.duration
+            self.elector.release()
+        self._leading = False
+        self._wake.set()
 
     def _run(self) -> None:
         failures = 0
@@ -319,7 +318,7 @@ class Controller:
                 ok = self.step()
             except Exception as exc:  # noqa: BLE001 - the loop outlives any error: logged, counted, retried
                 self.stats.count("errors")
-                log.warning("controller: %s; retrying", _one_line(exc))
+                log.warning("controller: %s; retrying", one_line(exc))
                 ok = False
             failures = 0 if ok else failures + 1
             if failures:  # 0.1 s doubling to 0.5 s: a restarting service is followed within 0.5 s of coming back
@@ -334,7 +333,7 @@ class Controller:
         try:
             self.rules = read_rules(self._api, self.timeout)
         except Exception as exc:  # noqa: BLE001 - unknown: 1.33's rules, the stricter ones
-            log.warning("controller: server version not read (%s); resizing by 1.33's rules", _one_line(exc))
+            log.warning("controller: server version not read (%s); resizing by 1.33's rules", one_line(exc))
         self.reconcile()
         self._leading = True
 
@@ -349,6 +348,8 @@ class Controller:
                            ("kubelet", self._report_kubelet), ("adopt", self._adopt_default_path),
                            ("requeued", self._adopt_waiting),
                            ("reconcile", self._reconcile_when_due)):
+            if not self.elector.leading():
+                return False  # the Lease was lost or given up mid-pass: nothing more is done
             ok = self._phase(name, part) and ok
         if ok:
             self._last_progress = time.monotonic()
@@ -358,9 +359,11 @@ class Controller:
         try:
             part()
             return True
+        except CursorTaken:
+            return False  # logged and acted on (`_save_cursor`)
         except Exception as exc:  # noqa: BLE001 - one part's error stops no other part; logged, counted, retried
             self.stats.count("errors")
-            log.warning("controller: %s: %s; retrying", name, _one_line(exc))
+            log.warning("controller: %s: %s; retrying", name, one_line(exc))
             return False
 
     def _follow_log(self) -> None:
@@ -400,6 +403,11 @@ class Controller:
         self.cursor, self._unsaved = seq, True
         try:
             self.store.save(seq)
+        except CursorTaken as exc:  # another replica leads, or believes it does: this one stops at once
+            self.stats.count("cursor-taken")
+            log.error("controller: %s; %s stops leading and gives the lease up", exc, self.identity)
+            self._give_up()
+            raise
         except Exception:
             self.stats.count("cursor-unsaved")
             raise
@@ -521,7 +529,7 @@ class Controller:
             self._refused[uid] = target
             self.stats.count("resize-refused")
             log.warning("controller: resize of %s/%s to %s refused: %s (not retried)", ns, name, target,
-                        _one_line(exc))
+                        one_line(exc))
             return
         except Exception as exc:  # noqa: BLE001 - a timeout or a broken connection: the outcome is unknown
             self._retry_later(job, target, seq, at, exc)
@@ -544,7 +552,7 @@ class Controller:
         backoff = min(known.backoff * 2, 30.0) if known is not None and known.target == target else 0.5
         self._retries[job] = RetryResize(target, seq, at, time.monotonic() + backoff, backoff)
         self.stats.count("resize-retried")
-        log.info("controller: resize of %s to %s: %s; sent again in %.1f s", job, target, _one_line(exc), backoff)
+        log.info("controller: resize of %s to %s: %s; sent again in %.1f s", job, target, one_line(exc), backoff)
 
     def _retry_resizes(self) -> None:
         """The resizes the API server did not answer (429, 5xx, no answer) whose backoff is over, sent again
@@ -577,7 +585,7 @@ class Controller:
         except ApiException as exc:
             if exc.status != 409:
                 self.stats.count("migrate-refused")
-                log.warning("controller: replacement of %s/%s refused: %s", ns, pods.key(pod)[1], _one_line(exc))
+                log.warning("controller: replacement of %s/%s refused: %s", ns, pods.key(pod)[1], one_line(exc))
                 return
             answer = self.core.read_namespaced_pod(new["metadata"]["name"], ns, _preload_content=False,
                                                    _request_timeout=self.timeout)
@@ -596,6 +604,13 @@ class Controller:
         seq = name.rsplit("-m", 1)[1] if "-m" in name else "0"
         with self._lock:
             old_pod = self.pods.get((ns, old))
+        if old_pod is not None and pods.job_id(old_pod) != job:  # not a replacement of that pod: never evict it
+            if pods.uid(new) not in self._forged:
+                self._forged.add(pods.uid(new))
+                self.stats.count("replacement-refused")
+                log.warning("controller: %s/%s is gated as the replacement of %s, whose job is not %s: no move "
+                            "resumed, it stays gated", ns, name, old, job)
+            return
         m = Migration(job, (ns, old), (ns, name), int(seq) if seq.isdigit() else 0,
                       grace=self._grace(old_pod) if old_pod else self.checkpoint_grace)
         # gone before this replica looked, or stopping by an eviction: evicted by the previous leader
@@ -657,7 +672,7 @@ class Controller:
                 if exc.status == 404 and step in ("ungate", "cancel"):
                     del self._migrations[job]
                     continue
-                log.warning("controller: move of %s: %s; retrying", job, _one_line(exc))
+                log.warning("controller: move of %s: %s; retrying", job, one_line(exc))
                 m.next_try = now + 1.0
         with self._lock:  # the removed pods' last states that no move needs any more
             olds = {m.old for m in self._migrations.values()}
@@ -803,7 +818,7 @@ class Controller:
                                            _content_type=MERGE, _preload_content=False, _request_timeout=self.timeout)
         except ApiException as exc:
             if exc.status != 404:
-                log.warning("controller: annotating %s/%s: %s", ns, name, _one_line(exc))
+                log.warning("controller: annotating %s/%s: %s", ns, name, one_line(exc))
 
     # ------------------------------------------------------------------ reconcile
 
@@ -838,9 +853,11 @@ class Controller:
             self._orphans.pop(job, None)
         for pod in snapshot:
             job = pods.job_id(pod)
+            if pods.terminating(pod):
+                continue  # on its way out: neither a move to resume nor a pod to adopt
             if job is not None and pods.gated(pod) and job not in self._migrations:
                 self._resume(job, pod)
-            if job is None or job in by_job or pods.gated(pod):
+            if job is None or job in by_job or pods.gated(pod) or self._adopt_tries.get(pods.uid(pod), 0.0) > now:
                 continue
             self._adopt(job, pod)
         if latest is not None:
@@ -849,23 +866,28 @@ class Controller:
 
     def _adopt(self, job: str, pod: dict) -> bool:
         """A pod without an allocation (`adoption`): adopted where it runs (or allocated anew when not bound), then
-        re-sized or moved toward its allocation; a default-path pod gets its job id. Whether it was adopted."""
+        re-sized or moved toward its allocation; a default-path pod gets its job id. Whether it was adopted. A pod
+        that cannot be read or that the allocator refuses (a rejection, or a 4xx: a job id too long, a request out
+        of range) is a fault of that pod alone: counted `adopt-refused`, logged, asked again in `adopt_every` s."""
         from kubernetes.client.exceptions import ApiException
 
         try:
             body = adoption.request(pod)
-        except ValueError as exc:
-            log.warning("controller: pod %s/%s has no allocation and cannot be read: %s", *pods.key(pod), exc)
-            return False
-        answer = self.service.adopt(body) if "node" in body else \
-            self.service.allocate({k: v for k, v in body.items() if k != "node"})
+        except (ValueError, OverflowError) as exc:
+            return self._adopt_refused(pod, f"it cannot be read: {exc}"[:300])
+        try:
+            answer = self.service.adopt(body) if "node" in body else \
+                self.service.allocate({k: v for k, v in body.items() if k != "node"})
+        except Exception as exc:
+            why = refusal(exc)
+            if why is None:
+                raise  # the service down, a 5xx: an error of the pass, retried
+            return self._adopt_refused(pod, f"the allocator refuses it ({why})")
         if answer.get("status") != "allocated" or len(answer.get("parts") or []) > 1:
             if answer.get("status") == "allocated":
                 self.service.release(job)
-            self.stats.count("adopt-refused")
-            log.info("controller: pod %s/%s has no allocation and the allocator refuses it (%s: %s); left as it "
-                     "is, asked again later", *pods.key(pod), answer.get("reason") or "a gang", answer.get("message"))
-            return False
+            return self._adopt_refused(pod, f"the allocator refuses it ({answer.get('reason') or 'a gang'}: "
+                                            f"{answer.get('message')})")
         if pods.job_id(pod) is None:
             ns, name = pods.key(pod)
             try:
@@ -882,8 +904,16 @@ class Controller:
                 if pods.uid(self.pods.get(pods.key(pod), {})) == pods.uid(pod):
                     self.pods[pods.key(pod)] = pod
         self.stats.count("adopted")
+        self._adopt_tries.pop(pods.uid(pod), None)
         self.converge(job, pods.Target.of(answer["allocation"]), self.cursor or 0)
         return True
+
+    def _adopt_refused(self, pod: dict, why: str) -> bool:
+        self.stats.count("adopt-refused")
+        self._adopt_tries[pods.uid(pod)] = time.monotonic() + self.adopt_every
+        log.info("controller: pod %s/%s has no allocation and %s; left as it is, asked again later", *pods.key(pod),
+                 why)
+        return False
 
     def _adopt_default_path(self) -> None:
         """Opted-in pods the webhook left to the default path, now running: adopted (`adoption`), each tried again
@@ -893,8 +923,7 @@ class Controller:
             due = [p for p in self.pods.values() if adoption.default_path(p)
                    and self._adopt_tries.get(pods.uid(p), 0.0) <= now]
         for pod in due:
-            if not self._adopt("/".join(pods.key(pod)), pod):
-                self._adopt_tries[pods.uid(pod)] = now + self.adopt_every
+            self._adopt("/".join(pods.key(pod)), pod)  # a refusal sets its next try
         live = {pods.uid(p) for p in due}
         for uid in [u for u, t in self._adopt_tries.items() if t < now and u not in live]:
             del self._adopt_tries[uid]

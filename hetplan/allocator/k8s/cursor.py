@@ -5,7 +5,8 @@ cannot overwrite a newer leader's cursor; a 409 says so). A write whose outcome 
 timeout or a broken connection: it may have been committed) or that conflicts (409) leaves the cursor *in doubt*:
 the next write first reads the ConfigMap again, takes its resourceVersion, and only then writes. So one ambiguous
 write costs one extra GET, never a wedge of stale-resourceVersion conflicts. A cursor that is in doubt and owned
-by another writer is not overwritten: `CursorTaken` says another replica leads.
+by another writer is not overwritten: `CursorTaken` says another replica leads, and the store stays in doubt (every
+later write reads first, and fails the same way) until `read` is called again by a replica that leads anew.
 """
 
 from __future__ import annotations
@@ -32,7 +33,8 @@ class CursorStore:
         self.writer: str | None = None  # the replica that wrote it last (as last read or written)
 
     def read(self) -> int | None:
-        """The stored cursor (None when there is none); takes its resourceVersion for the next write."""
+        """The stored cursor (None when there is none); takes its resourceVersion for the next write (the controller
+        reads when it starts leading: what it then writes is its own)."""
         from kubernetes.client.exceptions import ApiException
 
         try:
@@ -58,6 +60,7 @@ class CursorStore:
         if self._doubt:
             self.read()
             if self.writer not in (None, self.identity):
+                self._doubt = True  # not cleared by the read: no later write may overwrite it unread
                 raise CursorTaken(f"cursor {self.namespace}/{self.name} was written by {self.writer}")
             if self.value == seq:
                 return  # the write in doubt was committed

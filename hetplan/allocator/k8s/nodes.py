@@ -53,8 +53,9 @@ from typing import TYPE_CHECKING, Any, Literal, get_args
 from pydantic import ValidationError
 
 from hetplan.allocator.cluster import Cluster, StateError
-from hetplan.allocator.k8s.extender import GPU_RESOURCE, K8sNode, node_gpu_type, node_resources
-from hetplan.allocator.k8s.room import PodLedger, Usage, room
+from hetplan.allocator.k8s.errors import one_line
+from hetplan.allocator.k8s.extender import GPU_RESOURCE, MODEL_KEY, K8sNode, node_gpu_type, node_resources
+from hetplan.allocator.k8s.room import PodLedger, Usage, bound, room
 from hetplan.allocator.metrics import Metrics
 from hetplan.allocator.core import Allocator, NodeChanges
 from hetplan.allocator.spec import CLOSED_LABEL, MIB_PER_GIB, Node
@@ -153,7 +154,7 @@ def load_client(kubeconfig: str | os.PathLike[str]) -> ApiClient:
     except (ConfigException, OSError, ValueError, TypeError, KeyError, AttributeError) as exc:
         if isinstance(exc, KubeConfigError):
             raise
-        raise KubeConfigError(f"kubeconfig {kubeconfig}: {_one_line(exc)}") from None
+        raise KubeConfigError(f"kubeconfig {kubeconfig}: {one_line(exc)}") from None
     configuration.retries = False  # the sync's own backoff retries, once, with one log line
     return client.ApiClient(configuration)
 
@@ -255,7 +256,7 @@ class NodeSync:
             else ""
         then = "list the Nodes" if self._resource_version is None \
             else f"watch from resourceVersion {self._resource_version}"
-        log.warning("kubernetes node sync: %s%s; retrying in %g s (%s)", _one_line(exc), hint, delay, then)
+        log.warning("kubernetes node sync: %s%s; retrying in %g s (%s)", one_line(exc), hint, delay, then)
         self._stopping.wait(delay)
 
     def _list_all(self, list_fn: Any) -> tuple[list[Any], str | None]:
@@ -467,7 +468,7 @@ class NodeSync:
     def _pods_failed(self, exc: Exception, failures: int) -> int:
         if not self._stopping.is_set():
             hint = " (the service account needs list and watch on pods)" if getattr(exc, "status", 0) == 403 else ""
-            log.warning("kubernetes node sync: pod watch: %s%s; retrying", _one_line(exc), hint)
+            log.warning("kubernetes node sync: pod watch: %s%s; retrying", one_line(exc), hint)
             self._stopping.wait(min(self.backoff[0] * 2 ** failures, self.backoff[1]))
         return failures + 1
 
@@ -479,6 +480,23 @@ class NodeSync:
         self.pods_ready.set()
         self._recount(None if first else changed)
         return rv or "0"
+
+    def bound_jobs(self) -> set[str] | None:
+        """The jobs with an opted-in pod bound to a node as the API server says now (a list, not the watch, which
+        may lag a binding); None when it cannot be read (logged)."""
+        from kubernetes.client import CoreV1Api
+
+        core = CoreV1Api(self.api)
+
+        def opted_in(**kw: Any) -> Any:
+            return core.list_pod_for_all_namespaces(label_selector=MODEL_KEY, **kw)
+
+        try:
+            items, _ = self._list_all(opted_in)
+        except Exception as exc:  # noqa: BLE001 - unknown: the caller takes no room back
+            log.warning("kubernetes node sync: reading the bound pods: %s", one_line(exc))
+            return None
+        return {b.job for p in items if (b := bound(p)) is not None and b.job is not None}
 
     def _follow_allocations(self) -> None:
         """Recount the nodes whose allocations changed (a job released, moved or re-sized changes what its pods hold
@@ -502,7 +520,7 @@ class NodeSync:
             try:
                 self._recount(names)
             except Exception as exc:  # noqa: BLE001 - logged; the next change or pod event recounts again
-                log.warning("kubernetes node sync: recount: %s", _one_line(exc))
+                log.warning("kubernetes node sync: recount: %s", one_line(exc))
 
     def _watch_gauges(self, metrics: Metrics) -> None:
         """Read the gauges at scrape time (never on the sync's own path)."""
@@ -529,11 +547,3 @@ def _closed(node: Node, why: str) -> Node:
 
 def _name(item: Node | str) -> str:
     return item.name if isinstance(item, Node) else item
-
-
-def _one_line(exc: BaseException) -> str:
-    status = getattr(exc, "status", None)
-    if status is not None and hasattr(exc, "reason"):  # kubernetes ApiException: its str has headers and body
-        return f"HTTP {status} {exc.reason}"
-    text = " ".join(f"{type(exc).__name__}: {exc}".split())
-    return text if len(text) <= 300 else text[:300] + "..."

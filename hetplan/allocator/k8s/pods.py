@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import copy
 import math
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
@@ -141,10 +141,20 @@ def node_of(pod: Mapping[str, Any]) -> str | None:
     return None
 
 
-def _amount(container: Mapping[str, Any], resource: str) -> Decimal | None:
+def amount(container: Mapping[str, Any], resource: str) -> Decimal | None:
+    """A container's (or a container status's) request of `resource`, else its limit (the API server defaults a
+    request to the limit); None when it sets neither."""
     res = container.get("resources") or {}
     value = (res.get("requests") or {}).get(resource, (res.get("limits") or {}).get(resource))
     return None if value is None else parse_quantity(value)
+
+
+def summed(containers: Iterable[Mapping[str, Any]], resource: str, unit: Decimal = Decimal(1)) -> int:
+    """What `containers` ask of `resource` together, in `unit`s, rounded up."""
+    return math.ceil(sum((amount(c, resource) or Decimal(0) for c in containers), Decimal(0)) / unit)
+
+
+MILLI, MIB = Decimal("0.001"), Decimal(BYTES_PER_MIB)
 
 
 def main_container(pod: Mapping[str, Any]) -> int:
@@ -157,22 +167,26 @@ def main_container(pod: Mapping[str, Any]) -> int:
     if wanted:
         raise ValueError(f"annotation {CONTAINER_KEY}={wanted!r} names no container")
     for i, c in enumerate(containers):
-        if (_amount(c, GPU_RESOURCE) or 0) > 0:
+        if (amount(c, GPU_RESOURCE) or 0) > 0:
             return i
     return 0
 
 
-def requests(pod: Mapping[str, Any]) -> tuple[int, int]:
-    """The pod's cpu (millicores, rounded up) and memory (MiB, rounded up) requests, summed as Kubernetes sums them
+def totals(pod: Mapping[str, Any]) -> tuple[int, int, int]:
+    """The pod's GPUs, cpu (millicores) and memory (MiB) requests, each rounded up, summed as Kubernetes sums them
     (the containers; an init container asking for more counts instead)."""
     spec = pod.get("spec") or {}
+    containers, inits = spec.get("containers") or [], spec.get("initContainers") or []
 
     def total(resource: str, unit: Decimal) -> int:
-        main = sum((_amount(c, resource) or Decimal(0) for c in spec.get("containers") or []), Decimal(0))
-        init = max((_amount(c, resource) or Decimal(0) for c in spec.get("initContainers") or []), default=Decimal(0))
-        return math.ceil(max(main, init) / unit)
+        return max([summed(containers, resource, unit)] + [summed([c], resource, unit) for c in inits])
 
-    return total("cpu", Decimal("0.001")), total("memory", Decimal(BYTES_PER_MIB))
+    return total(GPU_RESOURCE, Decimal(1)), total("cpu", MILLI), total("memory", MIB)
+
+
+def requests(pod: Mapping[str, Any]) -> tuple[int, int]:
+    """The pod's cpu (millicores) and memory (MiB) requests (`totals`)."""
+    return totals(pod)[1:]
 
 
 def main_share(pod: Mapping[str, Any], target: Target) -> tuple[int, int, int]:
@@ -180,8 +194,8 @@ def main_share(pod: Mapping[str, Any], target: Target) -> tuple[int, int, int]:
     `ValueError` when the other containers already ask for all of it."""
     index = main_container(pod)
     others = [c for i, c in enumerate((pod.get("spec") or {}).get("containers") or []) if i != index]
-    cpu_m = target.cpu_m - sum(math.ceil((_amount(c, "cpu") or 0) * 1000) for c in others)
-    mem_mib = target.mem_mib - sum(math.ceil((_amount(c, "memory") or 0) / BYTES_PER_MIB) for c in others)
+    cpu_m = target.cpu_m - sum(math.ceil((amount(c, "cpu") or 0) * 1000) for c in others)
+    mem_mib = target.mem_mib - sum(math.ceil((amount(c, "memory") or 0) / BYTES_PER_MIB) for c in others)
     if cpu_m <= 0 or mem_mib <= 0:
         raise ValueError(f"the other containers ask for all of the allocation ({cpu_text(target.cpu_m)} cores, "
                          f"{mem_text(target.mem_mib)})")

@@ -2,7 +2,8 @@
 
 The rules that concern hetplan (Kubernetes 1.33 and 1.34, `InPlacePodVerticalScaling` beta and on by default):
 
-- only containers' cpu and memory change, none is removed, and the pod's QoS class may not change;
+- only containers' cpu and memory change, none is removed, and the pod's QoS class may not change (`plan_resize`
+  checks it before sending: a Burstable pod's cpu limit is kept above its request where it has one);
 - **1.33**: a memory *limit* may not decrease unless the container's memory `resizePolicy` is `RestartContainer`,
   which a pod with `restartPolicy: Never` may not use (and which would restart the trainer anyway): hetplan never
   asks for it. A memory shrink lowers the request and keeps the limit where the pod is Burstable (the shape the
@@ -88,11 +89,26 @@ def _mib(value: Any) -> int:
     return math.ceil(parse_quantity(value) / Decimal(BYTES_PER_MIB))
 
 
+def _milli(value: Any) -> int:
+    return math.ceil(parse_quantity(value) * 1000)
+
+
+def _resized(pod: Mapping[str, Any], index: int, requests: dict[str, Any], limits: dict[str, Any]) -> dict[str, Any]:
+    """The pod's spec as the resize leaves it (its main container's requests and limits replaced)."""
+    containers = [dict(c) for c in pod["spec"]["containers"]]
+    containers[index]["resources"] = {**(containers[index].get("resources") or {}), "requests": requests,
+                                      "limits": limits}
+    return {**pod, "spec": {**pod["spec"], "containers": containers}}
+
+
 def plan_resize(pod: Mapping[str, Any], target: pods.Target, rules: Rules) -> ResizePlan:
-    """The resize that gives the pod `target`'s cores and RAM as far as `rules` allow (see the module's docstring);
-    `ValueError` when the other containers already ask for all of it, or when the pod is BestEffort (it asks no
-    cores or RAM: any request would change its QoS class, which a resize may not; an adopted pod can be so)."""
-    if qos_class(pod) == "BestEffort":
+    """The resize that gives the pod `target`'s cores and RAM as far as `rules` allow (see the module's docstring),
+    never changing the pod's QoS class: a Guaranteed pod's limits follow its requests; a Burstable pod's cpu limit
+    is never lowered nor left below its request, and is kept 1m above it where requests = limits would otherwise
+    make the pod Guaranteed. `ValueError` when the other containers already ask for all of it, or when the pod is
+    BestEffort (it asks no cores or RAM: any request would change its QoS class; an adopted pod can be so)."""
+    qos = qos_class(pod)
+    if qos == "BestEffort":
         raise ValueError("a BestEffort pod (no cpu or memory request) cannot get one in place: its QoS class would "
                          "change")
     index, cpu_m, mem_mib = pods.main_share(pod, target)
@@ -102,16 +118,22 @@ def plan_resize(pod: Mapping[str, Any], target: pods.Target, rules: Rules) -> Re
     new_requests = {**requests, "cpu": pods.cpu_text(cpu_m), "memory": pods.mem_text(mem_mib)}
     new_limits = dict(limits)
     if "cpu" in limits:
-        new_limits["cpu"] = pods.cpu_text(cpu_m)  # a pod with a cpu limit keeps one: its QoS class stays
+        cpu_limit = cpu_m if qos == "Guaranteed" else max(_milli(limits["cpu"]), cpu_m)
+        new_limits["cpu"] = pods.cpu_text(cpu_limit)
     memory_kept = False
     if "memory" in limits:
         if mem_mib < _mib(limits["memory"]) and not rules.memory_limit_decrease:
-            if qos_class(pod) == "Guaranteed":  # request = limit must hold, and the limit cannot go down
+            if qos == "Guaranteed":  # request = limit must hold, and the limit cannot go down
                 new_requests["memory"] = requests.get("memory", limits["memory"])
                 memory_kept = True
             # Burstable: the request goes down, the limit stays
         else:
             new_limits["memory"] = pods.mem_text(mem_mib)
+    if qos == "Burstable" and "cpu" in limits and qos_class(_resized(pod, index, new_requests, new_limits)) != qos:
+        new_limits["cpu"] = pods.cpu_text(cpu_m + 1)  # every request = its limit: Guaranteed, unless 1m above
+    after = qos_class(_resized(pod, index, new_requests, new_limits))
+    if after != qos:  # the API server refuses it (422): never sent
+        raise ValueError(f"the resize would change the pod's QoS class ({qos} -> {after})")
     body = {"spec": {"containers": [{"name": container["name"],
                                      "resources": {"requests": new_requests, "limits": new_limits}}]}}
     return ResizePlan(body, memory_kept)

@@ -18,15 +18,12 @@ has no room, and is not refused or closed): `room`.
 
 from __future__ import annotations
 
-import math
 import threading
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from decimal import Decimal
 from typing import Any
 
 from hetplan.allocator.k8s import pods
-from hetplan.allocator.k8s.extender import BYTES_PER_MIB, GPU_RESOURCE, parse_quantity
 from hetplan.allocator.spec import CLOSED_LABEL, MIB_PER_GIB, Allocation, Node
 
 
@@ -47,32 +44,14 @@ class Usage:
                      max(0, self.mem_mib - held.mem_mib))
 
 
-def _sum(containers: Iterable[Mapping[str, Any]], part: Callable[[Mapping[str, Any]], Mapping[str, Any]]) -> Usage:
-    gpus, cpu, mem = Decimal(0), Decimal(0), Decimal(0)
-    for c in containers:
-        values = part(c)
-        gpus += parse_quantity(values.get(GPU_RESOURCE, 0))
-        cpu += parse_quantity(values.get("cpu", 0))
-        mem += parse_quantity(values.get("memory", 0))
-    return Usage(math.ceil(gpus), math.ceil(cpu * 1000), math.ceil(mem / BYTES_PER_MIB))
-
-
-def _requests(container: Mapping[str, Any]) -> Mapping[str, Any]:
-    res = container.get("resources") or {}
-    return {**(res.get("limits") or {}), **(res.get("requests") or {})}  # a limit alone is the request
-
-
 def usage(pod: Mapping[str, Any]) -> Usage:
     """What a bound pod holds as the scheduler counts it: per resource, the larger of its spec's requests (an init
-    container asking for more counts instead) and what the kubelet actuated (`status.containerStatuses`)."""
-    spec, status = pod.get("spec") or {}, pod.get("status") or {}
-    wanted = _sum(spec.get("containers") or [], _requests)
-    for init in spec.get("initContainers") or []:
-        one = _sum([init], _requests)
-        wanted = Usage(max(wanted.gpus, one.gpus), max(wanted.cpu_m, one.cpu_m), max(wanted.mem_mib, one.mem_mib))
-    actuated = _sum(status.get("containerStatuses") or [],
-                    lambda c: {k: v for k, v in _requests(c).items() if k != GPU_RESOURCE})
-    return Usage(wanted.gpus, max(wanted.cpu_m, actuated.cpu_m), max(wanted.mem_mib, actuated.mem_mib))
+    container asking for more counts instead: `pods.totals`) and what the kubelet actuated
+    (`status.containerStatuses`)."""
+    gpus, cpu_m, mem_mib = pods.totals(pod)
+    actuated = (pod.get("status") or {}).get("containerStatuses") or []
+    return Usage(gpus, max(cpu_m, pods.summed(actuated, "cpu", pods.MILLI)),
+                 max(mem_mib, pods.summed(actuated, "memory", pods.MIB)))
 
 
 def held_by(allocation: Allocation) -> Usage:

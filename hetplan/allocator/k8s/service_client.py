@@ -18,6 +18,20 @@ class Gone(Exception):
         self.latest = latest
 
 
+NOT_THE_REQUEST = {401, 403, 408, 429}
+"""4xx that say nothing about the request itself (credentials, load): errors like any other, not a refusal."""
+
+
+def refusal(exc: BaseException) -> str | None:
+    """One line when `exc` is the service refusing the request itself (a 4xx but `NOT_THE_REQUEST`: a job id too
+    long, a request out of range): its status and what it said; None for anything else."""
+    if isinstance(exc, httpx.HTTPStatusError):
+        code = exc.response.status_code
+        if 400 <= code < 500 and code not in NOT_THE_REQUEST:
+            return f"HTTP {code}: {' '.join(exc.response.text.split())[:200]}"
+    return None
+
+
 class AllocatorClient:
     """`allocate`, `adopt`, `release`, `actions`, `allocations` of one allocator service. `http`: an httpx.Client
     (the tests pass FastAPI's TestClient); `wait`: how long a call retries while the service cannot be reached (a

@@ -6,8 +6,9 @@ the job id `<namespace>/<name>`, the model, the pod's GPUs and its own cpu/memor
 a JSONPatch that
 
 - writes the job id and the pod's own request as annotations (`pods.JOB_ID_KEY`, ...),
-- sets the main container's cpu/memory requests = limits so that the pod's requests equal the allocation, with
-  `resizePolicy` NotRequired (re-sizes happen in place),
+- sets the main container's cpu/memory requests so that the pod's requests equal the allocation, a memory limit
+  equal to its memory request and no cpu limit (Burstable: `pods.resources`), with `resizePolicy` NotRequired
+  (re-sizes happen in place),
 - pins the pod to the node chosen: a required node affinity on `metadata.name` (the scheduler still binds it and
   checks it fits; the extender still scores).
 
@@ -15,6 +16,8 @@ a JSONPatch that
 containers leave nothing, the service unreachable, anything unexpected) is admitted unchanged, with one log line
 and one admission warning naming the reason: the pod takes the default scheduler's path. The webhook configuration
 uses `failurePolicy: Ignore` so that a webhook that is down admits pods unchanged too.
+
+A move's replacement (`replacement`) is admitted unchanged only from the controller's user (`review`).
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ import logging
 import ssl
 import threading
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
@@ -36,6 +39,9 @@ from hetplan.allocator.k8s.extender import MODEL_KEY, Pod, pod_class
 from hetplan.allocator.k8s.service_client import AllocatorClient
 
 log = logging.getLogger(__name__)
+CONTROLLER_USER = "system:serviceaccount:hetplan:hetplan-controller"
+"""The controller's service account as the API server names it in an AdmissionReview's `userInfo` (the manifests';
+`--controller-user` where it runs elsewhere): the only creator of a move's replacement."""
 MAX_REVIEW_BYTES = 3 * 1024 * 1024  # a pod is at most ~1.5 MiB in etcd; an AdmissionReview carries it (and oldObject)
 
 
@@ -68,8 +74,9 @@ def admit(pod: Mapping[str, Any], namespace: str, allocate: Callable[[dict], dic
             body["cpus"] = int(own_cpu) / 1000
         if own_mem is not None:
             body["mem_gb"] = int(own_mem) / 1024
-    except ValueError:
-        raise Unserved(f"annotation {pods.REQUESTED_CPU_KEY}/{pods.REQUESTED_MEMORY_KEY} is no whole number") from None
+    except (ValueError, OverflowError):  # OverflowError: more digits than a float holds
+        raise Unserved(f"annotation {pods.REQUESTED_CPU_KEY}/{pods.REQUESTED_MEMORY_KEY} is no whole number in "
+                       "range") from None
     try:
         answer = allocate(body)
     except Exception as exc:  # noqa: BLE001 - fail-open: the service down, a 4xx, anything
@@ -92,6 +99,8 @@ def admit(pod: Mapping[str, Any], namespace: str, allocate: Callable[[dict], dic
     for k, v in ((pods.JOB_ID_KEY, job), (pods.REQUESTED_CPU_KEY, own_cpu), (pods.REQUESTED_MEMORY_KEY, own_mem)):
         if v is not None:
             ops.append({"op": "add", "path": f"/metadata/annotations/{_escape(k)}", "value": v})
+    if pods.MIGRATED_FROM_KEY in notes:  # a new pod, not a move's replacement: the mark is not its own
+        ops.append({"op": "remove", "path": f"/metadata/annotations/{_escape(pods.MIGRATED_FROM_KEY)}"})
     if not meta.get("name"):
         ops.append({"op": "add", "path": "/metadata/name", "value": name})
     index = pods.main_container(pod)
@@ -102,19 +111,33 @@ def admit(pod: Mapping[str, Any], namespace: str, allocate: Callable[[dict], dic
     return ops
 
 
+def replacement(pod: Mapping[str, Any]) -> bool:
+    """What a move's replacement carries (`pods.replacement`): the pod it replaces, a job id, the migration gate."""
+    return bool(pods.annotations(pod).get(pods.MIGRATED_FROM_KEY) and pods.job_id(pod) and pods.gated(pod))
+
+
 def review(body: Mapping[str, Any], allocate: Callable[[dict], dict], release: Callable[[str], object],
-           on_unserved: Callable[[str], None] | None = None) -> dict[str, Any]:
-    """An AdmissionReview answered: always allowed; with the patch, or (fail-open) unchanged with a warning."""
+           on_unserved: Callable[[str], None] | None = None,
+           controllers: Collection[str] = (CONTROLLER_USER,)) -> dict[str, Any]:
+    """An AdmissionReview answered: allowed with the patch, or (fail-open) unchanged with a warning; a move's
+    replacement created by one of `controllers` (the controller's service account) is admitted as it is, and one
+    created by anybody else is denied (the controller would take it for a move and evict the pod it names)."""
     request = body.get("request") if isinstance(body, Mapping) else None
     if not isinstance(request, Mapping) or not isinstance(request.get("object"), Mapping):
         raise ValueError("not an AdmissionReview request with an object")
     response: dict[str, Any] = {"uid": request.get("uid", ""), "allowed": True}
     pod = request["object"]
     where = f"{request.get('namespace')}/{pods.meta(pod).get('name') or pods.meta(pod).get('generateName', '')}"
+    user = str((request.get("userInfo") or {}).get("username") or "")
     if request.get("dryRun"):
         response["warnings"] = ["hetplan: dry run, nothing allocated"]  # sideEffects: NoneOnDryRun
-    elif pods.annotations(pod).get(pods.MIGRATED_FROM_KEY) and pods.job_id(pod):
+    elif replacement(pod) and user in controllers:
         pass  # a move's replacement, made by the controller with its job's allocation: admitted as it is
+    elif replacement(pod):
+        why = (f"only the hetplan controller creates a pod with {pods.MIGRATED_FROM_KEY} and the scheduling gate "
+               f"{pods.MIGRATION_GATE} (a move's replacement), not {user or 'an unknown user'}")
+        log.warning("webhook: pod %s denied: %s", where, why)
+        response.update(allowed=False, status={"code": 403, "reason": "Forbidden", "message": f"hetplan: {why}"})
     elif request.get("operation") == "CREATE" and request.get("kind", {}).get("kind") == "Pod":
         try:
             patch = admit(pod, str(request.get("namespace") or "default"), allocate, release)
@@ -137,7 +160,8 @@ class WebhookServer:
     def __init__(self, service: AllocatorClient | None, host: str = "0.0.0.0", port: int = 8443,
                  certfile: str | None = None, keyfile: str | None = None,
                  metrics: Callable[[], str] | None = None, on_unserved: Callable[[str], None] | None = None,
-                 mutate: bool = True, healthy: Callable[[], bool] | None = None) -> None:
+                 mutate: bool = True, healthy: Callable[[], bool] | None = None,
+                 controllers: Collection[str] = (CONTROLLER_USER,)) -> None:
         outer = self
         self.service = service
 
@@ -171,7 +195,7 @@ class WebhookServer:
                     return self._send(413, b'{"detail":"too large"}')
                 try:
                     answer = review(json.loads(self.rfile.read(length)), outer.service.allocate,
-                                    outer.service.release, on_unserved)
+                                    outer.service.release, on_unserved, controllers)
                 except (ValueError, TypeError) as exc:
                     return self._send(400, json.dumps({"detail": str(exc)[:300]}).encode())
                 return self._send(200, json.dumps(answer).encode())

@@ -9,7 +9,9 @@ adoption, so the room it already holds is the room it is given.
 A pod the scheduler bound to room the allocator gave meanwhile to a job whose pod is not bound yet (the node sync
 had not seen the binding) wins it: that job's allocation there is taken back in the same change, the job placed
 again elsewhere (`migrate`) or stopped (its pod waits; the controller asks for it again), and the response's
-`actions` say so. A bound pod's room is never taken back.
+`actions` say so. A bound pod's room is not taken back: the node sync's pod watch may lag a binding, so the API
+server is asked which of those jobs' pods are bound before any room is taken (`unbound_now`); only a pod bound in
+the milliseconds between its answer and the change can be displaced (then moved like any running pod).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from typing import Any
 
 from fastapi import APIRouter
 from pydantic import Field
+from starlette.concurrency import run_in_threadpool
 
 from hetplan.allocator.core import Allocator
 from hetplan.allocator.service.allocation import run_logged
@@ -37,25 +40,42 @@ class AdoptRequest(AllocateRequest):
 
 
 def unbound(sync: Any, a: Allocator, node: str) -> set[str]:
-    """The jobs holding room on `node` none of whose pods is bound to a node (the node sync's pods): what a pod that
-    runs there may take back (`Allocator.adopt`). None before the sync has listed the pods."""
+    """The jobs holding room on `node` none of whose pods is bound to a node as the node sync's pods say (they may
+    lag a binding: `unbound_now`). None before the sync has listed the pods."""
     if sync is None or not sync.pods_ready.is_set():
         return set()
     placed = sync.ledger.jobs()
     return {j for j in a.cluster.jobs_on(node) if j not in placed}
 
 
-def adopt_job(ctx: ServiceContext, job: Job, node: str) -> tuple[Decision, bool, list[ActionOut]]:
+def unbound_now(ctx: ServiceContext, node: str) -> set[str]:
+    """`unbound`, less the jobs the API server says have a pod bound now (`NodeSync.bound_jobs`): what a pod that
+    runs on `node` may take back (`Allocator.adopt`). Nothing when the API server cannot be read."""
+    a, sync = ctx.alloc(), ctx.node_sync
+    with a.lock:
+        candidates = unbound(sync, a, node)
+    if not candidates:
+        return candidates
+    bound = sync.bound_jobs()
+    return set() if bound is None else candidates - bound
+
+
+def adopt_job(ctx: ServiceContext, job: Job, node: str,
+              checked: set[str] | None = None) -> tuple[Decision, bool, list[ActionOut]]:
     """`Allocator.adopt` with the pod's room counted as its own (the node sync, if one runs); whether the job held
-    an allocation already; the actions of the jobs whose unbound allocations gave the room back."""
+    an allocation already; the actions of the jobs whose unbound allocations gave the room back. `checked`:
+    `unbound_now(ctx, node)`, read beforehand outside the allocator's lock (None: read here); only jobs still
+    unbound then give room back."""
     a = ctx.alloc()
     sync = ctx.node_sync
+    if checked is None:
+        checked = unbound_now(ctx, node)
     with a.lock:
         replayed = bool(a.running([job.job_id]))
         if sync is not None and not replayed:
             sync.recount([node], owned=[job.job_id])
         try:
-            decision, logged = run_logged(a, lambda: a.adopt(job, node, unbound(sync, a, node)))
+            decision, logged = run_logged(a, lambda: a.adopt(job, node, unbound(sync, a, node) & checked))
         finally:
             if sync is not None and not replayed:
                 sync.recount([node])
@@ -76,7 +96,8 @@ def router(ctx: ServiceContext) -> APIRouter:
         """Allocate a job whose pod already runs on `node` (idempotent per job_id): its own request there, grown
         toward its hinted share by the next re-sizing step. A rejection is an answer, not an error: status 200."""
         job = body.to_job()
-        decision, replayed, actions = await ctx.durably(adopt_job, ctx, job, body.node)
+        checked = await run_in_threadpool(unbound_now, ctx, body.node)  # an API call: off the event loop
+        decision, replayed, actions = await ctx.durably(adopt_job, ctx, job, body.node, checked)
         if isinstance(decision, Allocation):
             shown = allocation_out(decision, job.job_id)
             return AllocateResponse(status="allocated", job_id=job.job_id, hint_version=decision.hint_version,
