@@ -28,6 +28,12 @@ def machine() -> str:
     return f"`nproc` {os.cpu_count()}, CPU \"{cpu}\", Python {platform.python_version()}, load {os.getloadavg()[0]:.2f}"
 
 
+def commit() -> str:
+    """The short hash of the checked-out commit (what a recorded run measured)."""
+    return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                          cwd=REPO).stdout.strip()
+
+
 def record(lines: list[str]) -> None:
     """Append a section to bench/RESULTS.md."""
     with RESULTS.open("a") as handle:

@@ -18,7 +18,6 @@ import json
 import multiprocessing
 import queue
 import statistics
-import subprocess
 import tempfile
 import time
 from datetime import datetime, timezone
@@ -26,7 +25,7 @@ from pathlib import Path
 
 import httpx
 
-from common import REPO, machine, record, served
+from common import commit, machine, record, served
 
 POD = {"metadata": {"name": "p", "namespace": "default", "labels": {"hetplan.io/model": "res50"}},
        "spec": {"containers": [{"name": "c", "resources": {"requests": {"nvidia.com/gpu": "1", "cpu": "4"}}}]}}
@@ -101,8 +100,7 @@ def main() -> None:
                         help="`hetplan serve --max-extender-body` (default: the service's, 32 MiB)")
     parser.add_argument("--record", action="store_true", help="append the table to bench/RESULTS.md")
     args = parser.parse_args()
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True,
-                            text=True).stdout.strip()
+    head = commit()
     when, where = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), machine()
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -125,7 +123,7 @@ def main() -> None:
     lines = ["", f"## Hostile `/filter` bodies at {args.nodes:,} nodes (`bench/hostile.py`, issue 21), {when}", "",
              f"Run: `PYTHONPATH=$PWD .venv/bin/python bench/hostile.py --nodes {args.nodes} --seconds "
              f"{args.seconds:g}" + (f" --max-extender-body {args.max_extender_body}" if args.max_extender_body else "")
-             + f"` at commit {commit}; {where}. A probe sends `GET /healthz` and `POST /v1/allocate` "
+             + f"` at commit {head}; {where}. A probe sends `GET /healthz` and `POST /v1/allocate` "
              "(+ release) one at a time while another process posts `/filter` bodies in a loop.", "",
              "| hostile load | probe request | n | median | p99 | max | hostile answers (status, median time) |",
              "|---|---|---:|---:|---:|---:|---|"]

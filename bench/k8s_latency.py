@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
-import subprocess
 import sys
 import tempfile
 import time
@@ -30,7 +29,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests"))
 
-from common import machine, record  # noqa: E402
+from common import commit, machine, record  # noqa: E402
 from k8s_rig import Rig, cluster, quantile, run_pods, without_leader  # noqa: E402
 
 SERVE = ["--tick", "1", "--hint-poll", "0.5"]
@@ -82,11 +81,11 @@ def main() -> None:
         for setting in results:
             results[setting].append(run(setting, args.pods, 22 + k))
             print(setting, results[setting][-1], flush=True)
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=REPO).stdout
+    head = commit()
     lines = [f"\n## The controller: an action's number to its PATCH, on the stand-in API server (`bench/k8s_latency.py`, "
              f"issue 22), {dt.datetime.now(dt.timezone.utc):%Y-%m-%d %H:%M} UTC\n",
              f"Run: `.venv/bin/python bench/k8s_latency.py --pods {args.pods} --repeats {args.repeats}`; {machine()}; "
-             f"commit {commit.strip()}; {time.perf_counter() - started:.0f} s. The STAND-IN API server on loopback "
+             f"commit {head}; {time.perf_counter() - started:.0f} s. The STAND-IN API server on loopback "
              "(not a real kube-apiserver), 40 nodes, pods of 6 models (**synthetic**); the delays of all repeats "
              "pooled.\n",
              "| setting | resize actions (PATCHed) | p50 | p99, all | p99, a leader alive (actions) | max | "

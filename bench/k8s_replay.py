@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import random
-import subprocess
 import sys
 import tempfile
 import time
@@ -32,7 +31,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests"))
 
-from common import machine, record  # noqa: E402
+from common import commit, machine, record  # noqa: E402
 from hetplan.allocator.replay import pod_events  # noqa: E402
 from hetplan.hints import HintStore  # noqa: E402
 from k8s_rig import OPENB, Rig, openb_nodes, replay_events  # noqa: E402
@@ -98,11 +97,11 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         r = run(args.pods, args.stretch, args.seconds, args.hinted, Path(tmp))
     c = r["counts"]
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=REPO).stdout
+    head = commit()
     lines = [f"\n## Alibaba's pods through the webhook and the controller on the stand-in API server "
              f"(`bench/k8s_replay.py`, issue 22), {dt.datetime.now(dt.timezone.utc):%Y-%m-%d %H:%M} UTC\n",
              f"Run: `.venv/bin/python bench/k8s_replay.py --pods {args.pods} --stretch {args.stretch:g} --seconds "
-             f"{args.seconds:g}{' --hinted' if args.hinted else ''}`; {machine()}; commit {commit.strip()}; "
+             f"{args.seconds:g}{' --hinted' if args.hinted else ''}`; {machine()}; commit {head}; "
              f"{time.perf_counter() - t0:.0f} s. The STAND-IN API server (not a real kube-apiserver), {r['nodes']:,} "
              f"nodes of the trace; lifetimes x{args.stretch:g} (**synthetic density**); GPU-sharing pods ask a whole "
              "GPU; " + ("models a seeded draw from the **derived** hint table (**synthetic**)" if args.hinted else

@@ -35,7 +35,6 @@ import datetime as dt
 import io
 import random
 import re
-import subprocess
 import sys
 import tempfile
 import time
@@ -47,7 +46,7 @@ import pandas as pd
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests"))
 
-from common import machine, record  # noqa: E402
+from common import commit, machine, record  # noqa: E402
 from hetplan.allocator.k8s import pods  # noqa: E402
 from hetplan.hints import HintStore  # noqa: E402
 from allocator_helpers import make_plan  # noqa: E402
@@ -355,12 +354,12 @@ def main() -> None:
         r["probe"] = memory_probe(v)
     for v, r in results.items():
         print(v, r, flush=True)
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=REPO).stdout
+    head = commit()
     lines = [f"\n## The controller under Kubernetes' semantics: the strict stand-in (`bench/k8s_strict.py`, issue 33), "
              f"{dt.datetime.now(dt.timezone.utc):%Y-%m-%d %H:%M} UTC\n",
              f"Run: `.venv/bin/python bench/k8s_strict.py --pods {args.pods} --versions {args.versions} --gap {args.gap}`; "
              f"{machine()}; "
-             f"commit {commit.strip()}; {time.perf_counter() - started:.0f} s. The STRICT STAND-IN API server on "
+             f"commit {head}; {time.perf_counter() - started:.0f} s. The STRICT STAND-IN API server on "
              "loopback (not a real kube-apiserver), 42 nodes with daemon pods, pods of 6 models (**synthetic**), "
              "two controller kills, a service kill and a 5 s fault window per run.\n",
              "| target | " + " | ".join(results) + " | target |", "|---|" + "---:|" * len(results) + "---|"]
