@@ -802,9 +802,11 @@ class Controller:
                 self.stats.count("resize-deferred-waits")
                 log.info("controller: resize of %s/%s still deferred after %.0f s (next look in %.0f s): %s",
                          *pods.key(pod), now - known.since, known.backoff, message)
-        live = {pods.uid(p) for p in snapshot}
-        for uid in [u for u in self._pending if u not in live]:
-            del self._pending[uid]
+        live = {pods.uid(p) for p in snapshot}  # what is kept per pod goes with the pod
+        for kept in (self._pending, self._refused, self._kept):
+            for uid in [u for u in kept if u not in live]:
+                del kept[uid]
+        self._forged &= live
 
     def _annotate(self, pod: dict, value: str | None) -> None:
         """Set (None: remove) the annotation `hetplan.io/resize-pending` on `pod`; a pod gone meanwhile is fine."""
