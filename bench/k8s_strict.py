@@ -302,7 +302,7 @@ def memory_probe(version: str, count: int = 20) -> dict:
     from dataclasses import replace
 
     from hetplan.allocator import Allocator, Node
-    from hetplan.allocator.rebalance import Action
+    from hetplan.allocator.actions import Action
     from test_k8s_controller import Rig as InProcess
 
     nodes = [Node(f"n{k}", "A100-80GB", 8, 96, 1000) for k in range(3)]

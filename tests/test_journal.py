@@ -17,7 +17,7 @@ import pytest
 from allocator_helpers import allocated
 from hetplan.allocator import Allocator, DurableAllocator, Job, Node, NodeChanges, StateError, get_policy
 from hetplan.allocator.journal import ActionLog, TooOld
-from hetplan.allocator.rebalance import Action
+from hetplan.allocator.actions import Action
 from hetplan.hints import HintSet
 
 GPU_TYPES = ("V100", "T4")

@@ -13,7 +13,7 @@ from test_k8s_controller import allocation, no_proxy, rig  # noqa: F401 - fixtur
 from test_k8s_strict import leading
 
 from hetplan.allocator.k8s import pods
-from hetplan.allocator.rebalance import Action
+from hetplan.allocator.actions import Action
 
 BAD_PODS = [  # (case, k8s_pod's arguments, annotations): each one a 4xx from the allocator, or unreadable
     ("job-id-over-253-chars", {}, {pods.JOB_ID_KEY: "ml/" + "j" * 260}),

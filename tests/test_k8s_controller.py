@@ -16,7 +16,7 @@ from hetplan.allocator.k8s.controller import Controller
 from hetplan.allocator.k8s.nodes import load_client
 from hetplan.allocator.k8s.service_client import AllocatorClient
 from hetplan.allocator.k8s.webhook import WebhookServer
-from hetplan.allocator.rebalance import Action
+from hetplan.allocator.actions import Action
 from hetplan.allocator.service import ServiceSettings, create_app
 from standin_apiserver import FakeApiServer, eventually, k8s_node, k8s_pod, pod_requests
 

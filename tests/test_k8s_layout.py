@@ -1,10 +1,12 @@
 """The layout rule of issue 22: everything Kubernetes lives in `hetplan.allocator.k8s`, and the allocator core
-imports nothing of it (nor the kubernetes client); the old module names still work, as the same modules."""
+imports nothing of it (nor the kubernetes client); the alias modules for the old names are gone (issue 30)."""
 
 from __future__ import annotations
 
 import subprocess
 import sys
+
+import pytest
 
 
 def test_the_allocator_core_imports_nothing_kubernetes():
@@ -15,10 +17,11 @@ def test_the_allocator_core_imports_nothing_kubernetes():
     assert done.stdout.strip() == "[]"
 
 
-def test_the_old_module_names_are_the_moved_modules():
-    from hetplan.allocator import extender, kube_nodes
-    from hetplan.allocator.k8s import extender as moved_extender
-    from hetplan.allocator.k8s import nodes
+def test_the_old_module_names_are_gone():
+    """The alias modules kept for old names were removed: importing them fails instead of loading Kubernetes."""
+    import importlib
 
-    assert extender is moved_extender and kube_nodes is nodes
-    assert kube_nodes.NodeSync is nodes.NodeSync and extender._whole is moved_extender._whole
+    for name in ("hetplan.allocator.extender", "hetplan.allocator.kube_nodes"):
+        with pytest.raises(ModuleNotFoundError):
+            importlib.import_module(name)
+

@@ -13,7 +13,7 @@ import pytest
 from hetplan.allocator import Allocator
 from hetplan.allocator.k8s import pods
 from hetplan.allocator.k8s.resize import Rules, plan_resize
-from hetplan.allocator.rebalance import Action
+from hetplan.allocator.actions import Action
 from standin_apiserver import CONTROLLER_USER, LAUNCHER, ApiError, Fault, eventually, k8s_pod
 from standin_rules import qos_class, validate_resize
 from test_k8s_controller import NODES, Rig, allocation, no_proxy, requests_of, rig  # noqa: F401 - fixtures

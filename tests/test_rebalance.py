@@ -10,7 +10,7 @@ import pytest
 from hetplan.allocator import Allocator, rebalance
 from hetplan.allocator.cluster import Cluster, StateError
 from hetplan.allocator.policies import get_policy
-from hetplan.allocator.rebalance import Action, diff
+from hetplan.allocator.actions import Action, diff
 from hetplan.allocator.spec import CLOSED_LABEL, Allocation, Job, Node
 from hetplan.hints import HintSet
 from hetplan.hints.index import HintEntry, class_key

@@ -10,7 +10,7 @@ import pytest
 
 from hetplan.allocator import Allocator
 from hetplan.allocator.policies import get_policy
-from hetplan.allocator.rebalance import Action
+from hetplan.allocator.actions import Action
 from hetplan.allocator.spec import Allocation, Job, Node
 from hetplan.allocator.stability import MoveHistory, Stability, record, remaining_s, saved_s
 from tests.test_rebalance import SPEEDS, hints, where

@@ -18,7 +18,7 @@ from typer.testing import CliRunner
 
 from hetplan.allocator.history import Histories, job_histories
 from hetplan.allocator.journal import LoggedAction
-from hetplan.allocator.rebalance import Action
+from hetplan.allocator.actions import Action
 from hetplan.allocator.spec import Allocation
 from hetplan.cli import app
 

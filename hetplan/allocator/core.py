@@ -15,7 +15,8 @@ from dataclasses import dataclass, replace
 from hetplan.allocator.admission import contenders
 from hetplan.allocator.cluster import Cluster, Fit, OvercommitError, StateError
 from hetplan.allocator.policies import Policy, get_policy
-from hetplan.allocator.rebalance import Action, CoAdaptive, diff
+from hetplan.allocator.actions import Action, diff
+from hetplan.allocator.rebalance import CoAdaptive
 from hetplan.allocator.sources import HintSource, StaticHints
 from hetplan.allocator.journal import RETAIN, ActionLog, Change, Journal, MemoryJournal, Restored, Synchronous
 from hetplan.allocator.spec import Allocation, Decision, Job, Node, Reason, Rejection

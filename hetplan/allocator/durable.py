@@ -27,7 +27,7 @@ from hetplan.allocator.cluster import StateError
 from hetplan.allocator.core import Allocator
 from hetplan.allocator.journal import RETAIN, Change, LoggedAction, Restored, Synchronous
 from hetplan.allocator.policies import Policy
-from hetplan.allocator.rebalance import Action
+from hetplan.allocator.actions import Action
 from hetplan.allocator.sources import HintSource
 from hetplan.allocator.spec import Allocation, Node
 from hetplan.hints import HintSet

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from itertools import islice
 from typing import Literal, Protocol
 
-from hetplan.allocator.rebalance import Action
+from hetplan.allocator.actions import Action
 from hetplan.allocator.spec import Allocation, Node
 
 Synchronous = Literal["OFF", "NORMAL", "FULL", "EXTRA"]

@@ -44,8 +44,8 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from itertools import accumulate, chain
 from types import MappingProxyType
-from typing import Literal
 
+from hetplan.allocator.actions import GANG_SEP, Target
 from hetplan.allocator.admission import ClassKey, class_key, who_runs
 from hetplan.allocator.cluster import Cluster, Need, floor_need, hinted_need, proportional_need
 from hetplan.allocator.spec import Allocation, Job, Share
@@ -53,44 +53,6 @@ from hetplan.allocator.stability import MoveHistory, Stability, remaining_s, sav
 from hetplan.hints.index import HintEntry, HintSet
 
 log = logging.getLogger(__name__)
-
-Target = dict[str, tuple[Allocation, ...]]
-"""Job id -> its allocations after the step: one per node (several for a gang); jobs absent do not run."""
-
-ActionKind = Literal["start", "stop", "migrate", "resize"]
-GANG_SEP = "#"
-"""A gang's parts are held in the cluster as `<job id>#<k>`."""
-
-
-@dataclass(frozen=True, slots=True)
-class Action:
-    """One change the step makes to a job: what it held before and what it holds after (one tuple per node)."""
-
-    kind: ActionKind
-    job_id: str
-    before: tuple[Allocation, ...]
-    after: tuple[Allocation, ...]
-
-    def to_dict(self) -> dict:
-        return {"kind": self.kind, "job_id": self.job_id, "before": [a.to_dict() for a in self.before],
-                "after": [a.to_dict() for a in self.after]}
-
-
-def diff(current: Mapping[str, tuple[Allocation, ...]], target: Target) -> list[Action]:
-    """The actions that take `current` to `target`: stop, then migrate, resize and start (job id order)."""
-    actions: list[Action] = []
-    for job_id in sorted(current.keys() - target.keys()):
-        actions.append(Action("stop", job_id, current[job_id], ()))
-    for job_id in sorted(job_id for job_id, after in target.items() if after is not current.get(job_id, ())):
-        after, before = target[job_id], current.get(job_id, ())
-        if not before:
-            actions.append(Action("start", job_id, (), after))
-        elif [a.node for a in before] != [a.node for a in after]:
-            actions.append(Action("migrate", job_id, before, after))
-        elif [(a.cpu_m, a.mem_mib) for a in before] != [(a.cpu_m, a.mem_mib) for a in after]:
-            actions.append(Action("resize", job_id, before, after))
-    return actions
-
 
 EPS = 1e-9
 """Speed differences at or below this are ties (no move, no swap)."""

@@ -38,10 +38,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, replace
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from hetplan.allocator.rebalance import Action
+from hetplan.allocator.actions import Action
 
 LEFT_KEPT = 8
 """How many (GPU type, time left) a history keeps, the latest."""

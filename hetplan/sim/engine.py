@@ -44,7 +44,7 @@ import pandas as pd
 from hetplan.allocator import Allocator
 from hetplan.allocator.admission import ClassKey, class_key, contender_limit, who_runs
 from hetplan.allocator.policies import Policy, get_policy
-from hetplan.allocator.rebalance import GANG_SEP, Action
+from hetplan.allocator.actions import GANG_SEP, Action
 from hetplan.allocator.spec import MIB_PER_GIB, Allocation, Job, Node, mib_to_gib
 from hetplan.allocator.stability import Stability
 from hetplan.gangs import GANG_SCALING, gang_speed
