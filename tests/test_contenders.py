@@ -11,7 +11,7 @@ from hetplan.allocator import Allocator
 from hetplan.allocator.admission import contenders
 from hetplan.allocator.policies import get_policy
 from hetplan.allocator.spec import Job, Node
-from hetplan.sim import engine
+from hetplan.scheduler import Queue
 from hetplan.sim.engine import SimConfig, simulate
 from test_step_paths import TYPES, _classes, _hints, _jobs, _truth
 
@@ -68,24 +68,24 @@ def test_a_step_on_the_contenders_takes_the_actions_it_takes_on_the_whole_queue(
 
 @pytest.mark.parametrize("policy", ["hint", "hint-static"])
 def test_an_overloaded_replay_is_the_same_with_the_whole_queue_given_to_every_step(monkeypatch, policy):
-    """The simulator's queue head (`_Queue.head`) against the whole queue, on a cluster the arrivals overload
+    """The simulator's queue head (`Queue.head`) against the whole queue, on a cluster the arrivals overload
     (the queue grows far past what 12 GPUs can start): the same job table, timeline and counts."""
     classes = _classes(3, 6)
     nodes = [Node(f"{t.lower()}-{i}", t, 2, 8, 64) for t in TYPES for i in range(2)]
     jobs = _jobs(classes, 400, 4, [1, 1, 1, 2, 4], 60.0, (1.0, 2.5))
     config = SimConfig("las", 360.0, migration_s=30.0, resize_s=5.0)
     cut = []
-    head = engine._Queue.head
+    head = Queue.head
 
     def seen(self, room):
         out = head(self, room)
         cut.append(len(out) < len(self))
         return out
 
-    monkeypatch.setattr(engine._Queue, "head", seen)
+    monkeypatch.setattr(Queue, "head", seen)
     tables = {}
     for whole in (False, True):
-        monkeypatch.setattr(engine._Queue, "whole", whole)
+        monkeypatch.setattr(Queue, "whole", whole)
         result = simulate(jobs, nodes, _truth(classes), policy, _hints(classes, (1, 2, 4)), config)
         tables[whole] = (result.jobs.to_csv(index=False), result.timeline.to_csv(index=False), result.counts)
         if not whole:

@@ -100,8 +100,8 @@ def test_round_boundaries_never_fall_behind_the_clock(tiny_truth):
     workload = prepare_workload(trace(("a", "m", 1, 0, 1.0)), tiny_truth.models)
     simulator = Simulator(workload.jobs, Allocator(ONE_V100, "proportional"), tiny_truth, SimConfig("las", 123.456))
     for k in range(1, 2000):
-        simulator.now = np.nextafter(k * 123.456, np.inf)
-        assert simulator._next_round() >= simulator.now
+        now = np.nextafter(k * 123.456, np.inf)
+        assert simulator.scheduler.next_round(now) >= now
 
 
 def test_derived_truth_reproduces_the_published_v100_speedups():

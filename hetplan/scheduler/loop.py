@@ -1,0 +1,310 @@
+"""The one scheduling loop: a queue in an order, work-conserving fills between rounds, preemptive rounds.
+
+Blox's stages, one loop, driven alike by the simulator (which keeps time, speeds and truth) and by the service
+(which keeps the clock of the world and a journal):
+
+- `submit(job, now)`: the job joins the queue in the order's place (`orders`);
+- `fill(now)`: waiting jobs start, in order, where they fit, nobody preempted (`Allocator.admit` for a co-adaptive
+  policy: comparative advantage, peers shrunk to their floors where that makes room; else each where `allocate`
+  puts it);
+- `finish(job_id, now)`: a running job releases its resources (the caller fills after, once per instant);
+- `round(now)`: at a round boundary, preemptive. With a placement-only policy (`hint-static`, `proportional`,
+  `first-fit`) a waiting job that outranks a running one triggers a reschedule: the jobs that should run are
+  picked in order while their GPUs fit (`admission.who_runs`), the others stop (they keep their progress and
+  attained service) and the waiting fill, a stopped job first trying its old place. With a co-adaptive policy
+  (`hint`) the allocator's `rebalance` decides jointly which jobs run, on which GPU type and node(s), with what
+  cores and RAM, whenever jobs wait or something changed since the last round.
+
+Every change reaches a `Listener` (the simulator's speeds and books; nothing for the service, whose journal is the
+allocator's). A step reads only the head of the queue that could start (`Queue.head`).
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections.abc import Iterable, Mapping
+from typing import Literal, Protocol
+
+from hetplan.allocator.actions import GANG_SEP, Action
+from hetplan.allocator.admission import ClassKey, class_key, who_runs
+from hetplan.allocator.core import Allocator
+from hetplan.allocator.spec import Allocation, Job
+from hetplan.scheduler.orders import ORDERS, Order
+from hetplan.scheduler.queue import Queue
+from hetplan.scheduler.state import JobState
+
+StartKind = Literal["start", "migrate", "resize"]
+"""Why a job (re)starts on parts: placed from the queue, moved to other node(s), or re-sized in place."""
+
+
+class Listener(Protocol):
+    """What a driver of the loop learns of each change, after the allocator applied it."""
+
+    def started(self, job: JobState, parts: tuple[Allocation, ...], now: float, kind: StartKind) -> None: ...
+
+    def halted(self, job: JobState, now: float) -> None: ...
+
+    def note(self, now: float, what: str, before: tuple[Allocation, ...], after: tuple[Allocation, ...]) -> None: ...
+
+
+class Quiet:
+    """A listener that needs nothing (the service: the allocator's journal is its record)."""
+
+    def started(self, job: JobState, parts: tuple[Allocation, ...], now: float, kind: StartKind) -> None:
+        return None
+
+    def halted(self, job: JobState, now: float) -> None:
+        return None
+
+    def note(self, now: float, what: str, before: tuple[Allocation, ...], after: tuple[Allocation, ...]) -> None:
+        return None
+
+
+COUNTS = ("starts", "kept", "preemptions", "migrations", "resizes", "rounds", "reschedules")
+
+
+class Scheduler:
+    """The queue, the order and the rounds over one `Allocator` (see the module docstring). `jobs` maps each job's
+    `idx` to its state: the simulator gives every job of its trace up front, the service adds them as they come."""
+
+    def __init__(self, allocator: Allocator, order: Order = "las", round_s: float = 300.0,
+                 listener: Listener | None = None, jobs: Mapping[int, JobState] | None = None) -> None:
+        if order not in ORDERS:
+            raise ValueError(f"unknown scheduling order {order!r}; one of {', '.join(ORDERS)}")
+        if not round_s > 0:
+            raise ValueError(f"round_s must be positive, got {round_s}")
+        self.allocator = allocator
+        self.order = order
+        self.priority = ORDERS[order]
+        self.round_s = round_s
+        self.listener: Listener = listener or Quiet()
+        self.jobs: dict[int, JobState] = dict(jobs or {})
+        self.by_id = {job.job_id: job for job in self.jobs.values()}
+        self.queue = Queue(self.jobs)
+        self.running: dict[int, JobState] = {}
+        self.co_adaptive = allocator.policy.rounds is not None
+        self.gpu_type_names = allocator.cluster.gpu_types()
+        self.last_round = -math.inf
+        self.changed = False  # something started or stopped since the last round (co-adaptive rounds only)
+        self.off_best = 0  # running jobs not on their fastest GPU type (co-adaptive rounds only)
+        self.counts = dict.fromkeys(COUNTS, 0)
+
+    # ------------------------------------------------------------------ the stages
+
+    def add(self, job: JobState) -> None:
+        """Know `job` (not queued yet: `submit` queues it)."""
+        if job.idx in self.jobs or job.job_id in self.by_id:
+            raise ValueError(f"job {job.job_id} (#{job.idx}) is known already")
+        self.jobs[job.idx] = job
+        self.by_id[job.job_id] = job
+
+    def submit(self, job: JobState, now: float) -> None:
+        """`job` (known, or new) waits from now in the order's place."""
+        if job.idx not in self.jobs:
+            self.add(job)
+        job.advance(now)
+        self.queue.add((*self.priority(job, 0.0), job.idx))
+
+    def forget(self, job_id: str) -> JobState | None:
+        """Take a waiting job out of the queue and the books (its pod went away); None if it is not waiting."""
+        job = self.by_id.get(job_id)
+        if job is None or job.idx not in self.queue:
+            return None
+        self.queue.remove(job.idx)
+        del self.jobs[job.idx], self.by_id[job_id]
+        return job
+
+    def finish(self, job_id: str, now: float) -> JobState:
+        """A running job is done: its resources go back (every part of a gang); it leaves the books."""
+        job = self.by_id[job_id]
+        self._stop(job, now)
+        del self.jobs[job.idx], self.by_id[job_id]
+        return job
+
+    def wants_round(self) -> bool:
+        """Whether a round boundary has anything to do: jobs wait, or (co-adaptive) something changed."""
+        return bool(self.queue) or (self.changed and self.co_adaptive)
+
+    def next_round(self, now: float) -> float:
+        """The first round boundary at or after `now` that has not been processed."""
+        r = self.round_s
+        boundary = max(math.ceil(now / r) * r, now)  # never behind now by a rounding error
+        return boundary if boundary > self.last_round else self.last_round + r
+
+    def fill(self, now: float, previous: Mapping[int, tuple[Allocation, ...]] | None = None) -> None:
+        """Place waiting jobs in priority order where they fit, without preempting; the rest wait on.
+
+        A job in `previous` (preempted by this round) first gets its old allocation back if its node still has
+        room, so that it keeps running where it ran unless a higher-priority job took its place. Jobs larger than
+        any node then run as gangs where free GPUs allow (`Allocator.place_gangs`). With a co-adaptive policy the
+        allocator's `admit` places them (no preemption, no moves, peers shrunk to their floors where that makes
+        room)."""
+        free = self.allocator.cluster.free_gpus_total()
+        if not self.queue or free == 0:
+            return
+        head = self.queue.head(free)  # the rest could not start (`admission.contenders`)
+        if self.co_adaptive:
+            self._take(self.allocator.admit([self.jobs[entry[-1]].request for entry in head]), now)
+            return
+        previous = previous or {}
+        if previous:  # a preempted job may get its old place back wherever it waits
+            head = sorted(set(head).union(self.queue.of[idx] for idx in previous))
+        largest = self.allocator.cluster.max_gpus()
+        failed: set[ClassKey] = set()  # classes that did not fit: nothing is freed during a pass
+        gangs: list[Job] = []
+        for entry in head:
+            job = self.jobs[entry[-1]]
+            if job.gpus > largest:
+                gangs.append(job.request)
+                continue
+            if free == 0 or job.gpus > free:
+                continue
+            old = previous.get(job.idx)
+            if old is not None and len(old) == 1 and self.allocator.restore(old[0]):
+                self.queue.remove(job.idx)
+                self._start(job, old, now, "start")
+                self.counts["kept"] += 1
+                free -= job.gpus
+                continue
+            if class_key(job.request) in failed:
+                continue
+            decision = self.allocator.allocate(job.request)
+            if isinstance(decision, Allocation):
+                self.queue.remove(job.idx)
+                self._start(job, (decision,), now, "start")
+                free -= job.gpus
+            else:
+                failed.add(class_key(job.request))
+        if gangs and free >= min(job.num_gpus for job in gangs):
+            self._take(self.allocator.place_gangs(gangs), now)
+
+    def round(self, now: float) -> None:
+        """A round boundary: a co-adaptive step, or (placement-only policies) a reschedule when a waiting job
+        outranks a running one, else a fill (the module docstring)."""
+        self.last_round = now
+        self.counts["rounds"] += 1
+        if self.co_adaptive:
+            self._co_adaptive_round(now)
+            return
+        if not self.queue:
+            return
+        ranked = self._ranked(self.running.values(), now)
+        if not ranked or self.queue.first() > ranked[-1]:
+            self.fill(now)
+            return
+        gpus = self.capacity()
+        run, _ = who_runs((self.jobs[entry[-1]].request for entry in heapq.merge(ranked, self.queue.head(gpus))),
+                          gpus, gpus)
+        chosen = {self.by_id[job.job_id].idx for job in run}
+        before = {entry[-1]: self.jobs[entry[-1]].parts for entry in ranked if entry[-1] not in chosen}
+        if not before:
+            self.fill(now)
+            return
+        for idx in before:
+            self._stop(self.jobs[idx], now)
+            self.queue.add((*self.priority(self.jobs[idx], 0.0), idx))
+        self.fill(now, previous=before)
+        preempted = 0
+        for idx, old in before.items():
+            job = self.jobs[idx]
+            if not job.parts:
+                job.preemptions += 1
+                preempted += 1
+            elif job.parts[0].node != old[0].node:
+                job.migrations += 1
+                self.counts["migrations"] += 1
+        self.counts["preemptions"] += preempted
+        self.counts["reschedules"] += preempted > 0  # a round whose stopped jobs all got their place back is none
+
+    def capacity(self) -> int:
+        """The GPUs of the open nodes: the most a round can give."""
+        return sum(self.allocator.cluster.gpus_by_type()[0].values())
+
+    def _ranked(self, jobs: Iterable[JobState], now: float) -> list[tuple]:
+        """Running jobs' priorities as of now (their state is not brought up to date: only stopped jobs need it)."""
+        return sorted((*self.priority(job, now - job.last), job.idx) for job in jobs)
+
+    def _co_adaptive_round(self, now: float) -> None:
+        """Every job that waits or runs, in priority order, to the allocator's rebalance; when nothing waits and
+        every running job is on its fastest GPU type, only the jobs on nodes that changed (no move can help)."""
+        self.changed = False
+        cluster = self.allocator.cluster
+        if self.queue or (self.off_best and len(self.gpu_type_names) > 1):
+            ranked = self._ranked(self.running.values(), now)
+            head = self.queue.head(self.capacity())  # the rest could not start (`admission.contenders`)
+            order = [self.jobs[entry[-1]].request for entry in sorted(ranked + head)]  # merges two runs
+        else:
+            on = {self._job_id(a) for node in self.allocator.touched() if node in cluster
+                  for a in cluster.jobs_on(node)}
+            order = [self.jobs[entry[-1]].request for entry in self._ranked((self.by_id[j] for j in on), now)]
+        self._take(self.allocator.rebalance(order, preempt=True), now)
+
+    def _job_id(self, allocation_id: str) -> str:
+        """The job an allocation belongs to (a gang part's id names its job before the separator)."""
+        return allocation_id if allocation_id in self.by_id else allocation_id.rsplit(GANG_SEP, 1)[0]
+
+    # ------------------------------------------------------------------ applying what the allocator did
+
+    def _take(self, actions: list[Action], now: float) -> None:
+        """Bring the jobs in line with a co-adaptive step's actions (already applied to the cluster)."""
+        stopped = []
+        for action in actions:
+            job = self.by_id[action.job_id]
+            self.listener.note(now, f"{action.kind} {action.job_id}", action.before, action.after)
+            if action.kind == "start":
+                self._start(job, action.after, now, "start")
+            elif action.kind == "stop":
+                self._halt(job, now)
+                job.preemptions += 1
+                self.counts["preemptions"] += 1
+                stopped.append(job)
+            else:
+                self._halt(job, now)
+                moved = action.kind == "migrate"
+                self._start(job, action.after, now, "migrate" if moved else "resize")
+                if moved:
+                    job.migrations += 1
+                else:
+                    job.resizes += 1
+                self.counts["migrations" if moved else "resizes"] += 1
+        for action in actions:
+            if action.kind == "start":
+                self.queue.remove(self.by_id[action.job_id].idx)
+        for job in stopped:
+            self.queue.add((*self.priority(job, 0.0), job.idx))
+        self.counts["reschedules"] += bool(stopped)
+
+    def _start(self, job: JobState, parts: tuple[Allocation, ...], now: float, kind: StartKind) -> None:
+        self.listener.started(job, parts, now, kind)
+        job.parts, job.last = parts, now
+        job.gpu_type, job.share = parts[0].gpu_type, parts[0].share
+        if self.co_adaptive:
+            rounds = self.allocator.policy.rounds
+            speeds = rounds.speeds(job.request, self.allocator.hints, self.gpu_type_names)
+            job.off_best = speeds.get(job.gpu_type, 0.0) < max(speeds.values(), default=0.0) - 1e-9
+            self.off_best += job.off_best
+        if math.isnan(job.start):
+            job.start = now
+        self.running[job.idx] = job
+        self.counts["starts"] += 1
+        self.changed = True
+
+    def _halt(self, job: JobState, now: float) -> None:
+        """Take a running job off the books (its resources are already back in the cluster)."""
+        job.advance(now)
+        if not job.parts:
+            raise RuntimeError(f"{job.job_id} stopped while not running")
+        self.listener.halted(job, now)
+        self.off_best -= job.off_best
+        job.off_best = False
+        job.parts, job.speed = (), 0.0
+        del self.running[job.idx]
+        self.changed = True
+
+    def _stop(self, job: JobState, now: float) -> None:
+        """Take a running job off the cluster (preempted or finished)."""
+        released = self.allocator.release_parts(job.job_id)
+        if sorted(released, key=lambda a: a.job_id) != sorted(job.parts, key=lambda a: a.job_id):
+            raise RuntimeError(f"{job.job_id}: the allocator released {released}, expected {job.parts}")
+        self._halt(job, now)
