@@ -193,8 +193,7 @@ def test_a_retry_with_a_larger_own_request_is_a_conflict_not_the_old_allocation(
     again = client.post("/v1/allocate", json={"job_id": "r", "model": "res50", "num_gpus": 1, "cpus": 2}).json()
     assert again["replayed"] and again["allocation"] == first["allocation"]
     before = allocator.cluster.snapshot()
-    bigger = client.post("/v1/allocate", json={"job_id": "r", "model": "res50", "num_gpus": 1, "cpus": 12}).json()
-    assert bigger["status"] == "rejected" and bigger["reason"] == "conflict"
-    assert "own cpus 12 cores, allocated for 2" in bigger["message"]
+    bigger = client.post("/v1/allocate", json={"job_id": "r", "model": "res50", "num_gpus": 1, "cpus": 12})
+    assert bigger.status_code == 409 and "own cpus 12 cores, allocated for 2" in bigger.json()["detail"]
     assert allocator.cluster.snapshot() == before
     client.post("/v1/release", json={"job_id": "r"})

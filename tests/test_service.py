@@ -87,7 +87,8 @@ def test_allocate_release_over_http(client):
     released = client.post("/v1/release", json={"job_id": "h1"}).json()
     assert released["released"] and released["allocation"] == a
     assert client.post("/v1/release", json={"job_id": "h1"}).json() == {"job_id": "h1", "released": False,
-                                                                        "allocation": None, "actions": []}
+                                                                        "dequeued": False, "allocation": None,
+                                                                        "actions": []}
 
 
 def test_pods_as_they_come_shares_cpu_only_and_own_requests_over_http(client):
@@ -236,36 +237,43 @@ def test_extender_with_node_names_answers_from_the_allocator_state(client):
 
 def test_many_clients_at_once_never_overcommit_and_lose_no_release(server):
     kept: dict[int, set[str]] = {}
+    waiting: dict[int, set[str]] = {}
     problems: list[str] = []
 
     def worker(t: int) -> None:
         rng = random.Random(t)
         mine: set[str] = set()
+        queued: set[str] = set()  # they start when others release, without asking again
         with httpx.Client(base_url=server.url, timeout=30) as c:
             for i in range(25):
                 body = {"job_id": f"c{t}-{i}", "model": rng.choice(["res50", "transformer", "vgg"]),
                         "num_gpus": rng.choice([1, 1, 2])}
-                if c.post("/v1/allocate", json=body).json()["status"] == "allocated":
-                    mine.add(body["job_id"])
+                status = c.post("/v1/allocate", json=body).json()["status"]
+                (mine if status == "allocated" else queued).add(body["job_id"])
                 if mine and rng.random() < 0.5:
                     victim = rng.choice(sorted(mine))
                     if not c.post("/v1/release", json={"job_id": victim}).json()["released"]:
                         problems.append(f"lost release {victim}")
                     mine.discard(victim)
-        kept[t] = mine
+        kept[t], waiting[t] = mine, queued
 
     run_concurrently(worker, 12)
     with httpx.Client(base_url=server.url, timeout=10) as c:
         allocations, nodes = state(c)
         assert problems == []
-        assert {a["job_id"] for a in allocations if a["job_id"].startswith("c")} == set().union(*kept.values())
+        held = {a["job_id"] for a in allocations if a["job_id"].startswith("c")}
+        queued = {j["job_id"] for j in c.get("/v1/queue").json()["jobs"] if j["job_id"].startswith("c")}
+        assert set().union(*kept.values()) <= held and not held & queued
+        assert held | queued == set().union(*kept.values(), *waiting.values())  # nobody lost, nobody twice
         for node in nodes["nodes"]:
             on = [a for a in allocations if a["node"] == node["name"]]
             assert sum(a["gpus"] for a in on) + node["free_gpus"] == node["gpus"]
             assert sum(a["cpus"] for a in on) + node["free_cpus"] == pytest.approx(node["cpus"])
             assert node["free_gpus"] >= 0 and node["free_cpus"] >= 0 and node["free_mem_gb"] >= 0
-        for job in set().union(*kept.values()):
-            assert c.post("/v1/release", json={"job_id": job}).json()["released"]
+        for job in sorted(held | queued):
+            answer = c.post("/v1/release", json={"job_id": job}).json()
+            assert answer["released"] or answer["dequeued"], answer
+        assert c.get("/v1/queue").json()["jobs"] == []
 
 
 def test_publishing_new_hints_is_picked_up_without_a_restart(server, client):
@@ -428,10 +436,10 @@ def test_a_job_larger_than_any_node_runs_as_a_gang_over_http_all_or_nothing(tmp_
             assert len({p["node"] for p in got["parts"]}) == 2
             again = c.post("/v1/allocate", json=body).json()
             assert again["replayed"] and again["parts"] == got["parts"]
-            conflict = c.post("/v1/allocate", json={**body, "num_gpus": 4}).json()
-            assert (conflict["status"], conflict["reason"]) == ("rejected", "conflict")
+            conflict = c.post("/v1/allocate", json={**body, "num_gpus": 4})
+            assert conflict.status_code == 409 and "4 GPUs, allocated for 8" in conflict.json()["detail"]
             too_many = c.post("/v1/allocate", json={"job_id": "huge", "model": "transformer", "num_gpus": 8}).json()
-            assert (too_many["status"], too_many["reason"]) == ("rejected", "no-capacity")  # 4 GPUs left: nothing
+            assert (too_many["status"], too_many["why"]) == ("queued", "gang-waiting")  # 4 GPUs left: it waits
             never = c.post("/v1/allocate", json={"job_id": "never", "model": "transformer", "num_gpus": 16}).json()
             assert (never["status"], never["reason"]) == ("rejected", "too-big")  # more than all 12 V100s
             shown = [(a["job_id"], a["part_of"]) for a in c.get("/v1/allocations").json()]
@@ -440,10 +448,13 @@ def test_a_job_larger_than_any_node_runs_as_a_gang_over_http_all_or_nothing(tmp_
         srv.start()
         with httpx.Client(base_url=srv.url, timeout=10) as c:
             assert [(a["job_id"], a["part_of"]) for a in c.get("/v1/allocations").json()] == shown
+            assert [j["job_id"] for j in c.get("/v1/queue").json()["jobs"]] == ["huge"]  # its place kept
             released = c.post("/v1/release", json={"job_id": "big"}).json()
-            assert released["released"] and c.get("/v1/allocations").json() == []
+            assert released["released"] and c.get("/v1/queue").json()["jobs"] == []  # the waiting gang starts
+            assert {a["part_of"] for a in c.get("/v1/allocations").json()} == {"huge"}
             stop = c.get("/v1/actions", params={"since": 1}).json()["actions"]
-            assert [(a["kind"], a["job_id"], len(a["before"])) for a in stop] == [("stop", "big", 2)]
+            assert [(a["kind"], a["job_id"], len(a["before"]) + len(a["after"])) for a in stop] == \
+                [("stop", "big", 2), ("start", "huge", 2)]
     finally:
         srv.stop()
 
@@ -456,7 +467,8 @@ def test_a_kill_9_mid_burst_loses_nothing_acknowledged_and_renumbers_nothing(tmp
     HintStore(store).publish(make_plan("b1"), hints_frame("b1"))
     srv = Server(tmp_path, store, _v100_nodes(tmp_path / "nodes.json", 6), ("--synchronous", "NORMAL",
                                                                           "--tick", "0")).start()
-    held: dict[str, bool | None] = {}  # job -> True: allocation acknowledged; False: release acknowledged
+    # job -> True: allocation acknowledged; "queued": its place in the queue acknowledged; False: release acknowledged
+    held: dict[str, bool | str | None] = {}
     seen: dict[int, dict] = {}  # the log as the reader saw it
     rng = random.Random(7)
     try:
@@ -468,14 +480,15 @@ def test_a_kill_9_mid_burst_loses_nothing_acknowledged_and_renumbers_nothing(tmp
                         if mine and rng.random() < 0.45:
                             job = rng.choice(mine)
                             held[job] = None  # in flight: its outcome is unknown until answered
-                            if c.post("/v1/release", json={"job_id": job}).json()["released"]:
+                            answer = c.post("/v1/release", json={"job_id": job}).json()
+                            if answer["released"] or answer["dequeued"]:
                                 held[job] = False
                         else:
                             job = f"w{worker}-{k}"
                             body = {"job_id": job, "model": rng.choice(["res50", "transformer", "vgg"]),
                                     "num_gpus": rng.choice([1, 1, 2, 4, 8])}
-                            if c.post("/v1/allocate", json=body).json()["status"] == "allocated":
-                                held[job] = True
+                            status = c.post("/v1/allocate", json=body).json()["status"]
+                            held[job] = True if status == "allocated" else status
                         if worker == 0:  # the reader
                             since = max(seen, default=0)
                             for a in c.get("/v1/actions", params={"since": since}).json()["actions"]:
@@ -496,8 +509,10 @@ def test_a_kill_9_mid_burst_loses_nothing_acknowledged_and_renumbers_nothing(tmp
         srv.start()
         with httpx.Client(base_url=srv.url, timeout=10) as c:
             running = {a["part_of"] or a["job_id"] for a in c.get("/v1/allocations").json()}
-            assert {j for j, on in held.items() if on} <= running  # acknowledged allocations survive
-            assert not {j for j, on in held.items() if on is False} & running  # acknowledged releases too
+            queued = {j["job_id"] for j in c.get("/v1/queue").json()["jobs"]}
+            assert {j for j, on in held.items() if on is True} <= running  # acknowledged allocations survive
+            assert {j for j, on in held.items() if on == "queued"} <= running | queued  # and submissions
+            assert not {j for j, on in held.items() if on is False} & (running | queued)  # acknowledged releases too
             last = max(seen)
             log = c.get("/v1/actions", params={"since": 0}).json()
             assert [a["seq"] for a in log["actions"]] == list(range(1, log["latest"] + 1))  # no gap

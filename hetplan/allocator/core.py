@@ -9,7 +9,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Collection, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from hetplan.allocator.admission import contenders
@@ -57,6 +57,7 @@ class Allocator:
         self._gangs: dict[str, tuple[str, ...]] = {}  # job id -> the ids of its parts, for jobs running as gangs
         self._touched: set[str] = set()  # nodes whose allocations changed since the last rebalance
         self.history: dict[str, MoveHistory] = {}  # job id -> its moves, for the stability rule
+        self.submissions: dict[str, dict] = {}  # job id -> what the scheduler keeps of it (`record_jobs`)
         self._restore(self.journal.load(retain))
 
     @property
@@ -70,6 +71,7 @@ class Allocator:
 
     def _restore(self, restored: Restored) -> None:
         """Rebuild the state a journal holds (nothing for a new one)."""
+        self.submissions = dict(restored.jobs)
         if not (restored.nodes or restored.latest):
             return
         if len(self.cluster):
@@ -295,13 +297,21 @@ class Allocator:
         parts = self.release_parts(job_id)
         return parts[0] if parts else None
 
-    def release_parts(self, job_id: str) -> tuple[Allocation, ...]:
-        """Free a job's resources on every node it holds (one for most jobs, several for a gang)."""
+    def release_parts(self, job_id: str, final: bool = True) -> tuple[Allocation, ...]:
+        """Free a job's resources on every node it holds (one for most jobs, several for a gang). `final`: the job
+        is done (its history and its submission go); else it is preempted and waits to run again."""
         with self.lock:
             parts = self.running([job_id]).get(job_id, ())
             if parts:
-                self._commit([Action("stop", job_id, parts, ())], apply=True, forget=True)
+                jobs = {job_id: None} if final and job_id in self.submissions else {}
+                self._commit([Action("stop", job_id, parts, ())], apply=True, forget=final, jobs=jobs)
             return parts
+
+    def record_jobs(self, jobs: dict[str, dict | None]) -> None:
+        """Keep (or, with None, drop) what the scheduler needs of jobs to resume after a restart: journaled with
+        the allocations, and given back in `submissions` by an allocator restored from the journal."""
+        with self.lock:
+            self._commit([], jobs=jobs)
 
     def running(self, job_ids: Iterable[str] | None = None) -> dict[str, tuple[Allocation, ...]]:
         """Jobs holding resources (all, or those of `job_ids`) -> their allocations (one per node; a gang's
@@ -387,7 +397,8 @@ class Allocator:
     # ------------------------------------------------------------------ the one apply point
 
     def _commit(self, actions: Sequence[Action], clear_touched: bool = False, apply: bool = False,
-                forget: bool = False, upsert: Sequence[Node] = (), remove: Sequence[str] = ()) -> None:
+                forget: bool = False, upsert: Sequence[Node] = (), remove: Sequence[str] = (),
+                jobs: Mapping[str, dict | None] | None = None) -> None:
         """Apply `actions` in memory (`apply`; else the caller already did), journal them with the node changes
         (applied after the journal took them: `check_node_changes` said they cannot fail), then book them: gangs,
         the nodes to re-size next, move histories (`stability.record`; `forget`: stopped jobs are gone for good,
@@ -396,7 +407,7 @@ class Allocator:
         if apply:
             self._apply(actions)
         now = self.clock()
-        logged = self.log.number(actions, now, self.history) if actions else ()  # a kept history: a restart
+        logged = self.log.number(actions, now, self.history, forget) if actions else ()  # a kept history: a restart
         history = {a.job_id: self.history[a.job_id] for a in actions if a.job_id in self.history}
         record(history, actions, now)
         histories: dict[str, MoveHistory | None] = {a.job_id: history.get(a.job_id) for a in actions}
@@ -414,7 +425,8 @@ class Allocator:
                                         for action in actions for a in action.after),
                             upsert=tuple(upsert), remove=tuple(remove), touched_clear=clear_touched,
                             touched_add=touched, logged=logged,
-                            history={job: None if h is None else h.to_dict() for job, h in histories.items()})
+                            history={job: None if h is None else h.to_dict() for job, h in histories.items()},
+                            jobs=dict(jobs or {}))
             try:
                 self.journal.commit(change, self.log.retain)
             except BaseException:
@@ -439,6 +451,11 @@ class Allocator:
             else:
                 self.history[job_id] = h
         self.log.extend(logged)
+        for job_id, body in (jobs or {}).items():
+            if body is None:
+                self.submissions.pop(job_id, None)
+            else:
+                self.submissions[job_id] = body
 
     def _apply(self, actions: Sequence[Action]) -> None:
         """Release what the actions take, then apply what they give; on an error undo what was done and raise."""

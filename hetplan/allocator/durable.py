@@ -34,8 +34,9 @@ from hetplan.hints import HintSet
 
 log = logging.getLogger(__name__)
 RESTART = "restart"  # the `kind` an action log row has for a restart (`LoggedAction.restart`), else the action's
+PREEMPT = "preempt"  # the `kind` an action log row has for a preemption (`LoggedAction.preempted`)
 
-SCHEMA_VERSION = "4"  # 4: + gangs, the action log, re-size marks, move histories; 3: + GPU shares and own requests;
+SCHEMA_VERSION = "5"  # 5: + the scheduler's submissions, preemptions marked; 4: + gangs, the action log, re-size marks, move histories; 3: + GPU shares and own requests;
 # 2: memory in MiB, nodes' mem_gb in GiB; 1: 1000-MB units
 _TO_4 = ["ALTER TABLE allocations ADD COLUMN owner TEXT"]
 _UPGRADES = {  # from schema -> the statements that take it to SCHEMA_VERSION
@@ -44,6 +45,7 @@ _UPGRADES = {  # from schema -> the statements that take it to SCHEMA_VERSION
           "ALTER TABLE allocations ADD COLUMN request_cpu_m INTEGER",
           "ALTER TABLE allocations ADD COLUMN request_mem_mib INTEGER", *_TO_4],
     "3": _TO_4,
+    "4": [],  # the `jobs` table is created with the others
 }
 _COLUMNS = ("job_id, model, node, gpu_type, gpus, cpu_m, mem_mib, hint_version, policy, share, rank, gpu_milli, "
             "device, request_cpu_m, request_mem_mib")
@@ -87,6 +89,8 @@ CREATE TABLE IF NOT EXISTS actions (
 );
 CREATE TABLE IF NOT EXISTS touched (node TEXT PRIMARY KEY);
 CREATE TABLE IF NOT EXISTS history (job_id TEXT PRIMARY KEY, body TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS jobs (seq INTEGER PRIMARY KEY AUTOINCREMENT, job_id TEXT NOT NULL UNIQUE,
+                                 body TEXT NOT NULL);
 """
 
 
@@ -125,6 +129,7 @@ class SqliteJournal:
             out.allocations.append((row[0], Allocation(*row[1:])))
         out.touched = {node for (node,) in db.execute("SELECT node FROM touched")}
         out.history = {job: json.loads(body) for job, body in db.execute("SELECT job_id, body FROM history")}
+        out.jobs = {job: json.loads(body) for job, body in db.execute("SELECT job_id, body FROM jobs ORDER BY seq")}
         latest = db.execute("SELECT value FROM meta WHERE key = 'latest'").fetchone()
         out.latest = int(latest[0]) if latest else 0
         rows = db.execute("SELECT seq, at, kind, job_id, parts FROM actions WHERE seq > ? ORDER BY seq",
@@ -161,9 +166,15 @@ class SqliteJournal:
                     db.execute("DELETE FROM history WHERE job_id = ?", (job,))
                 else:
                     db.execute("INSERT OR REPLACE INTO history VALUES (?, ?)", (job, json.dumps(history)))
+            for job, body in change.jobs.items():
+                if body is None:
+                    db.execute("DELETE FROM jobs WHERE job_id = ?", (job,))
+                else:
+                    db.execute("INSERT INTO jobs (job_id, body) VALUES (?, ?) ON CONFLICT(job_id) DO UPDATE SET "
+                               "body = excluded.body", (job, json.dumps(body)))
             if change.logged:
                 db.executemany("INSERT INTO actions VALUES (?, ?, ?, ?, ?)",
-                               [(x.seq, x.at, RESTART if x.restart else x.action.kind, x.action.job_id,
+                               [(x.seq, x.at, _kind(x), x.action.job_id,
                                  _parts(x.action)) for x in change.logged])
                 latest = change.logged[-1].seq
                 db.execute("DELETE FROM actions WHERE seq <= ?", (latest - retain,))
@@ -202,12 +213,18 @@ def _parts(action: Action) -> str:
     return json.dumps([[_row(a) for a in action.before], [_row(a) for a in action.after]])
 
 
+def _kind(x: LoggedAction) -> str:
+    """What an action log row says of `x`: its kind, or `restart` / `preempt` where it is one."""
+    return RESTART if x.restart else PREEMPT if x.preempted else x.action.kind
+
+
 def _logged(seq: int, at: float, kind: str, job_id: str, parts: str) -> LoggedAction:
-    """A row of `actions` (kind `restart`: a `start` that is a restart; databases before it have none)."""
+    """A row of `actions` (kind `restart`: a `start` that is a restart, `preempt`: a `stop` that is a preemption;
+    databases before them have none)."""
     before, after = json.loads(parts)
-    action = Action("start" if kind == RESTART else kind, job_id,  # type: ignore[arg-type]
-                    tuple(Allocation(*a) for a in before), tuple(Allocation(*a) for a in after))
-    return LoggedAction(seq, at, action, kind == RESTART)
+    action = Action("start" if kind == RESTART else "stop" if kind == PREEMPT else kind,  # type: ignore[arg-type]
+                    job_id, tuple(Allocation(*a) for a in before), tuple(Allocation(*a) for a in after))
+    return LoggedAction(seq, at, action, kind == RESTART, kind == PREEMPT)
 
 
 def check_database(path: str | os.PathLike[str]) -> None:

@@ -32,12 +32,14 @@ RETAIN = 10_000
 @dataclass(frozen=True, slots=True)
 class LoggedAction:
     """An applied action with its number in the log and when it was applied (the allocator's clock); `restart`: a
-    `start` of a job that held resources before (stopped, not released for good), not its first start."""
+    `start` of a job that held resources before (stopped, not released for good), not its first start; `preempted`:
+    a `stop` that is not the job's end (a round preempted it, or its room was taken back): it waits to run again."""
 
     seq: int
     at: float
     action: Action
     restart: bool = False
+    preempted: bool = False
 
 
 class TooOld(LookupError):
@@ -60,10 +62,12 @@ class ActionLog:
         self._entries: deque[LoggedAction] = deque(entries, maxlen=retain)
         self.latest = latest
 
-    def number(self, actions: Sequence[Action], at: float, started: Container[str] = ()) -> tuple[LoggedAction, ...]:
+    def number(self, actions: Sequence[Action], at: float, started: Container[str] = (),
+               final: bool = True) -> tuple[LoggedAction, ...]:
         """The actions with the numbers they will get (nothing is logged until `extend`); a start of a job in
-        `started` (it started before) is a restart."""
-        return tuple(LoggedAction(self.latest + i, at, a, a.kind == "start" and a.job_id in started)
+        `started` (it started before) is a restart; without `final`, a stop is a preemption."""
+        return tuple(LoggedAction(self.latest + i, at, a, a.kind == "start" and a.job_id in started,
+                                  a.kind == "stop" and not final)
                      for i, a in enumerate(actions, 1))
 
     def extend(self, logged: Sequence[LoggedAction]) -> None:
@@ -100,6 +104,7 @@ class Change:
     touched_add: frozenset[str] = frozenset()
     history: Mapping[str, dict | None] = field(default_factory=dict)  # job id -> its move history (None: dropped)
     logged: tuple[LoggedAction, ...] = ()
+    jobs: Mapping[str, dict | None] = field(default_factory=dict)  # job id -> its submission (None: dropped)
 
 
 @dataclass
@@ -112,6 +117,7 @@ class Restored:
     history: dict[str, dict] = field(default_factory=dict)
     latest: int = 0
     logged: list[LoggedAction] = field(default_factory=list)
+    jobs: dict[str, dict] = field(default_factory=dict)  # job id -> its submission, in submission order
 
 
 class Journal(Protocol):

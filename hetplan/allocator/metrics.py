@@ -96,6 +96,11 @@ class Metrics:
             self.rejections.labels(decision.reason.value).inc()
         self.decision_seconds.observe(seconds)
 
+    def observe_queued(self, seconds: float) -> None:
+        """A submission that waits in the queue (`decisions{outcome="queued"}`)."""
+        self.decisions.labels("scheduler", "queued").inc()
+        self.decision_seconds.observe(seconds)
+
     def observe_release(self, found: bool) -> None:
         self.releases.labels("true" if found else "false").inc()
 

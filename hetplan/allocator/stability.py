@@ -56,14 +56,19 @@ class MoveHistory:
     started_at: float  # clock seconds when the job first started
     moves: int = 0  # GPU-type changes so far (migrate actions that change the type)
     left: tuple[tuple[str, float], ...] = ()  # (gpu_type, clock seconds when it left it), oldest first, bounded
+    attained: float = 0.0  # GPU-seconds held over its ended runs (the scheduler's `las` order reads it back)
+    since: float | None = None  # clock seconds when its current run started (None: not running)
 
     def to_dict(self) -> dict:
-        return {"started_at": self.started_at, "moves": self.moves, "left": [list(x) for x in self.left]}
+        return {"started_at": self.started_at, "moves": self.moves, "left": [list(x) for x in self.left],
+                "attained": self.attained, "since": self.since}
 
     @classmethod
     def from_dict(cls, d: dict) -> MoveHistory:
+        since = d.get("since")
         return cls(float(d["started_at"]), int(d.get("moves", 0)),
-                   tuple((str(t), float(at)) for t, at in d.get("left", ())))
+                   tuple((str(t), float(at)) for t, at in d.get("left", ())), float(d.get("attained", 0.0)),
+                   None if since is None else float(since))
 
     def left_since(self, gpu_type: str, since: float) -> bool:
         """Whether the job left `gpu_type` after `since`."""
@@ -137,15 +142,20 @@ def saved_s(remaining: float, speed_from: float, speed_to: float) -> float:
 
 
 def record(history: dict[str, MoveHistory], actions: Sequence[Action], now: float) -> None:
-    """Update histories in place from applied actions (start: a new entry if absent; migrate that changes the GPU
-    type: moves + 1 and the type left; stop: kept, the job may come back; the caller drops an entry when the job
-    is released for good)."""
+    """Update histories in place from applied actions (start: a new entry if absent, its run begins; migrate that
+    changes the GPU type: moves + 1 and the type left; stop: kept with the GPU-seconds of the run it ends, the job
+    may come back; the caller drops an entry when the job is released for good)."""
     for action in actions:
         if action.kind == "start":
-            if action.job_id not in history:
-                history[action.job_id] = MoveHistory(now)
+            h = history.get(action.job_id)
+            history[action.job_id] = MoveHistory(now, since=now) if h is None else replace(h, since=now)
+        elif action.kind == "stop":
+            h = history.get(action.job_id)
+            if h is not None and h.since is not None:
+                gpus = sum(a.gpus for a in action.before)
+                history[action.job_id] = replace(h, attained=h.attained + gpus * (now - h.since), since=None)
         elif action.kind == "migrate":
-            h = history.get(action.job_id) or MoveHistory(now)
+            h = history.get(action.job_id) or MoveHistory(now, since=now)
             was, becomes = action.before[0].gpu_type, action.after[0].gpu_type
             if was != becomes:
                 h = replace(h, moves=h.moves + 1, left=(*h.left, (was, now))[-LEFT_KEPT:])

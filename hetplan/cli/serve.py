@@ -53,8 +53,11 @@ def serve(
                                           help="Body limit for /filter and /prioritize (bytes)."),
     synchronous: str = typer.Option("FULL", "--synchronous", help="SQLite synchronous: FULL (each commit survives "
                                     "power loss) or NORMAL (survives a process crash; faster)."),
-    tick: float = typer.Option(60.0, "--tick", min=0, help="Seconds between rebalancing ticks (hint policy; 0: only "
-                               "on POST /v1/actions/tick)."),
+    tick: float = typer.Option(60.0, "--tick", min=0, help="Seconds between scheduling rounds (the queue's "
+                               "preemptive round; with the hint policy also re-sizes and moves; 0: only on POST "
+                               "/v1/actions/tick)."),
+    order: str = typer.Option("las", "--order", help="The queue's order: las (least attained GPU-seconds first) "
+                              "or fifo (arrival)."),
     action_log: int = typer.Option(10_000, "--action-log", min=1, envvar=ACTION_LOG_ENV_NAME, show_envvar=True,
                                    help="Actions the log keeps (GET /v1/actions; GET /v1/jobs, which `hetplan trace "
                                    "export` reads, leaves out jobs whose first start is older)."),
@@ -85,7 +88,8 @@ def serve(
         settings = ServiceSettings(db=db, store=store, policy=policy, strict=strict, token=token,
                                    write_token=write_token, hint_poll_seconds=poll, max_body_bytes=max_body,
                                    max_extender_body_bytes=max_extender_body, synchronous=synchronous.upper(),
-                                   tick_seconds=tick, kubeconfig=kubeconfig, action_log=action_log)
+                                   tick_seconds=tick, order=order, kubeconfig=kubeconfig,
+                                   action_log=action_log)
     except ValidationError as exc:
         raise _fail("; ".join(err["msg"] for err in exc.errors())) from None
     _check_db(settings.db)

@@ -84,7 +84,6 @@ class Scheduler:
         self.queue = Queue(self.jobs)
         self.running: dict[int, JobState] = {}
         self.co_adaptive = allocator.policy.rounds is not None
-        self.gpu_type_names = allocator.cluster.gpu_types()
         self.last_round = -math.inf
         self.changed = False  # something started or stopped since the last round (co-adaptive rounds only)
         self.off_best = 0  # running jobs not on their fastest GPU type (co-adaptive rounds only)
@@ -118,7 +117,7 @@ class Scheduler:
     def finish(self, job_id: str, now: float) -> JobState:
         """A running job is done: its resources go back (every part of a gang); it leaves the books."""
         job = self.by_id[job_id]
-        self._stop(job, now)
+        self._stop(job, now, final=True)
         del self.jobs[job.idx], self.by_id[job_id]
         return job
 
@@ -145,7 +144,7 @@ class Scheduler:
             return
         head = self.queue.head(free)  # the rest could not start (`admission.contenders`)
         if self.co_adaptive:
-            self._take(self.allocator.admit([self.jobs[entry[-1]].request for entry in head]), now)
+            self.take(self.allocator.admit([self.jobs[entry[-1]].request for entry in head]), now)
             return
         previous = previous or {}
         if previous:  # a preempted job may get its old place back wherever it waits
@@ -177,7 +176,7 @@ class Scheduler:
             else:
                 failed.add(class_key(job.request))
         if gangs and free >= min(job.num_gpus for job in gangs):
-            self._take(self.allocator.place_gangs(gangs), now)
+            self.take(self.allocator.place_gangs(gangs), now)
 
     def round(self, now: float) -> None:
         """A round boundary: a co-adaptive step, or (placement-only policies) a reschedule when a waiting job
@@ -202,7 +201,7 @@ class Scheduler:
             self.fill(now)
             return
         for idx in before:
-            self._stop(self.jobs[idx], now)
+            self._stop(self.jobs[idx], now, final=False)
             self.queue.add((*self.priority(self.jobs[idx], 0.0), idx))
         self.fill(now, previous=before)
         preempted = 0
@@ -216,6 +215,11 @@ class Scheduler:
                 self.counts["migrations"] += 1
         self.counts["preemptions"] += preempted
         self.counts["reschedules"] += preempted > 0  # a round whose stopped jobs all got their place back is none
+
+    @property
+    def gpu_type_names(self) -> list[str]:
+        """The GPU types the cluster has now (the service's nodes come and go)."""
+        return self.allocator.cluster.gpu_types()
 
     def capacity(self) -> int:
         """The GPUs of the open nodes: the most a round can give."""
@@ -238,7 +242,7 @@ class Scheduler:
             on = {self._job_id(a) for node in self.allocator.touched() if node in cluster
                   for a in cluster.jobs_on(node)}
             order = [self.jobs[entry[-1]].request for entry in self._ranked((self.by_id[j] for j in on), now)]
-        self._take(self.allocator.rebalance(order, preempt=True), now)
+        self.take(self.allocator.rebalance(order, preempt=True), now)
 
     def _job_id(self, allocation_id: str) -> str:
         """The job an allocation belongs to (a gang part's id names its job before the separator)."""
@@ -246,7 +250,7 @@ class Scheduler:
 
     # ------------------------------------------------------------------ applying what the allocator did
 
-    def _take(self, actions: list[Action], now: float) -> None:
+    def take(self, actions: list[Action], now: float) -> None:
         """Bring the jobs in line with a co-adaptive step's actions (already applied to the cluster)."""
         stopped = []
         for action in actions:
@@ -255,12 +259,12 @@ class Scheduler:
             if action.kind == "start":
                 self._start(job, action.after, now, "start")
             elif action.kind == "stop":
-                self._halt(job, now)
+                self.halt(job, now)
                 job.preemptions += 1
                 self.counts["preemptions"] += 1
                 stopped.append(job)
             else:
-                self._halt(job, now)
+                self.halt(job, now)
                 moved = action.kind == "migrate"
                 self._start(job, action.after, now, "migrate" if moved else "resize")
                 if moved:
@@ -275,22 +279,38 @@ class Scheduler:
             self.queue.add((*self.priority(job, 0.0), job.idx))
         self.counts["reschedules"] += bool(stopped)
 
+    def resume(self, job: JobState, parts: tuple[Allocation, ...], since: float) -> None:
+        """Know `job` as running on `parts` since `since` (a restart of the service finds it so): nothing is
+        counted, nobody is told."""
+        if job.idx not in self.jobs:
+            self.add(job)
+        job.parts, job.last = parts, since
+        self._placed(job, parts)
+        if math.isnan(job.start):
+            job.start = since
+        self.running[job.idx] = job
+        self.changed = True
+
     def _start(self, job: JobState, parts: tuple[Allocation, ...], now: float, kind: StartKind) -> None:
         self.listener.started(job, parts, now, kind)
         job.parts, job.last = parts, now
-        job.gpu_type, job.share = parts[0].gpu_type, parts[0].share
-        if self.co_adaptive:
-            rounds = self.allocator.policy.rounds
-            speeds = rounds.speeds(job.request, self.allocator.hints, self.gpu_type_names)
-            job.off_best = speeds.get(job.gpu_type, 0.0) < max(speeds.values(), default=0.0) - 1e-9
-            self.off_best += job.off_best
+        self._placed(job, parts)
         if math.isnan(job.start):
             job.start = now
         self.running[job.idx] = job
         self.counts["starts"] += 1
         self.changed = True
 
-    def _halt(self, job: JobState, now: float) -> None:
+    def _placed(self, job: JobState, parts: tuple[Allocation, ...]) -> None:
+        """Book where a job runs now: its GPU type and share, and whether that type is its fastest."""
+        job.gpu_type, job.share = parts[0].gpu_type, parts[0].share
+        if self.co_adaptive:
+            rounds = self.allocator.policy.rounds
+            speeds = rounds.speeds(job.request, self.allocator.hints, self.gpu_type_names)
+            job.off_best = speeds.get(job.gpu_type, 0.0) < max(speeds.values(), default=0.0) - 1e-9
+            self.off_best += job.off_best
+
+    def halt(self, job: JobState, now: float) -> None:
         """Take a running job off the books (its resources are already back in the cluster)."""
         job.advance(now)
         if not job.parts:
@@ -302,9 +322,9 @@ class Scheduler:
         del self.running[job.idx]
         self.changed = True
 
-    def _stop(self, job: JobState, now: float) -> None:
-        """Take a running job off the cluster (preempted or finished)."""
-        released = self.allocator.release_parts(job.job_id)
+    def _stop(self, job: JobState, now: float, final: bool) -> None:
+        """Take a running job off the cluster: finished (`final`), or preempted (it waits to run again)."""
+        released = self.allocator.release_parts(job.job_id, final=final)
         if sorted(released, key=lambda a: a.job_id) != sorted(job.parts, key=lambda a: a.job_id):
             raise RuntimeError(f"{job.job_id}: the allocator released {released}, expected {job.parts}")
-        self._halt(job, now)
+        self.halt(job, now)

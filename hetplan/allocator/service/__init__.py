@@ -57,7 +57,7 @@ def create_app(settings: ServiceSettings | None = None, allocator: Allocator | N
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         if allocator is not None:
-            ctx.allocator = allocator
+            ctx.open(allocator)
             with _node_sync(settings, allocator, ctx):
                 yield
             return
@@ -70,11 +70,11 @@ def create_app(settings: ServiceSettings | None = None, allocator: Allocator | N
             seed = load_nodes(settings.nodes)
             opened.change_nodes(NodeChanges(upsert=seed))
             log.info("upserted %d nodes from %s", len(seed), settings.nodes)
-        ctx.allocator = opened
+        ctx.open(opened)
         gc.freeze()  # the loaded state is long-lived: keep it out of every future collection (shorter GC pauses)
         log.info("allocator ready: %d nodes, %d allocations, policy %s, hints %s", len(opened.cluster),
                  len(opened.cluster.allocations()), opened.policy.name, opened.hints.version)
-        ticker = asyncio.create_task(_tick_forever()) if settings.tick_seconds > 0 and opened.policy.rounds else None
+        ticker = asyncio.create_task(_tick_forever()) if settings.tick_seconds > 0 else None
         try:
             with _node_sync(settings, opened, ctx):
                 yield
@@ -88,8 +88,8 @@ def create_app(settings: ServiceSettings | None = None, allocator: Allocator | N
             await asyncio.sleep(settings.tick_seconds)
             try:
                 await run_in_threadpool(allocation.rebalance_tick, ctx)
-            except Exception:  # a failed tick must not stop the next one; the state is unchanged (all or nothing)
-                log.exception("rebalancing tick failed")
+            except Exception:  # a failed round must not stop the next one; the state is unchanged (all or nothing)
+                log.exception("scheduling round failed")
 
     app = FastAPI(title="hetplan allocator", version="1", lifespan=lifespan,
                   description="Hint-driven GPU job placement: allocation API, node admin, hints, Kubernetes "

@@ -1,4 +1,4 @@
-"""Routes of the allocation API: allocate, release, the action log and its tick, the allocations.
+"""Routes of the allocation API: allocate (submit), release, the queue, the action log and its round, the allocations.
 
 Each route is one call of the allocator under its lock; the actions it caused are read back from the allocator's
 own numbered log (`Allocator.log`), the same log `GET /v1/actions` serves.
@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
+from dataclasses import asdict
 
 from fastapi import APIRouter, HTTPException
 
@@ -16,11 +17,12 @@ from hetplan.allocator.core import Allocator
 from hetplan.allocator.journal import LoggedAction, TooOld
 from hetplan.allocator.service.bodies import (
     ADMIN_RESPONSES, WRITE_RESPONSES, ActionOut, ActionsResponse, AllocateRequest, AllocateResponse, AllocationOut,
-    AsciiInt, ErrorOut, ReleaseRequest, ReleaseResponse, action_out, allocation_out, posted,
+    AsciiInt, ErrorOut, QueuedOut, QueueResponse, ReleaseRequest, ReleaseResponse, action_out, allocation_out, posted,
 )
 from hetplan.allocator.service.context import ServiceContext
 from hetplan.allocator.service.middleware import JSONRoute
-from hetplan.allocator.spec import Allocation, Decision, Job
+from hetplan.allocator.spec import Allocation, Job
+from hetplan.scheduler.online import Conflict, Submitted
 
 log = logging.getLogger(__name__)
 
@@ -36,37 +38,29 @@ def run_logged(a: Allocator, change: Callable[[], object]) -> tuple[object, list
             return result, [x for x in a.log.entries() if x.seq > before]
 
 
-def allocate_job(ctx: ServiceContext, job: Job) -> tuple[Decision, bool, tuple[Allocation, ...], list[ActionOut]]:
-    """Place `job` (`Allocator.allocate`: with co-adaptive rounds the simulator's admission step, peers shrunk
-    toward their floors where that makes room); its decision, whether it was a retry, its parts, the peers' actions."""
+def allocate_job(ctx: ServiceContext, job: Job) -> tuple[Submitted, list[ActionOut]]:
+    """Submit `job` to the scheduler (`OnlineScheduler.submit`): it starts now if its turn and room allow (peers
+    shrunk toward their floors where that makes room), else it waits in the queue; its answer and the actions
+    this caused for other jobs."""
     a = ctx.alloc()
     with a.lock:
-        replayed = bool(a.running([job.job_id]))
-        decision, logged = run_logged(a, lambda: a.allocate(job))
-        parts = a.running([job.job_id]).get(job.job_id, ()) if isinstance(decision, Allocation) else ()
-        return decision, replayed, parts, [action_out(x) for x in logged if x.action.job_id != job.job_id]
+        submitted, logged = run_logged(a, lambda: ctx.sched().submit(job))
+        return submitted, [action_out(x) for x in logged if x.action.job_id != job.job_id]
 
 
-def release_job(ctx: ServiceContext, job_id: str) -> tuple[tuple[Allocation, ...], list[ActionOut]]:
-    """Free a job (every part of a gang); with co-adaptive rounds the freed nodes' jobs then grow into what it left.
-    The release stands whatever happens after it: a failed regrowth is logged and left to the next tick."""
+def release_job(ctx: ServiceContext, job_id: str) -> tuple[tuple[Allocation, ...], bool, list[ActionOut]]:
+    """Free a job (every part of a gang) or take it out of the queue; what it freed goes to the queue at once, and
+    (co-adaptive) the freed nodes' jobs grow into what is left. The release stands whatever happens after it."""
     a = ctx.alloc()
     with a.lock:
-        parts, logged = run_logged(a, lambda: a.release_parts(job_id))
-        if parts and a.policy.rounds:
-            nodes = list(dict.fromkeys(p.node for p in parts))
-            try:
-                _, grown = run_logged(a, lambda: a.rebalance(a.jobs_on(nodes), preempt=False, move=False, nodes=nodes))
-                logged += grown
-            except Exception:  # noqa: BLE001 - a fault barrier: the release is committed, the next tick re-sizes
-                log.exception("re-sizing after releasing %s failed; the next tick tries again", job_id)
-        return parts, [action_out(x) for x in logged if x.action.job_id != job_id]
+        (parts, dequeued), logged = run_logged(a, lambda: ctx.sched().release(job_id))
+        return parts, dequeued, [action_out(x) for x in logged if x.action.job_id != job_id]
 
 
 def rebalance_tick(ctx: ServiceContext) -> list[ActionOut]:
-    """One rebalancing step over every running job (moves allowed), recorded in the action log."""
+    """One scheduling round (`OnlineScheduler.round`: preemptive where the order says so), in the action log."""
     a = ctx.alloc()
-    _, logged = run_logged(a, a.tick)
+    _, logged = run_logged(a, ctx.sched().round)
     return [action_out(x) for x in logged]
 
 
@@ -74,28 +68,43 @@ def router(ctx: ServiceContext) -> APIRouter:
     api = APIRouter(tags=["allocation"], route_class=JSONRoute)
 
     @api.post("/v1/allocate", response_model=AllocateResponse, dependencies=ctx.writer,
-              responses={**posted(), **WRITE_RESPONSES})
+              responses={**posted(), **WRITE_RESPONSES,
+                         409: {"model": ErrorOut, "description": "the job id is known with another request"}})
     async def allocate(body: AllocateRequest) -> AllocateResponse:
-        """Place a job (idempotent per job_id). A job larger than any node runs as a gang over nodes of one GPU
-        type, all or nothing (`parts`). A rejection is an answer, not an error: status 200."""
+        """Submit a job (idempotent per job_id): it runs now (`allocated`) or waits its turn in the queue
+        (`queued`, with its position and why), and a `start` action in the log says when it runs. A job larger
+        than any node runs as a gang over nodes of one GPU type, all or nothing (`parts`). `rejected` (status 200)
+        only for a job that can never run here."""
         job = body.to_job()
         start = time.perf_counter()
-        decision, replayed, parts, actions = await ctx.durably(allocate_job, ctx, job)
-        ctx.metrics.observe_decision(decision, time.perf_counter() - start)
-        if isinstance(decision, Allocation):
-            shown = [allocation_out(p, job.job_id) for p in parts]
-            return AllocateResponse(status="allocated", job_id=job.job_id, hint_version=decision.hint_version,
-                                    allocation=shown[0], parts=shown, replayed=replayed, actions=actions)
-        return AllocateResponse(status="rejected", job_id=job.job_id, hint_version=decision.hint_version,
-                                reason=decision.reason.value, message=decision.message)
+        try:
+            submitted, actions = await ctx.durably(allocate_job, ctx, job)
+        except Conflict as exc:
+            raise HTTPException(409, str(exc)) from None
+        version = ctx.alloc().hints.version
+        if submitted.status == "allocated":
+            shown = [allocation_out(p, job.job_id) for p in submitted.parts]
+            ctx.metrics.observe_decision(submitted.parts[0], time.perf_counter() - start)
+            return AllocateResponse(status="allocated", job_id=job.job_id, hint_version=submitted.parts[0].hint_version,
+                                    allocation=shown[0], parts=shown, replayed=submitted.replayed, actions=actions)
+        if submitted.status == "queued":
+            ctx.metrics.observe_queued(time.perf_counter() - start)
+            return AllocateResponse(status="queued", job_id=job.job_id, hint_version=version,
+                                    replayed=submitted.replayed, position=submitted.position, why=submitted.why,
+                                    message=submitted.message, actions=actions)
+        rejection = submitted.rejection
+        assert rejection is not None
+        ctx.metrics.observe_decision(rejection, time.perf_counter() - start)
+        return AllocateResponse(status="rejected", job_id=job.job_id, hint_version=rejection.hint_version,
+                                reason=rejection.reason.value, message=rejection.message)
 
     @api.post("/v1/release", response_model=ReleaseResponse, dependencies=ctx.writer,
               responses={**posted(), **WRITE_RESPONSES})
     async def release(body: ReleaseRequest) -> ReleaseResponse:
-        """Free a job's resources, every part of a gang (idempotent)."""
-        parts, actions = await ctx.durably(release_job, ctx, body.job_id)
+        """Free a job's resources, every part of a gang, or take it out of the queue (idempotent)."""
+        parts, dequeued, actions = await ctx.durably(release_job, ctx, body.job_id)
         ctx.metrics.observe_release(bool(parts))
-        return ReleaseResponse(job_id=body.job_id, released=bool(parts),
+        return ReleaseResponse(job_id=body.job_id, released=bool(parts), dequeued=dequeued,
                                allocation=allocation_out(parts[0], body.job_id) if parts else None,
                                actions=actions)
 
@@ -117,9 +126,15 @@ def router(ctx: ServiceContext) -> APIRouter:
     @api.post("/v1/actions/tick", response_model=ActionsResponse, tags=["admin"], dependencies=ctx.admin,
               responses={**posted(body=False), **ADMIN_RESPONSES})
     async def tick() -> ActionsResponse:
-        """Rebalance now instead of at the next periodic tick (admin); returns the actions it decided."""
+        """Run a scheduling round now instead of at the next periodic tick (admin); returns the actions it decided."""
         recorded = await ctx.durably(rebalance_tick, ctx)
         return ActionsResponse(latest=ctx.alloc().log.latest, actions=recorded)
+
+    @api.get("/v1/queue", response_model=QueueResponse)
+    def get_queue() -> QueueResponse:
+        """The waiting jobs in the order they would start, each with why it waits and the service it attained."""
+        waiting = ctx.sched().queue()
+        return QueueResponse(order=ctx.sched().loop.order, jobs=[QueuedOut(**asdict(w)) for w in waiting])
 
     @api.get("/v1/allocations", response_model=list[AllocationOut])
     def allocations() -> list[AllocationOut]:

@@ -148,6 +148,9 @@ class ActionOut(BaseModel):
     job_id: str
     before: list[AllocationOut]
     after: list[AllocationOut]
+    preempted: bool = Field(False, description="a `stop` that is not the job's end: a round preempted it (or its "
+                                               "room was taken back); it waits in the queue to run again "
+                                               "(checkpoint, then evict)")
 
 
 class ActionsResponse(BaseModel):
@@ -157,11 +160,17 @@ class ActionsResponse(BaseModel):
 
 
 class AllocateResponse(BaseModel):
-    status: Literal["allocated", "rejected"]
+    status: Literal["allocated", "queued", "rejected"] = Field(
+        description="`allocated`: it runs (`allocation`, `parts`); `queued`: it waits its turn (`position`, `why`) "
+                    "and starts by a `start` action in the log; `rejected`: it can never run here (`reason`)")
     job_id: str
     hint_version: str | None
     allocation: AllocationOut | None = None
-    replayed: bool = Field(False, description="true when the job id was already allocated (idempotent retry)")
+    replayed: bool = Field(False, description="true when the job id was known already (idempotent retry)")
+    position: int | None = Field(None, description="queued: its place in the queue's order, 1 first")
+    why: Literal["no-room", "lower-priority", "gang-waiting"] | None = Field(
+        None, description="queued: no node has its GPUs and floor free; jobs ahead of it take the room there is; "
+                          "it needs more GPUs than any node (a gang) and waits for enough of one type")
     reason: str | None = None
     message: str | None = None
     parts: list[AllocationOut] = Field([], description="every part of the allocation: one for a job on one node, "
@@ -172,6 +181,7 @@ class AllocateResponse(BaseModel):
 class ReleaseResponse(BaseModel):
     job_id: str
     released: bool = Field(description="false when the job held no allocation (releasing twice is harmless)")
+    dequeued: bool = Field(False, description="true when the job was waiting in the queue and left it")
     allocation: AllocationOut | None = None
     actions: list[ActionOut] = Field([], description="the freed node's jobs grown into what it left")
 
@@ -310,4 +320,19 @@ def allocation_out(a: Allocation, job_id: str | None = None) -> AllocationOut:
 def action_out(x: LoggedAction) -> ActionOut:
     return ActionOut(seq=x.seq, at=x.at, kind=x.action.kind, job_id=x.action.job_id,
                      before=[allocation_out(a, x.action.job_id) for a in x.action.before],
-                     after=[allocation_out(a, x.action.job_id) for a in x.action.after])
+                     after=[allocation_out(a, x.action.job_id) for a in x.action.after], preempted=x.preempted)
+
+
+class QueuedOut(BaseModel):
+    job_id: str
+    model: str
+    num_gpus: int
+    position: int = Field(description="its place in the order, 1 first")
+    why: Literal["no-room", "lower-priority", "gang-waiting"]
+    arrival: float = Field(description="when it was submitted (the service's clock, seconds)")
+    attained_gpu_s: float = Field(description="GPU-seconds it held before (the las order's key)")
+
+
+class QueueResponse(BaseModel):
+    order: str = Field(description="the scheduling order: fifo (arrival) or las (least attained service first)")
+    jobs: list[QueuedOut]

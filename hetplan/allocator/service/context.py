@@ -16,6 +16,7 @@ from starlette.concurrency import run_in_threadpool
 from hetplan.allocator.metrics import Metrics
 from hetplan.allocator.core import Allocator
 from hetplan.allocator.service.settings import TOKEN_ENV, WRITE_TOKEN_ENV, ServiceSettings
+from hetplan.scheduler.online import OnlineScheduler
 
 T = TypeVar("T")
 
@@ -27,6 +28,7 @@ class ServiceContext:
         self.settings = settings
         self.metrics = Metrics()
         self.allocator: Allocator | None = None
+        self.scheduler: OnlineScheduler | None = None  # the queue and the rounds over `allocator`
         self.node_sync: Any = None  # the Kubernetes node sync while one runs (`k8s.nodes.NodeSync`): its room
         bearer = HTTPBearer(auto_error=False, description="The admin token (`hetplan serve --token`).")
 
@@ -63,6 +65,16 @@ class ServiceContext:
     def alloc(self) -> Allocator:
         assert self.allocator is not None, "the allocator is opened at start-up"
         return self.allocator
+
+    def sched(self) -> OnlineScheduler:
+        assert self.scheduler is not None, "the scheduler is opened at start-up"
+        return self.scheduler
+
+    def open(self, allocator: Allocator) -> None:
+        """Serve `allocator`, with the scheduler's queue and rounds over it (resumed from its journal)."""
+        self.allocator = allocator
+        self.scheduler = OnlineScheduler(allocator, self.settings.order, round_s=self.settings.tick_seconds or 300.0,
+                                         regrow=self.settings.regrow)
 
     async def durably(self, fn: Callable[..., T], *args: Any) -> T:
         """Run a state change: inline when commits do not fsync (microseconds), else in a worker thread so that

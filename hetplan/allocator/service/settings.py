@@ -33,7 +33,9 @@ class ServiceSettings(BaseModel):
     max_body_bytes: int = Field(64 * KiB, ge=1)
     max_extender_body_bytes: int = Field(32 * KiB * KiB, ge=1)  # Nodes mode carries whole v1.Node objects
     synchronous: Literal["FULL", "NORMAL", "EXTRA"] = "FULL"
-    tick_seconds: float = Field(60.0, ge=0)  # co-adaptive rebalancing every so often; 0: only on request
+    tick_seconds: float = Field(60.0, ge=0)  # a scheduling round every so often; 0: only on request
+    order: Literal["las", "fifo"] = "las"  # the queue's order (`hetplan.scheduler.orders`)
+    regrow: bool = True  # after a release the freed nodes' jobs grow at once (False: at the next round, as simulated)
     action_log: int = Field(10_000, ge=1)  # actions kept for GET /v1/actions
 
     @model_validator(mode="after")

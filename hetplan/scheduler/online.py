@@ -1,0 +1,303 @@
+"""The loop as the service runs it: submissions queue instead of being refused, and everything survives a restart.
+
+`OnlineScheduler` wraps `Scheduler` over the service's allocator (a `DurableAllocator`): a submission is recorded
+in the allocator's journal before it is placed, attained service is kept with each job's move history (committed
+with every start and stop), so a service killed at any point resumes with the same queue in the same order. Changes
+the scheduler did not make (a pod adopted, a node removed with its jobs, a peer's room taken back) are read from the
+allocator's action log at the next call and booked (`_sync`): a stopped job waits again, an adopted one runs.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass
+from typing import Literal
+
+from hetplan.allocator.core import Allocator
+from hetplan.allocator.journal import LoggedAction, TooOld
+from hetplan.allocator.spec import Allocation, Job, Reason, Rejection
+from hetplan.scheduler.loop import Scheduler
+from hetplan.scheduler.orders import NEEDS_DURATION, Order
+from hetplan.scheduler.state import JobState
+
+log = logging.getLogger(__name__)
+
+Why = Literal["no-room", "lower-priority", "gang-waiting"]
+"""Why a job waits: no node has its GPUs (and floor) free; jobs ahead of it in the order take the room there is; it
+needs a gang (more GPUs than any node) and not enough GPUs of one type are free at once."""
+
+
+class Conflict(ValueError):
+    """A submission under a known job id with another request (the service answers 409)."""
+
+
+@dataclass(frozen=True)
+class Submitted:
+    """What a submission got: `allocated` (its parts), `queued` (its place and why) or `rejected` (never runnable)."""
+
+    status: Literal["allocated", "queued", "rejected"]
+    job_id: str
+    parts: tuple[Allocation, ...] = ()
+    position: int | None = None
+    why: Why | None = None
+    rejection: Rejection | None = None
+    replayed: bool = False  # the job id was known: the answer is its state, nothing changed
+
+    @property
+    def message(self) -> str:
+        if self.rejection is not None:
+            return self.rejection.message
+        if self.why is None:
+            return ""
+        return {"no-room": "no node has its GPUs with its floor of cores and RAM free",
+                "lower-priority": "jobs ahead of it in the order take the room there is",
+                "gang-waiting": "it needs more GPUs than any node has: it waits for enough of one GPU type"}[self.why]
+
+
+@dataclass(frozen=True)
+class Waiting:
+    """A queued job as `GET /v1/queue` lists it."""
+
+    job_id: str
+    model: str
+    num_gpus: int
+    position: int
+    why: Why
+    arrival: float
+    attained_gpu_s: float
+
+
+class OnlineScheduler:
+    """The queue, the order and the rounds over a service's allocator (the module docstring). Every method holds
+    the allocator's lock. `regrow`: after a release, the jobs on the freed nodes grow into what it left at once
+    (else at the next round, as the simulator does)."""
+
+    def __init__(self, allocator: Allocator, order: Order = "las", round_s: float = 300.0, regrow: bool = True,
+                 clock: Callable[[], float] | None = None) -> None:
+        if order in NEEDS_DURATION:
+            raise ValueError(f"the service cannot order by {order!r}: it is told no durations (use fifo or las)")
+        self.allocator = allocator
+        self.loop = Scheduler(allocator, order, round_s)
+        self.regrow = regrow
+        self.clock = clock or allocator.clock
+        with allocator.lock:
+            self._next = 0
+            self._seen = allocator.log.latest
+            self._resume()
+
+    # ------------------------------------------------------------------ the API
+
+    def submit(self, job: Job) -> Submitted:
+        """Queue `job` and start what can start now; asking again for a known id answers its state (a 409
+        `Conflict` if the request differs)."""
+        a = self.allocator
+        with a.lock:
+            self._sync()
+            known = self.loop.by_id.get(job.job_id)
+            if known is not None and not known.parts:
+                differences = _differences(known.request, job)
+                if differences:
+                    raise Conflict(f"job {job.job_id} waits in the queue for another request: "
+                                   f"{'; '.join(differences)}")
+                return self._answer(known, replayed=True)
+            held = bool(a.running([job.job_id]))
+            if not job.whole or held:  # shares and CPU-only jobs are placed, never queued
+                decision = a.allocate(job)
+                self._sync()
+                return self._placed(job, decision, replayed=held)
+            largest_type = max(a.cluster.gpus_by_type()[0].values(), default=0)
+            if job.num_gpus > largest_type:
+                return Submitted("rejected", job.job_id, rejection=Rejection(
+                    job.job_id, Reason.TOO_BIG, f"{job.num_gpus} GPUs: no GPU type has that many in open nodes",
+                    a.hints.version, a.policy.name))
+            now = self.clock()
+            state = JobState(self._next, job, now)
+            self._next += 1
+            a.record_jobs({job.job_id: _body(state)})
+            self.loop.submit(state, now)
+            self.loop.fill(now)
+            self._seen = a.log.latest
+            return self._answer(state)
+
+    def release(self, job_id: str) -> tuple[tuple[Allocation, ...], bool]:
+        """A job is done or gone: its resources go back (what it freed is given to the queue at once), or it leaves
+        the queue. Returns (the parts it held, whether it was dequeued)."""
+        a = self.allocator
+        with a.lock:
+            self._sync()
+            now = self.clock()
+            state = self.loop.by_id.get(job_id)
+            if state is not None and state.idx in self.loop.queue:
+                self.loop.forget(job_id)
+                a.record_jobs({job_id: None})
+                self._seen = a.log.latest
+                return (), True
+            if state is None:  # not the scheduler's (a share, a CPU-only job): released as it is
+                parts = a.release_parts(job_id)
+                self._seen = a.log.latest
+                return parts, False
+            parts = state.parts
+            self.loop.finish(job_id, now)
+            if self.regrow and self.loop.co_adaptive:
+                nodes = list(dict.fromkeys(p.node for p in parts))
+                try:
+                    self.loop.take(a.rebalance(a.jobs_on(nodes), preempt=False, move=False, nodes=nodes), now)
+                except Exception:  # noqa: BLE001 - a fault barrier: the release is committed, the next round re-sizes
+                    log.exception("re-sizing after releasing %s failed; the next round tries again", job_id)
+            self.loop.fill(now)
+            self._seen = a.log.latest
+            return parts, False
+
+    def round(self) -> None:
+        """A round: preemptive where the order says so (`Scheduler.round`); nothing when nothing waits and nothing
+        changed since the last one."""
+        a = self.allocator
+        with a.lock:
+            self._sync()
+            if self.loop.wants_round():
+                self.loop.round(self.clock())
+            self._seen = a.log.latest
+
+    def queue(self) -> list[Waiting]:
+        """The waiting jobs in the order they would start."""
+        with self.allocator.lock:
+            self._sync()
+            return [self._waiting(self.loop.jobs[entry[-1]], k) for k, entry in enumerate(self.loop.queue.entries, 1)]
+
+    def state(self, job_id: str) -> JobState | None:
+        with self.allocator.lock:
+            return self.loop.by_id.get(job_id)
+
+    # ------------------------------------------------------------------ answers
+
+    def _answer(self, state: JobState, replayed: bool = False) -> Submitted:
+        if state.parts:
+            return Submitted("allocated", state.job_id, state.parts, replayed=replayed)
+        position = self.loop.queue.position(state.idx)
+        return Submitted("queued", state.job_id, position=position, why=self._why(state, position), replayed=replayed)
+
+    def _placed(self, job: Job, decision: object, replayed: bool) -> Submitted:
+        if isinstance(decision, Allocation):
+            parts = self.allocator.running([job.job_id]).get(job.job_id, (decision,))
+            return Submitted("allocated", job.job_id, parts, replayed=replayed)
+        assert isinstance(decision, Rejection)
+        if decision.reason is Reason.CONFLICT:
+            raise Conflict(decision.message)
+        return Submitted("rejected", job.job_id, rejection=decision)
+
+    def _why(self, state: JobState, position: int) -> Why:
+        cluster = self.allocator.cluster
+        if state.gpus > cluster.max_gpus():
+            return "gang-waiting"
+        if position > 1 and cluster.with_free_gpus(None, state.gpus):
+            return "lower-priority"
+        return "no-room"
+
+    def _waiting(self, state: JobState, position: int) -> Waiting:
+        return Waiting(state.job_id, state.request.model, state.gpus, position, self._why(state, position),
+                       state.arrival, state.attained)
+
+    # ------------------------------------------------------------------ restart and changes made by others
+
+    def _resume(self) -> None:
+        """Rebuild the queue and the running jobs from the journal's submissions, histories and allocations."""
+        a = self.allocator
+        now = self.clock()
+        running = a.running()
+        for job_id, body in a.submissions.items():
+            state = _state(body)
+            self._next = max(self._next, state.idx + 1)
+            h = a.history.get(job_id)
+            if h is not None:
+                state.attained = h.attained
+                state.start = h.started_at
+            parts = running.pop(job_id, ())
+            if parts:
+                self.loop.resume(state, parts, h.since if h is not None and h.since is not None else now)
+            else:
+                self.loop.submit(state, state.last if h is None else now)
+        for job_id, parts in running.items():  # holding resources, never submitted: adopted, or a share
+            self._adopt(job_id, parts, now)
+        if a.submissions:
+            log.info("scheduler resumed: %d running, %d waiting (order %s)", len(self.loop.running),
+                     len(self.loop.queue), self.loop.order)
+
+    def _adopt(self, job_id: str, parts: tuple[Allocation, ...], now: float) -> None:
+        job = parts[0].job(job_id, sum(p.gpus for p in parts))
+        if not job.whole:
+            return  # shares and CPU-only jobs stay the allocator's alone
+        state = JobState(self._next, job, now)
+        self._next += 1
+        self.allocator.record_jobs({job_id: _body(state)})
+        self.loop.resume(state, parts, now)
+
+    def _sync(self) -> None:
+        """Book the changes others made since the scheduler last looked (the module docstring)."""
+        a = self.allocator
+        if a.log.latest == self._seen:
+            return
+        try:
+            logged = a.log.since(self._seen)
+        except TooOld:
+            logged = None
+        self._seen = a.log.latest
+        if logged is None:
+            self._resync()
+            return
+        for x in logged:
+            self._book(x)
+
+    def _book(self, x: LoggedAction) -> None:
+        action, loop = x.action, self.loop
+        state = loop.by_id.get(action.job_id)
+        if action.kind == "start":
+            if state is None:
+                self._adopt(action.job_id, action.after, x.at)
+            elif state.idx in loop.queue:
+                loop.queue.remove(state.idx)
+                loop.resume(state, action.after, x.at)
+        elif state is None or state.idx not in loop.running:
+            return
+        elif action.kind == "stop":  # preempted, evicted with its node, or its room taken back: it waits again
+            loop.halt(state, x.at)
+            loop.queue.add((*loop.priority(state, 0.0), state.idx))
+        else:
+            state.parts = action.after
+
+    def _resync(self) -> None:
+        """The log no longer holds every change since the last look: compare the books with the allocations."""
+        running = self.allocator.running()
+        now = self.clock()
+        for state in list(self.loop.running.values()):
+            if state.job_id not in running:
+                self.loop.halt(state, now)
+                self.loop.queue.add((*self.loop.priority(state, 0.0), state.idx))
+        for job_id, parts in running.items():
+            state = self.loop.by_id.get(job_id)
+            if state is None:
+                self._adopt(job_id, parts, now)
+            elif state.idx in self.loop.queue:
+                self.loop.queue.remove(state.idx)
+                self.loop.resume(state, parts, now)
+            else:
+                state.parts = parts
+
+
+def _differences(known: Job, asked: Job) -> list[str]:
+    return [f"{name} {getattr(known, name)!r}, asked {getattr(asked, name)!r}" for name in
+            ("model", "num_gpus", "gpu_milli", "cpu_m", "mem_mib") if getattr(known, name) != getattr(asked, name)]
+
+
+def _body(state: JobState) -> dict:
+    """What the journal keeps of a submission."""
+    return {"idx": state.idx, "arrival": state.arrival, "job": asdict(state.request)}
+
+
+def _state(body: Mapping) -> JobState:
+    state = JobState(int(body["idx"]), Job(**body["job"]), float(body["arrival"]))
+    state.last = state.arrival
+    if math.isnan(state.arrival):
+        raise ValueError("a submission without an arrival time")
+    return state

@@ -1,0 +1,147 @@
+"""One loop, two drivers: a trace replayed by the simulator and through the HTTP service gives the same decisions.
+
+The simulator drives `hetplan.scheduler.Scheduler` in process; the service drives the same loop behind
+`POST /v1/allocate` (submit), `POST /v1/release` (finish) and `POST /v1/actions/tick` (the round), on a real uvicorn
+on 127.0.0.1 with a durable SQLite allocator and a virtual clock the test sets to each event's time. The events
+(arrivals, completions, rounds) are the simulator's own; the two action logs must be the same, action by action
+(kind, job, node, GPUs, cores, RAM, preempted), so every job starts, moves and ends at the same time in both.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import zlib
+
+import httpx
+import numpy as np
+import pandas as pd
+import pytest
+import uvicorn
+
+from hetplan.allocator import Allocator
+from hetplan.allocator.core import NodeChanges
+from hetplan.allocator.durable import DurableAllocator
+from hetplan.allocator.service import ServiceSettings, create_app
+from hetplan.allocator.service.bodies import action_out
+from hetplan.allocator.spec import Node
+from hetplan.hints import HintSet
+from hetplan.hints.index import HintEntry
+from hetplan.reference import build_reference
+from hetplan.sim import TruthCurves, prepare_workload
+from hetplan.sim.engine import SimConfig, Simulator
+from servers import TOKEN, free_port
+
+NODES = [Node(f"v{i}", "V100", 4, 32, 244) for i in range(3)] + [Node(f"t{i}", "T4", 4, 48, 192) for i in range(3)] \
+    + [Node("big", "V100", 8, 64, 488)]
+ROUND_S = 300.0
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _trace(n: int, seed: int, models: list[str]) -> pd.DataFrame:
+    """A mixed trace with an overloaded stretch: many models, 1-16 GPUs (16: gangs), arrivals that outrun the
+    cluster for an hour, then thin out."""
+    rng = np.random.default_rng(seed)
+    dense = np.sort(rng.uniform(0, 3600, n * 2 // 3))
+    sparse = np.sort(rng.uniform(3600, 4 * 3600, n - len(dense)))
+    return pd.DataFrame({"job_id": [f"j{i:04d}" for i in range(n)], "model": rng.choice(models, n),
+                         "num_gpus": rng.choice([1, 1, 2, 4, 8, 16], n),
+                         "arrival_s": np.concatenate([dense, sparse]), "duration_s": rng.exponential(1800, n)})
+
+
+def _hints(models: list[str]) -> HintSet:
+    return HintSet("h-diff", {(m, g): (HintEntry("V100", 1, 9.0, 62.5), HintEntry("T4", 2, 6.0, 40.0))
+                              for m in models for g in (1, 2, 4, 8)})
+
+
+class Recording(Simulator):
+    """The simulator, writing down each call it makes of the loop (what the service will be asked, in order)."""
+
+    def __init__(self, *args) -> None:
+        super().__init__(*args)
+        self.events: list[tuple[str, float, str]] = []
+        loop = self.scheduler
+        submit, finish, round_ = loop.submit, loop.finish, loop.round
+
+        def on_submit(job, now):
+            self.events.append(("submit", now, job.job_id))
+            return submit(job, now)
+
+        def on_finish(job_id, now):
+            self.events.append(("finish", now, job_id))
+            return finish(job_id, now)
+
+        def on_round(now):
+            self.events.append(("round", now, ""))
+            return round_(now)
+
+        loop.submit, loop.finish, loop.round = on_submit, on_finish, on_round
+
+
+def _decisions(actions: list[dict]) -> list[tuple]:
+    return [(x["kind"], x["job_id"], x.get("preempted", False),
+             tuple((a["node"], a["gpus"], a["cpus"], a["mem_gb"]) for a in x["after"])) for x in actions]
+
+
+def _sim_actions(simulator: Simulator) -> list[dict]:
+    """The simulator's action log as the service would show it."""
+    return [action_out(x).model_dump() for x in simulator.allocator.log.entries()]
+
+
+@pytest.mark.parametrize("policy,order", [("hint", "las"), ("hint-static", "las"), ("first-fit", "fifo")])
+def test_the_service_decides_as_the_simulator_does(tmp_path, policy, order):
+    truth = TruthCurves.from_profiles(build_reference().derived)
+    models = sorted(truth.models)
+    trace = _trace(320, zlib.crc32(f"{policy}/{order}".encode()), models)
+    workload = prepare_workload(trace, truth.models)
+    hints = _hints(models)
+    config = SimConfig(order, ROUND_S)
+    sim_alloc = Allocator(list(NODES), config.policy(policy), hints)
+    simulator = Recording(workload.jobs, sim_alloc, truth, config)
+    result = simulator.run()
+    assert result.counts["preemptions"] + result.counts["migrations"] > 0 or policy == "first-fit"
+    assert result.timeline["waiting"].max() > 20  # the overloaded stretch: jobs queued, not refused
+
+    clock = Clock()
+    allocator = DurableAllocator(tmp_path / "allocator.db", config.policy(policy), hints, clock=clock)
+    allocator.change_nodes(NodeChanges(upsert=list(NODES)))
+    settings = ServiceSettings(db=tmp_path / "allocator.db", policy=policy, token=TOKEN, tick_seconds=0,
+                               order=order, regrow=False)
+    server = uvicorn.Server(uvicorn.Config(create_app(settings, allocator), host="127.0.0.1", port=free_port(),
+                                           log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    try:
+        while not server.started:
+            time.sleep(0.02)
+        url = f"http://127.0.0.1:{server.config.port}"
+        rows = {row.job_id: row for row in workload.jobs.itertuples()}
+        admin = {"Authorization": f"Bearer {TOKEN}"}
+        with httpx.Client(base_url=url, timeout=30) as client:
+            for kind, now, job_id in simulator.events:
+                clock.now = now
+                if kind == "submit":
+                    row = rows[job_id]
+                    answer = client.post("/v1/allocate", json={"job_id": job_id, "model": row.model,
+                                                               "num_gpus": int(row.num_gpus)})
+                    assert answer.status_code == 200 and answer.json()["status"] in ("allocated", "queued"), answer.text
+                elif kind == "finish":
+                    assert client.post("/v1/release", json={"job_id": job_id}).json()["released"]
+                else:
+                    assert client.post("/v1/actions/tick", headers=admin).status_code == 200
+            served = client.get("/v1/actions", params={"since": 0}).json()["actions"]
+            assert client.get("/v1/queue").json()["jobs"] == []
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
+        allocator.close()
+    simulated = _decisions(_sim_actions(simulator))
+    assert len(simulated) > 400
+    assert _decisions(served) == simulated
