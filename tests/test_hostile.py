@@ -13,6 +13,7 @@ import pytest
 
 from allocator_helpers import T4, hint_set, v100
 from hetplan.allocator.core import Allocator
+from hetplan.allocator.spec import Job
 from servers import TOKEN
 
 with warnings.catch_warnings():
@@ -198,3 +199,68 @@ def test_a_retry_with_a_larger_own_request_is_a_conflict_not_the_old_allocation(
     assert "own cpus 12 cores, allocated for 2" in bigger["message"]
     assert allocator.cluster.snapshot() == before
     client.post("/v1/release", json={"job_id": "r"})
+
+
+# --- gang part ids are no job ids (issue 30) ------------------------------------------------------------------------
+
+PART_IDS = ["hg#0", "hg#1", "hx#0", "#", "a#b", "x#"]
+
+
+@pytest.fixture()
+def gang_service():
+    """Four 4-GPU V100 nodes; job `hg` (8 GPUs) runs as a gang over two of them (parts `hg#0`, `hg#1`)."""
+    allocator = Allocator([v100(f"n{i}", gpus=4, cpus=32, mem_gb=244) for i in range(4)], "hint", hint_set())
+    app = create_app(ServiceSettings(token=TOKEN, tick_seconds=0), allocator=allocator)
+    with TestClient(app, raise_server_exceptions=False) as client:
+        answer = client.post("/v1/allocate", json={"job_id": "hg", "model": "transformer", "num_gpus": 8}).json()
+        assert [p["job_id"] for p in answer["parts"]] == ["hg#0", "hg#1"], answer
+        yield client, allocator
+
+
+@pytest.mark.parametrize("job_id", PART_IDS)
+@pytest.mark.parametrize(("path", "extra"), [("/v1/allocate", {"model": "transformer", "num_gpus": 4}),
+                                             ("/v1/release", {}),
+                                             ("/v1/adopt", {"model": "transformer", "num_gpus": 4, "node": "n0"})])
+def test_a_job_id_with_the_gang_separator_is_refused_by_every_route(gang_service, path, extra, job_id):
+    """Issue 30: `hg#0` was allocated and released as a job: releasing it split an 8-GPU gang to 4."""
+    client, allocator = gang_service
+    before = allocator.cluster.snapshot()
+    response = client.post(path, json={"job_id": job_id, **extra})
+    assert response.status_code == 422, response.text
+    [error] = response.json()["detail"]
+    assert error["loc"] == ["body", "job_id"] and "'#'" in error["msg"], error
+    assert allocator.cluster.snapshot() == before
+    assert [a.gpus for a in allocator.running()["hg"]] == [4, 4]
+
+
+@pytest.mark.parametrize("job_id", PART_IDS)
+def test_the_library_refuses_a_job_id_with_the_gang_separator_and_never_answers_a_part_as_a_job(gang_service,
+                                                                                                job_id):
+    _, allocator = gang_service
+    before = allocator.cluster.snapshot()
+    with pytest.raises(ValueError, match="job_id may not contain '#'"):
+        Job(job_id, "res50", 1)
+    with pytest.raises(ValueError, match="job_id may not contain '#'"):
+        allocator.release(job_id)
+    assert allocator.running([job_id]) == {}
+    assert allocator.cluster.snapshot() == before
+
+
+def test_an_extender_pod_annotated_with_a_part_id_is_not_pinned_to_the_parts_node(gang_service):
+    """A pod whose `hetplan.io/job-id` names a gang's part is judged by free capacity like any other pod; its own
+    job's pod would pass only its allocation's node."""
+    client, allocator = gang_service
+    part = allocator.running()["hg"][0]
+    body = json.loads(names_body(pod(nvidia_com_gpu='"1"'), json.dumps([f"n{i}" for i in range(4)])))
+    body["Pod"]["metadata"]["annotations"] = {"hetplan.io/job-id": part.job_id}
+    passed = client.post("/filter", json=body).json()["NodeNames"]
+    assert passed != [part.node] and set(passed) == {f"n{i}" for i in range(4)} - {a.node for a in
+                                                                                     allocator.running()["hg"]}
+
+
+def test_a_released_gang_frees_all_its_parts_and_a_larger_gang_then_fits(gang_service):
+    client, allocator = gang_service
+    assert client.post("/v1/release", json={"job_id": "hg"}).json()["released"]
+    assert allocator.cluster.free_gpus_total() == 16
+    answer = client.post("/v1/allocate", json={"job_id": "hx", "model": "transformer", "num_gpus": 16}).json()
+    assert answer["status"] == "allocated" and len(answer["parts"]) == 4, answer

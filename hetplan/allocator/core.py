@@ -19,7 +19,7 @@ from hetplan.allocator.actions import Action, diff
 from hetplan.allocator.rebalance import CoAdaptive
 from hetplan.allocator.sources import HintSource, StaticHints
 from hetplan.allocator.journal import RETAIN, ActionLog, Change, Journal, MemoryJournal, Restored, Synchronous
-from hetplan.allocator.spec import Allocation, Decision, Job, Node, Reason, Rejection
+from hetplan.allocator.spec import GANG_SEP, Allocation, Decision, Job, Node, Reason, Rejection, check_job_id
 from hetplan.allocator.stability import MoveHistory, record
 from hetplan.hints import HintSet
 
@@ -296,7 +296,9 @@ class Allocator:
         return parts[0] if parts else None
 
     def release_parts(self, job_id: str) -> tuple[Allocation, ...]:
-        """Free a job's resources on every node it holds (one for most jobs, several for a gang)."""
+        """Free a job's resources on every node it holds (one for most jobs, several for a gang). `ValueError` for
+        no job id (`spec.check_job_id`: a gang's part is released with its gang, never alone)."""
+        check_job_id(job_id)
         with self.lock:
             parts = self.running([job_id]).get(job_id, ())
             if parts:
@@ -305,7 +307,7 @@ class Allocator:
 
     def running(self, job_ids: Iterable[str] | None = None) -> dict[str, tuple[Allocation, ...]]:
         """Jobs holding resources (all, or those of `job_ids`) -> their allocations (one per node; a gang's
-        parts in order)."""
+        parts in order). A gang's part (`<job id>#<k>`) is no job: asked for one, it answers nothing."""
         with self.lock:
             if job_ids is not None:
                 out = {}
@@ -314,7 +316,7 @@ class Allocator:
                     gang = gangs.get(job_id)
                     if gang is None:
                         a = table.get(job_id)
-                        if a is not None:
+                        if a is not None and GANG_SEP not in job_id:
                             out[job_id] = (a,)
                         continue
                     parts = tuple(a for a in map(table.get, gang) if a is not None)
