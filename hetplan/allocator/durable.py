@@ -25,6 +25,7 @@ from pathlib import Path
 
 from hetplan.allocator.cluster import StateError
 from hetplan.allocator.core import Allocator
+from hetplan.allocator.dblock import DatabaseLock
 from hetplan.allocator.journal import RETAIN, Change, LoggedAction, Restored, Synchronous
 from hetplan.allocator.policies import Policy
 from hetplan.allocator.actions import Action
@@ -99,7 +100,13 @@ class SqliteJournal:
         self.path = Path(path)
         self.synchronous: Synchronous = synchronous.upper()  # type: ignore[assignment]
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+        # one process per database (DatabaseInUse otherwise), taken before anything is read or written
+        self._lock = DatabaseLock(self.path) if str(path) not in ("", ":memory:") else None
+        try:
+            self._db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+        except BaseException:
+            self._unlock()
+            raise
         try:
             found = _check_schema(self._db, self.path)  # before anything is written to it
             if found in _UPGRADES:
@@ -113,7 +120,12 @@ class SqliteJournal:
             self._db.execute("INSERT OR IGNORE INTO meta VALUES ('schema', ?)", (SCHEMA_VERSION,))
         except BaseException:
             self._db.close()
+            self._unlock()
             raise
+
+    def _unlock(self) -> None:
+        if self._lock is not None:
+            self._lock.release()
 
     def load(self, retain: int) -> Restored:
         db = self._db
@@ -175,6 +187,7 @@ class SqliteJournal:
 
     def close(self) -> None:
         self._db.close()
+        self._unlock()
 
 
 class DurableAllocator(Allocator):
