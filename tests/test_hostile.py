@@ -264,3 +264,53 @@ def test_a_released_gang_frees_all_its_parts_and_a_larger_gang_then_fits(gang_se
     assert allocator.cluster.free_gpus_total() == 16
     answer = client.post("/v1/allocate", json={"job_id": "hx", "model": "transformer", "num_gpus": 16}).json()
     assert answer["status"] == "allocated" and len(answer["parts"]) == 4, answer
+
+
+# --- a hint store that cannot be read (issue 30) --------------------------------------------------------------------
+
+STORE_FAULTS = {  # what breaks -> (the file the answer names, how it is broken)
+    "latest-not-utf8": ("LATEST", lambda root: (root / "LATEST").write_bytes(b"p\xff2\n")),
+    "latest-nul": ("LATEST", lambda root: (root / "LATEST").write_bytes(b"p2\x00\n")),
+    "latest-names-nothing": ("gone", lambda root: (root / "LATEST").write_text("gone\n")),
+    "plan-not-utf8": ("p2/plan.json", lambda root: (root / "p2" / "plan.json").write_bytes(b'{"plan_id": "\xff"}')),
+    "plan-nested-deep": ("p2/plan.json", lambda root: (root / "p2" / "plan.json").write_bytes(b"[" * 100_000)),
+    "hints-not-parquet": ("p2/hints.parquet",
+                          lambda root: (root / "p2" / "hints.parquet").write_bytes(b"PAR1\xff\xfe" * 100)),
+}
+
+
+@pytest.mark.parametrize("fault", STORE_FAULTS)
+def test_a_store_that_cannot_be_read_keeps_the_last_good_hints_and_reload_names_the_file(tmp_path, caplog, fault):
+    """Issue 30: a LATEST that is no UTF-8 text gave 500s on reload and on every allocate that polled the store. Any
+    version that cannot be loaded: the last good hints stay in force, one log line says why, reload answers 409
+    naming the file, allocate goes on deciding with the last good hints; a good LATEST is loaded again."""
+    from hetplan.allocator.sources import StoreHints
+    from hetplan.hints import HintStore
+    from allocator_helpers import hints_frame, make_plan
+
+    store = HintStore(tmp_path)
+    store.publish(make_plan("p1"), hints_frame("p1"))
+    store.publish(make_plan("p2"), hints_frame("p2"))
+    (tmp_path / "LATEST").write_text("p1\n")
+    allocator = Allocator([v100("v1")], "hint", StoreHints(store, poll_seconds=0))
+    app = create_app(ServiceSettings(token=TOKEN, tick_seconds=0), allocator=allocator)
+    named, corrupt = STORE_FAULTS[fault]
+    with TestClient(app, raise_server_exceptions=False) as client:
+        (tmp_path / "LATEST").write_text("p2\n")
+        corrupt(tmp_path)
+        with caplog.at_level("WARNING", logger="hetplan.allocator.sources"):
+            for k in range(3):  # each polls the store
+                answer = client.post("/v1/allocate", json={"job_id": f"a{k}", "model": "res50", "num_gpus": 1})
+                assert answer.status_code == 200 and answer.json()["allocation"]["hint_version"] == "p1", answer.text
+            reload = client.post("/v1/hints/reload", headers=ADMIN)
+        assert reload.status_code == 409, reload.text
+        detail = reload.json()["detail"]
+        assert "\n" not in detail and str(tmp_path / named) in detail and "p1 stays in force" in detail, detail
+        [logged] = [r.getMessage() for r in caplog.records]  # once, not once per poll
+        assert "\n" not in logged and str(tmp_path / named) in logged and "keeping hints p1" in logged
+        hints = client.get("/v1/hints").json()
+        assert hints["version"] == "p1" and str(tmp_path / named) in hints["last_error"]
+        store.publish(make_plan("p3"), hints_frame("p3"))  # a good LATEST again
+        reload = client.post("/v1/hints/reload", headers=ADMIN)
+        assert reload.status_code == 200 and reload.json()["version"] == "p3" and reload.json()["last_error"] is None
+
