@@ -314,3 +314,39 @@ def test_a_store_that_cannot_be_read_keeps_the_last_good_hints_and_reload_names_
         reload = client.post("/v1/hints/reload", headers=ADMIN)
         assert reload.status_code == 200 and reload.json()["version"] == "p3" and reload.json()["last_error"] is None
 
+
+# --- the admission webhook's bodies (issue 30) ----------------------------------------------------------------------
+
+WEBHOOK_BODIES = {  # name -> (Content-Length as sent, body, status)
+    "not-utf8": (None, b'{"request": "\xff"}', 400), "deep": (None, b"[" * 100_000, 400),
+    "not-json": (None, b"review", 400), "negative-length": ("-1", b"{}", 400), "spaced-length": (" 2", b"{}", 400),
+    "underscored-length": ("1_0", b"{}", 400), "huge-length": ("9" * 40, b"{}", 413),
+}
+
+
+@pytest.mark.parametrize("case", WEBHOOK_BODIES)
+def test_the_webhook_answers_a_hostile_body_with_a_clean_4xx(service, case):
+    """Issue 30: a deep JSON body dropped the connection without an answer (RecursionError), and a Content-Length of
+    -1 made the webhook read until the client gave up."""
+    import http.client
+
+    from hetplan.allocator.k8s.service_client import AllocatorClient
+    from hetplan.allocator.k8s.webhook import WebhookServer
+
+    client, allocator = service
+    before = allocator.cluster.snapshot()
+    length, body, status = WEBHOOK_BODIES[case]
+    webhook = WebhookServer(AllocatorClient(http=client), host="127.0.0.1", port=0).start()
+    try:
+        conn = http.client.HTTPConnection("127.0.0.1", webhook.port, timeout=10)
+        conn.putrequest("POST", "/mutate")
+        conn.putheader("Content-Type", "application/json")
+        conn.putheader("Content-Length", length if length is not None else str(len(body)))
+        conn.endheaders(body)
+        answer = conn.getresponse()
+        assert answer.status == status
+        assert json.loads(answer.read())["detail"]
+        conn.close()
+    finally:
+        webhook.stop()
+    assert allocator.cluster.snapshot() == before

@@ -141,7 +141,7 @@ class SqliteJournal:
         out.latest = int(latest[0]) if latest else 0
         rows = db.execute("SELECT seq, at, kind, job_id, parts FROM actions WHERE seq > ? ORDER BY seq",
                           (out.latest - retain,)).fetchall()
-        out.logged = [_logged(*row) for row in rows]
+        out.logged = _logged_rows(rows, self.path)
         log.info("restored %d nodes, %d allocations and actions up to %d from %s", len(out.nodes),
                  len(out.allocations), out.latest, self.path)
         return out
@@ -251,7 +251,19 @@ def read_actions(path: str | os.PathLike[str]) -> list[LoggedAction]:
         raise StateError(f"{path}: not an allocator database ({exc})") from None
     finally:
         db.close()
-    return [_logged(*row) for row in rows]
+    return _logged_rows(rows, path)
+
+
+def _logged_rows(rows: list[tuple], path: Path) -> list[LoggedAction]:
+    """`_logged` of every row; `StateError` naming the database and the first row that is no action."""
+    out = []
+    for row in rows:
+        try:
+            out.append(_logged(*row))
+        except (ValueError, TypeError) as exc:  # parts: not UTF-8, not JSON, not allocations
+            raise StateError(f"{path}: action {row[0]} is unreadable ({type(exc).__name__}: "
+                             f"{' '.join(str(exc).split())[:200]})") from None
+    return out
 
 
 def _check_schema(db: sqlite3.Connection, path: Path) -> str | None:
