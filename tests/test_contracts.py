@@ -230,3 +230,15 @@ def test_a_plan_that_is_not_json_says_so(tmp_path):
     path = write(tmp_path, "{not json", "plan.json")
     with pytest.raises(ContractError, match="not JSON"):
         load_plan(path)
+
+
+@pytest.mark.parametrize(("data", "message"), [(b'{"plan_id": "\xff"}', "not a plan JSON file: not UTF-8 text (byte 13)"),
+                                               (b"[" * 100_000, "not a plan: JSON nested too deeply")],
+                         ids=["not-utf8", "deep"])
+def test_a_plan_that_is_no_text_or_too_deep_says_so_in_one_line(tmp_path, data, message):
+    """Issue 30: these raised UnicodeDecodeError and RecursionError (a 500 from the hint store's reload)."""
+    path = tmp_path / "plan.json"
+    path.write_bytes(data)
+    with pytest.raises(ContractError) as info:
+        load_plan(path)
+    assert str(info.value) == f"{path}: {message}"

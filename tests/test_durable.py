@@ -1,5 +1,6 @@
 """Durability: restores, restarts, killed processes and threads never lose or overcommit an allocation."""
 
+import os
 import random
 import signal
 import sqlite3
@@ -12,6 +13,7 @@ import pytest
 from hetplan.allocator import (
     Allocation, Allocator, DurableAllocator, Job, Node, NodeChanges, OvercommitError, StateError,
 )
+from hetplan.allocator.dblock import DatabaseLock
 from hetplan.allocator.durable import check_database
 from allocator_helpers import T4, allocated, hint_set, run_concurrently, v100
 
@@ -181,3 +183,59 @@ def test_a_schema_2_database_is_upgraded_in_place_and_keeps_its_allocations(tmp_
         assert raw.execute("SELECT value FROM meta WHERE key='schema'").fetchone() == ("5",)
     with DurableAllocator(db, "hint") as again:  # the share and its request survive a restart
         assert again.cluster.allocation("s") == share and again.cluster.check() == []
+
+
+# --- one process per database (issue 30) ----------------------------------------------------------------------------
+
+OPEN = textwrap.dedent("""
+    import sys
+    from hetplan.allocator import DurableAllocator
+    from hetplan.allocator.dblock import DatabaseInUse
+    try:
+        DurableAllocator(sys.argv[1], "proportional").close()
+    except DatabaseInUse as exc:
+        print("refused:", exc)
+    else:
+        print("opened")
+""")
+
+
+def _open_elsewhere(db) -> str:
+    """What another process gets when it opens `db`: `opened`, or `refused: <the one-line reason>`."""
+    done = subprocess.run([sys.executable, "-c", OPEN, str(db)], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    return done.stdout.strip()
+
+
+def test_a_database_open_in_one_process_is_refused_to_another_naming_it_and_the_holder(tmp_path):
+    """Issue 30: two processes on one database numbered their actions from one counter (the second one's every write
+    failed). The second is refused, in one line naming the database and the holder's pid; once the holder closes
+    it (or dies: test_a_second_serve_on_the_same_database_refuses_to_start_in_one_line), the other opens it."""
+    db = tmp_path / "a.db"
+    with DurableAllocator(db, "proportional") as alloc:
+        alloc.upsert_node(v100("v1"))
+        refused = _open_elsewhere(db)
+        assert refused.startswith(f"refused: {db} is in use by another process (pid {os.getpid()},"), refused
+        assert "\n" not in refused
+        allocated(alloc.allocate(Job("a", "res50", 1)))  # the holder is untouched
+    assert _open_elsewhere(db) == "opened"
+
+
+def test_the_lock_is_counted_within_a_process_and_released_by_the_last_holder(tmp_path):
+    """`hetplan serve` holds the lock for its life while the allocator it opens takes it too: in one process the
+    lock is counted; another process gets it only when every holder here let go, and a refused open holds nothing."""
+    db = tmp_path / "a.db"
+    outer = DatabaseLock(db)
+    with DurableAllocator(db, "proportional") as alloc:
+        alloc.upsert_node(v100("v1"))
+    assert _open_elsewhere(db).startswith("refused:")  # `outer` still holds it
+    outer.release()
+    outer.release()  # twice: harmless
+    assert _open_elsewhere(db) == "opened"
+    with sqlite3.connect(db) as raw:
+        raw.execute("UPDATE meta SET value = '1' WHERE key = 'schema'")
+    with pytest.raises(StateError, match="schema 1"):
+        DurableAllocator(db, "hint")  # refused after taking the lock: it lets it go
+    with sqlite3.connect(db) as raw:
+        raw.execute("UPDATE meta SET value = '4' WHERE key = 'schema'")
+    assert _open_elsewhere(db) == "opened"

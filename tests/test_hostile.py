@@ -13,6 +13,7 @@ import pytest
 
 from allocator_helpers import T4, hint_set, v100
 from hetplan.allocator.core import Allocator
+from hetplan.allocator.spec import Job
 from servers import TOKEN
 
 with warnings.catch_warnings():
@@ -197,3 +198,154 @@ def test_a_retry_with_a_larger_own_request_is_a_conflict_not_the_old_allocation(
     assert bigger.status_code == 409 and "own cpus 12 cores, allocated for 2" in bigger.json()["detail"]
     assert allocator.cluster.snapshot() == before
     client.post("/v1/release", json={"job_id": "r"})
+
+
+# --- gang part ids are no job ids (issue 30) ------------------------------------------------------------------------
+
+PART_IDS = ["hg#0", "hg#1", "hx#0", "#", "a#b", "x#"]
+
+
+@pytest.fixture()
+def gang_service():
+    """Four 4-GPU V100 nodes; job `hg` (8 GPUs) runs as a gang over two of them (parts `hg#0`, `hg#1`)."""
+    allocator = Allocator([v100(f"n{i}", gpus=4, cpus=32, mem_gb=244) for i in range(4)], "hint", hint_set())
+    app = create_app(ServiceSettings(token=TOKEN, tick_seconds=0), allocator=allocator)
+    with TestClient(app, raise_server_exceptions=False) as client:
+        answer = client.post("/v1/allocate", json={"job_id": "hg", "model": "transformer", "num_gpus": 8}).json()
+        assert [p["job_id"] for p in answer["parts"]] == ["hg#0", "hg#1"], answer
+        yield client, allocator
+
+
+@pytest.mark.parametrize("job_id", PART_IDS)
+@pytest.mark.parametrize(("path", "extra"), [("/v1/allocate", {"model": "transformer", "num_gpus": 4}),
+                                             ("/v1/release", {}),
+                                             ("/v1/adopt", {"model": "transformer", "num_gpus": 4, "node": "n0"})])
+def test_a_job_id_with_the_gang_separator_is_refused_by_every_route(gang_service, path, extra, job_id):
+    """Issue 30: `hg#0` was allocated and released as a job: releasing it split an 8-GPU gang to 4."""
+    client, allocator = gang_service
+    before = allocator.cluster.snapshot()
+    response = client.post(path, json={"job_id": job_id, **extra})
+    assert response.status_code == 422, response.text
+    [error] = response.json()["detail"]
+    assert error["loc"] == ["body", "job_id"] and "'#'" in error["msg"], error
+    assert allocator.cluster.snapshot() == before
+    assert [a.gpus for a in allocator.running()["hg"]] == [4, 4]
+
+
+@pytest.mark.parametrize("job_id", PART_IDS)
+def test_the_library_refuses_a_job_id_with_the_gang_separator_and_never_answers_a_part_as_a_job(gang_service,
+                                                                                                job_id):
+    _, allocator = gang_service
+    before = allocator.cluster.snapshot()
+    with pytest.raises(ValueError, match="job_id may not contain '#'"):
+        Job(job_id, "res50", 1)
+    with pytest.raises(ValueError, match="job_id may not contain '#'"):
+        allocator.release(job_id)
+    assert allocator.running([job_id]) == {}
+    assert allocator.cluster.snapshot() == before
+
+
+def test_an_extender_pod_annotated_with_a_part_id_is_not_pinned_to_the_parts_node(gang_service):
+    """A pod whose `hetplan.io/job-id` names a gang's part is judged by free capacity like any other pod; its own
+    job's pod would pass only its allocation's node."""
+    client, allocator = gang_service
+    part = allocator.running()["hg"][0]
+    body = json.loads(names_body(pod(nvidia_com_gpu='"1"'), json.dumps([f"n{i}" for i in range(4)])))
+    body["Pod"]["metadata"]["annotations"] = {"hetplan.io/job-id": part.job_id}
+    passed = client.post("/filter", json=body).json()["NodeNames"]
+    assert passed != [part.node] and set(passed) == {f"n{i}" for i in range(4)} - {a.node for a in
+                                                                                     allocator.running()["hg"]}
+
+
+def test_a_released_gang_frees_all_its_parts_and_a_larger_gang_then_fits(gang_service):
+    client, allocator = gang_service
+    assert client.post("/v1/release", json={"job_id": "hg"}).json()["released"]
+    assert allocator.cluster.free_gpus_total() == 16
+    answer = client.post("/v1/allocate", json={"job_id": "hx", "model": "transformer", "num_gpus": 16}).json()
+    assert answer["status"] == "allocated" and len(answer["parts"]) == 4, answer
+
+
+# --- a hint store that cannot be read (issue 30) --------------------------------------------------------------------
+
+STORE_FAULTS = {  # what breaks -> (the file the answer names, how it is broken)
+    "latest-not-utf8": ("LATEST", lambda root: (root / "LATEST").write_bytes(b"p\xff2\n")),
+    "latest-nul": ("LATEST", lambda root: (root / "LATEST").write_bytes(b"p2\x00\n")),
+    "latest-names-nothing": ("gone", lambda root: (root / "LATEST").write_text("gone\n")),
+    "plan-not-utf8": ("p2/plan.json", lambda root: (root / "p2" / "plan.json").write_bytes(b'{"plan_id": "\xff"}')),
+    "plan-nested-deep": ("p2/plan.json", lambda root: (root / "p2" / "plan.json").write_bytes(b"[" * 100_000)),
+    "hints-not-parquet": ("p2/hints.parquet",
+                          lambda root: (root / "p2" / "hints.parquet").write_bytes(b"PAR1\xff\xfe" * 100)),
+}
+
+
+@pytest.mark.parametrize("fault", STORE_FAULTS)
+def test_a_store_that_cannot_be_read_keeps_the_last_good_hints_and_reload_names_the_file(tmp_path, caplog, fault):
+    """Issue 30: a LATEST that is no UTF-8 text gave 500s on reload and on every allocate that polled the store. Any
+    version that cannot be loaded: the last good hints stay in force, one log line says why, reload answers 409
+    naming the file, allocate goes on deciding with the last good hints; a good LATEST is loaded again."""
+    from hetplan.allocator.sources import StoreHints
+    from hetplan.hints import HintStore
+    from allocator_helpers import hints_frame, make_plan
+
+    store = HintStore(tmp_path)
+    store.publish(make_plan("p1"), hints_frame("p1"))
+    store.publish(make_plan("p2"), hints_frame("p2"))
+    (tmp_path / "LATEST").write_text("p1\n")
+    allocator = Allocator([v100("v1")], "hint", StoreHints(store, poll_seconds=0))
+    app = create_app(ServiceSettings(token=TOKEN, tick_seconds=0), allocator=allocator)
+    named, corrupt = STORE_FAULTS[fault]
+    with TestClient(app, raise_server_exceptions=False) as client:
+        (tmp_path / "LATEST").write_text("p2\n")
+        corrupt(tmp_path)
+        with caplog.at_level("WARNING", logger="hetplan.allocator.sources"):
+            for k in range(3):  # each polls the store
+                answer = client.post("/v1/allocate", json={"job_id": f"a{k}", "model": "res50", "num_gpus": 1})
+                assert answer.status_code == 200 and answer.json()["allocation"]["hint_version"] == "p1", answer.text
+            reload = client.post("/v1/hints/reload", headers=ADMIN)
+        assert reload.status_code == 409, reload.text
+        detail = reload.json()["detail"]
+        assert "\n" not in detail and str(tmp_path / named) in detail and "p1 stays in force" in detail, detail
+        [logged] = [r.getMessage() for r in caplog.records]  # once, not once per poll
+        assert "\n" not in logged and str(tmp_path / named) in logged and "keeping hints p1" in logged
+        hints = client.get("/v1/hints").json()
+        assert hints["version"] == "p1" and str(tmp_path / named) in hints["last_error"]
+        store.publish(make_plan("p3"), hints_frame("p3"))  # a good LATEST again
+        reload = client.post("/v1/hints/reload", headers=ADMIN)
+        assert reload.status_code == 200 and reload.json()["version"] == "p3" and reload.json()["last_error"] is None
+
+
+# --- the admission webhook's bodies (issue 30) ----------------------------------------------------------------------
+
+WEBHOOK_BODIES = {  # name -> (Content-Length as sent, body, status)
+    "not-utf8": (None, b'{"request": "\xff"}', 400), "deep": (None, b"[" * 100_000, 400),
+    "not-json": (None, b"review", 400), "negative-length": ("-1", b"{}", 400), "spaced-length": (" 2", b"{}", 400),
+    "underscored-length": ("1_0", b"{}", 400), "huge-length": ("9" * 40, b"{}", 413),
+}
+
+
+@pytest.mark.parametrize("case", WEBHOOK_BODIES)
+def test_the_webhook_answers_a_hostile_body_with_a_clean_4xx(service, case):
+    """Issue 30: a deep JSON body dropped the connection without an answer (RecursionError), and a Content-Length of
+    -1 made the webhook read until the client gave up."""
+    import http.client
+
+    from hetplan.allocator.k8s.service_client import AllocatorClient
+    from hetplan.allocator.k8s.webhook import WebhookServer
+
+    client, allocator = service
+    before = allocator.cluster.snapshot()
+    length, body, status = WEBHOOK_BODIES[case]
+    webhook = WebhookServer(AllocatorClient(http=client), host="127.0.0.1", port=0).start()
+    try:
+        conn = http.client.HTTPConnection("127.0.0.1", webhook.port, timeout=10)
+        conn.putrequest("POST", "/mutate")
+        conn.putheader("Content-Type", "application/json")
+        conn.putheader("Content-Length", length if length is not None else str(len(body)))
+        conn.endheaders(body)
+        answer = conn.getresponse()
+        assert answer.status == status
+        assert json.loads(answer.read())["detail"]
+        conn.close()
+    finally:
+        webhook.stop()
+    assert allocator.cluster.snapshot() == before

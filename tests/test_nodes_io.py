@@ -180,3 +180,29 @@ def test_serve_loads_a_csv_fleet_and_a_plans_nodes_and_takes_larger_batches_in_c
 
 def test_serve_names_the_same_store_variable_as_the_hint_store():
     assert STORE_ENV_NAME == STORE_ENV
+
+
+@pytest.mark.parametrize("name, data, where", [
+    ("f.json", b"[" * 100_000 + b"]" * 100_000, "f.json: not a node file: JSON nested too deeply"),
+    ("f.yaml", b"[" * 100_000 + b"]" * 100_000, "f.yaml: not a node file: YAML nested too deeply"),
+    ("f.yaml", b"a:\n" + b"".join(b" " * k + b"a:\n" for k in range(1, 3000)), "f.yaml: not a node file: YAML"),
+    ("f.csv", b"name,gpu_type,gpus,vcpus,mem_gb\nn\xe9,T4,1,4,16\n", "f.csv: cannot read: not UTF-8 text (byte 33)"),
+    ("f.json", '[{"name": "n"}]'.encode("utf-16"), "f.json: cannot read: not UTF-8 text (byte 0)"),
+    ("f.csv", b"name,gpu_type,gpus,vcpus,mem_gb\n" + b"n" * 200_000 + b",T4,1,4,16\n",
+     "f.csv: not a valid CSV file: field larger than field limit"),
+], ids=["json-deep", "yaml-deep", "yaml-deep-mapping", "csv-latin1", "json-utf16", "csv-huge-field"])
+def test_node_files_that_are_no_text_or_too_deep_fail_with_one_line(tmp_path, name, data, where):
+    """Issue 30: these raised RecursionError or csv.Error (a traceback from `hetplan serve --nodes`), not one line."""
+    path = tmp_path / name
+    path.write_bytes(data)
+    with pytest.raises(NodeFileError) as info:
+        load_nodes(path)
+    message = str(info.value)
+    assert "\n" not in message and message.removeprefix(str(tmp_path) + "/").startswith(where), message
+
+
+def test_a_csv_with_a_byte_order_mark_loads(tmp_path):
+    """A spreadsheet's CSV starts with a byte-order mark: no part of the first column's name."""
+    path = tmp_path / "f.csv"
+    path.write_bytes(b"\xef\xbb\xbfname,gpu_type,gpus,vcpus,mem_gb\nn1,T4,1,4,16\n")
+    assert load_nodes(path) == [Node("n1", "T4", 1, 4, 16)]

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from allocator_helpers import hints_frame, make_plan
 from hetplan.allocator.service import ServiceSettings, create_app
-from hetplan.allocator.service.bodies import NAME_FORMAT
+from hetplan.allocator.service.bodies import JOB_ID_FORMAT, NAME_FORMAT
 from hetplan.hints import HintStore
 from servers import TOKEN
 
@@ -61,9 +61,10 @@ def app(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 # fixture's app. (`schemathesis.pytest.from_fixture` would read it from the fixture, but fails on pytest 9.2.)
 SPEC = create_app().openapi()
 # names: printable (spec.check_name); the schema's pattern uses \p{C} and \p{Z}, which the generator cannot read
-schemathesis.openapi.format(NAME_FORMAT, st.text(st.characters(categories=("L", "M", "N", "P", "S"), codec="utf-8")
-                                                 | st.just(" "), min_size=1, max_size=40)
-                            .filter(lambda name: name.isprintable() and name.strip(" ") == name))
+NAMES = st.text(st.characters(categories=("L", "M", "N", "P", "S"), codec="utf-8") | st.just(" "), min_size=1,
+                max_size=40).filter(lambda name: name.isprintable() and name.strip(" ") == name)
+schemathesis.openapi.format(NAME_FORMAT, NAMES)
+schemathesis.openapi.format(JOB_ID_FORMAT, NAMES.filter(lambda name: "#" not in name))  # spec.check_job_id
 schema = schemathesis.openapi.from_dict(SPEC)
 schema.app = CURRENT
 schema.config.seed = 15  # reproducible runs; the examples still differ per operation

@@ -527,3 +527,39 @@ def test_a_kill_9_mid_burst_loses_nothing_acknowledged_and_renumbers_nothing(tmp
                     log["latest"] + 1
     finally:
         srv.stop()
+
+
+# --- one process per database (issue 30) ----------------------------------------------------------------------------
+
+
+def test_a_second_serve_on_the_same_database_refuses_to_start_in_one_line(tmp_path):
+    """Issue 30: a second `hetplan serve` on the first one's --db started, answered every write with 500 (a duplicate
+    action number) and served stale reads. It now exits non-zero with one line naming the database and the pid that
+    holds it; the first serves on, untouched; once it is SIGKILLed (no clean-up), a new one starts on that database."""
+    store = tmp_path / "store"
+    HintStore(store).publish(make_plan("l1"), hints_frame("l1"))
+    first = Server(tmp_path, store, _v100_nodes(tmp_path / "nodes.json", 2), ("--tick", "0")).start()
+    second = Server(tmp_path, store, None, ("--tick", "0"))
+    try:
+        with httpx.Client(base_url=first.url, timeout=10) as c:
+            assert c.post("/v1/allocate", json={"job_id": "a", "model": "res50", "num_gpus": 1}).json()["status"] \
+                == "allocated"
+        with pytest.raises(RuntimeError, match="server exited") as refused:
+            second.start()
+        lines = str(refused.value).split("server exited: ", 1)[1].strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("error: "), lines
+        assert str(first.db) in lines[0] and f"pid {first.proc.pid}" in lines[0], lines
+        assert second.proc.returncode != 0
+        with httpx.Client(base_url=first.url, timeout=10) as c:  # the first is untouched: reads and writes
+            assert c.post("/v1/allocate", json={"job_id": "b", "model": "res50", "num_gpus": 1}).json()["status"] \
+                == "allocated"
+            assert [a["job_id"] for a in c.get("/v1/allocations").json()] == ["a", "b"]
+        first.stop(signal.SIGKILL)
+        first.start()  # the OS released the lock of the killed process
+        with httpx.Client(base_url=first.url, timeout=10) as c:
+            assert [a["job_id"] for a in c.get("/v1/allocations").json()] == ["a", "b"]
+            assert c.post("/v1/release", json={"job_id": "a"}).json()["released"]
+    finally:
+        first.stop()
+        if second.proc is not None:
+            second.stop()  # still running only if it was not refused

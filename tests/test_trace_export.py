@@ -190,3 +190,79 @@ def test_the_database_exports_the_same_trace_and_plan_reads_it(ran, tmp_path):
     sourced = read_source(f"allocator:{ran['db']}", speeds=speeds)
     assert "profiles" in how
     _compare(sourced.trace, ran)
+
+
+# --- an answer or a database that is no job history (issue 30) ------------------------------------------------------
+
+NOT_HISTORIES = {"not-utf8": (b'{"jobs": "\xff"}', "not a JSON answer"), "deep": (b"[" * 100_000, "not a JSON answer"),
+                 "a-list": (b"[]", "not the allocator's job history (TypeError"),
+                 "no-jobs": (b"{}", "not the allocator's job history (KeyError: 'jobs')"),
+                 "bad-span": (b'{"jobs": [{"job_id": "a", "model": "m", "spans": [{"start": "x"}]}], "partial": 0, '
+                              b'"latest": 1}', "not the allocator's job history (ValueError"),
+                 "nan": (b'{"jobs": [], "partial": NaN, "latest": 1}', "not the allocator's job history (ValueError")}
+
+
+@pytest.fixture(scope="module")
+def answering():
+    """A server on loopback that answers every GET with the body `answering.body` (some other service's URL)."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    class Answer(BaseHTTPRequestHandler):
+        body = b""
+
+        def do_GET(self) -> None:  # noqa: N802
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(Answer.body)))
+            self.end_headers()
+            self.wfile.write(Answer.body)
+
+        def log_message(self, *args) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Answer)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield Answer, f"http://127.0.0.1:{server.server_port}"
+    server.shutdown()
+    server.server_close()
+    thread.join(5)
+
+
+@pytest.mark.parametrize("case", NOT_HISTORIES)
+def test_an_answer_that_is_no_job_history_is_refused_in_one_line_naming_the_url(answering, case):
+    """Issue 30: these raised RecursionError, TypeError, KeyError or ValueError from `hetplan trace export --url`."""
+    from hetplan.contracts import ContractError
+    from hetplan.traces.sources import from_allocator
+
+    handler, url = answering
+    handler.body, expected = NOT_HISTORIES[case]
+    with pytest.raises(ContractError) as info:
+        from_allocator(url)
+    message = str(info.value)
+    assert "\n" not in message and message.startswith(f"{url}/v1/jobs: {expected}"), message
+
+
+@pytest.mark.parametrize("parts", [b"\xff\xfe", "not json", '[[], [{"x": 1}]]', "[1, 2, 3]"])
+def test_a_database_with_an_unreadable_action_is_refused_naming_it_and_the_action(tmp_path, parts):
+    """Issue 30: an action row whose parts are not UTF-8, not JSON or no allocations raised a bare ValueError or
+    TypeError from `hetplan trace export --db` and from the allocator's start."""
+    import sqlite3
+
+    from hetplan.allocator import DurableAllocator, StateError
+    from hetplan.allocator.spec import Job, Node
+    from hetplan.contracts import ContractError
+    from hetplan.traces.sources import from_allocator
+
+    db = tmp_path / "allocator.db"
+    with DurableAllocator(db, "proportional") as allocator:
+        allocator.upsert_node(Node("v1", "V100", 8, 64, 488))
+        allocator.allocate(Job("j", "res50", 1))
+        allocator.release("j")
+    with sqlite3.connect(db) as raw:
+        raw.execute("UPDATE actions SET parts = ? WHERE seq = 2", (parts,))
+    with pytest.raises(ContractError) as info:
+        from_allocator(str(db))
+    assert str(info.value).startswith(f"{db}: action 2 is unreadable (") and "\n" not in str(info.value)
+    with pytest.raises(StateError, match=f"^{db}: action 2 is unreadable"):
+        DurableAllocator(db, "proportional")

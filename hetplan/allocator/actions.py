@@ -11,14 +11,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal
 
+from hetplan.allocator.spec import GANG_SEP as GANG_SEP  # where a gang's part ids are made (`rebalance`)
 from hetplan.allocator.spec import Allocation
 
 Target = dict[str, tuple[Allocation, ...]]
 """Job id -> its allocations after the step: one per node (several for a gang); jobs absent do not run."""
 
 ActionKind = Literal["start", "stop", "migrate", "resize"]
-GANG_SEP = "#"
-"""A gang's parts are held in the cluster as `<job id>#<k>`; a job id may not contain it (`spec.Job`)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -19,7 +19,7 @@ from hetplan.allocator.actions import Action, diff
 from hetplan.allocator.rebalance import CoAdaptive
 from hetplan.allocator.sources import HintSource, StaticHints
 from hetplan.allocator.journal import RETAIN, ActionLog, Change, Journal, MemoryJournal, Restored, Synchronous
-from hetplan.allocator.spec import Allocation, Decision, Job, Node, Reason, Rejection
+from hetplan.allocator.spec import GANG_SEP, Allocation, Decision, Job, Node, Reason, Rejection, check_job_id
 from hetplan.allocator.stability import MoveHistory, record
 from hetplan.hints import HintSet
 
@@ -299,7 +299,9 @@ class Allocator:
 
     def release_parts(self, job_id: str, final: bool = True) -> tuple[Allocation, ...]:
         """Free a job's resources on every node it holds (one for most jobs, several for a gang). `final`: the job
-        is done (its history and its submission go); else it is preempted and waits to run again."""
+        is done (its history and its submission go); else it is preempted and waits to run again. `ValueError` for
+        no job id (`spec.check_job_id`: a gang's part is released with its gang, never alone)."""
+        check_job_id(job_id)
         with self.lock:
             parts = self.running([job_id]).get(job_id, ())
             if parts:
@@ -315,7 +317,7 @@ class Allocator:
 
     def running(self, job_ids: Iterable[str] | None = None) -> dict[str, tuple[Allocation, ...]]:
         """Jobs holding resources (all, or those of `job_ids`) -> their allocations (one per node; a gang's
-        parts in order)."""
+        parts in order). A gang's part (`<job id>#<k>`) is no job: asked for one, it answers nothing."""
         with self.lock:
             if job_ids is not None:
                 out = {}
@@ -324,7 +326,7 @@ class Allocator:
                     gang = gangs.get(job_id)
                     if gang is None:
                         a = table.get(job_id)
-                        if a is not None:
+                        if a is not None and GANG_SEP not in job_id:
                             out[job_id] = (a,)
                         continue
                     parts = tuple(a for a in map(table.get, gang) if a is not None)

@@ -25,6 +25,7 @@ from pathlib import Path
 
 from hetplan.allocator.cluster import StateError
 from hetplan.allocator.core import Allocator
+from hetplan.allocator.dblock import DatabaseLock
 from hetplan.allocator.journal import RETAIN, Change, LoggedAction, Restored, Synchronous
 from hetplan.allocator.policies import Policy
 from hetplan.allocator.actions import Action
@@ -103,7 +104,13 @@ class SqliteJournal:
         self.path = Path(path)
         self.synchronous: Synchronous = synchronous.upper()  # type: ignore[assignment]
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+        # one process per database (DatabaseInUse otherwise), taken before anything is read or written
+        self._lock = DatabaseLock(self.path) if str(path) not in ("", ":memory:") else None
+        try:
+            self._db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+        except BaseException:
+            self._unlock()
+            raise
         try:
             found = _check_schema(self._db, self.path)  # before anything is written to it
             if found in _UPGRADES:
@@ -117,7 +124,12 @@ class SqliteJournal:
             self._db.execute("INSERT OR IGNORE INTO meta VALUES ('schema', ?)", (SCHEMA_VERSION,))
         except BaseException:
             self._db.close()
+            self._unlock()
             raise
+
+    def _unlock(self) -> None:
+        if self._lock is not None:
+            self._lock.release()
 
     def load(self, retain: int) -> Restored:
         db = self._db
@@ -134,7 +146,7 @@ class SqliteJournal:
         out.latest = int(latest[0]) if latest else 0
         rows = db.execute("SELECT seq, at, kind, job_id, parts FROM actions WHERE seq > ? ORDER BY seq",
                           (out.latest - retain,)).fetchall()
-        out.logged = [_logged(*row) for row in rows]
+        out.logged = _logged_rows(rows, self.path)
         log.info("restored %d nodes, %d allocations and actions up to %d from %s", len(out.nodes),
                  len(out.allocations), out.latest, self.path)
         return out
@@ -186,6 +198,7 @@ class SqliteJournal:
 
     def close(self) -> None:
         self._db.close()
+        self._unlock()
 
 
 class DurableAllocator(Allocator):
@@ -255,7 +268,19 @@ def read_actions(path: str | os.PathLike[str]) -> list[LoggedAction]:
         raise StateError(f"{path}: not an allocator database ({exc})") from None
     finally:
         db.close()
-    return [_logged(*row) for row in rows]
+    return _logged_rows(rows, path)
+
+
+def _logged_rows(rows: list[tuple], path: Path) -> list[LoggedAction]:
+    """`_logged` of every row; `StateError` naming the database and the first row that is no action."""
+    out = []
+    for row in rows:
+        try:
+            out.append(_logged(*row))
+        except (ValueError, TypeError) as exc:  # parts: not UTF-8, not JSON, not allocations
+            raise StateError(f"{path}: action {row[0]} is unreadable ({type(exc).__name__}: "
+                             f"{' '.join(str(exc).split())[:200]})") from None
+    return out
 
 
 def _check_schema(db: sqlite3.Connection, path: Path) -> str | None:

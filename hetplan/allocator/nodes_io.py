@@ -45,9 +45,21 @@ def load_nodes(path: str | os.PathLike[str]) -> list[Node]:
         raise NodeFileError(f"{source}: no such file (made by `hetplan init --workspace DIR` as fleet.csv; or "
                             f"write one: name,gpu_type,gpus,vcpus,mem_gb[,count])")
     try:
-        text = source.read_text()
-    except (OSError, UnicodeDecodeError) as exc:
+        data = source.read_bytes()
+    except OSError as exc:
         raise NodeFileError(f"{source}: cannot read: {exc}") from None
+    try:
+        text = data.decode("utf-8-sig")  # a byte-order mark (a spreadsheet's CSV) is no part of the first column
+    except UnicodeDecodeError as exc:
+        raise NodeFileError(f"{source}: cannot read: not UTF-8 text (byte {exc.start})") from None
+    try:
+        return _parse(source, text)
+    except csv.Error as exc:  # a field over the csv module's limit, ...: read lazily, row by row
+        raise NodeFileError(f"{source}: not a valid CSV file: {exc}") from None
+
+
+def _parse(source: Path, text: str) -> list[Node]:
+    """The nodes of `load_nodes`'s file `source`, its `text` decoded."""
     suffix = source.suffix.lower()
     if suffix == ".csv":
         reader = csv.DictReader(io.StringIO(text))
@@ -70,6 +82,8 @@ def load_nodes(path: str | os.PathLike[str]) -> list[Node]:
             data = json.loads(text) if suffix == ".json" else yaml.safe_load(text)
         except (ValueError, yaml.YAMLError) as exc:
             raise NodeFileError(f"{source}: not valid {suffix[1:].upper()}: {' '.join(str(exc).split())}") from None
+        except RecursionError:
+            raise NodeFileError(f"{source}: not a node file: {suffix[1:].upper()} nested too deeply") from None
         items = data.get("nodes") if isinstance(data, dict) else data
         if not isinstance(items, list):
             raise NodeFileError(f"{source}: expected a list of nodes or a mapping with key 'nodes'")

@@ -133,7 +133,10 @@ def in_process(allocator: Any) -> Send:
 
     def send(path: str, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
         if path == "/v1/release":
-            allocator.release(body["job_id"])
+            try:
+                allocator.release(body["job_id"])
+            except ValueError as exc:  # no job id (a gang's part): the service's 422
+                return 422, {"detail": str(exc)}
             return 200, {"job_id": body["job_id"]}
         try:
             job = Job.request(body["job_id"], body["model"], body["num_gpus"], body.get("cpus"), body.get("mem_gb"))

@@ -2,8 +2,9 @@
 
 `StoreHints` checks the store's `LATEST` at most every `poll_seconds` (a `stat`, cheap), loads a new version
 completely, and only then swaps the reference the allocator reads: a decision sees either the old table or the
-new one, never a mix, and names the version it used. A version that fails to load is logged and skipped; the
-previous table stays in force.
+new one, never a mix, and names the version it used. A version that fails to load, for whatever reason (a `LATEST`
+that is no UTF-8 text, a corrupt file...), is logged in one line and skipped (`last_error` says why); the previous
+table stays in force.
 """
 
 from __future__ import annotations
@@ -90,6 +91,7 @@ class StoreHints:
             version = self.store.latest_version()
             if version is None:
                 self._signature = signature
+                self.last_error = None
                 return
             if version != self._hints.version:
                 published = self.store.load(version)
@@ -97,8 +99,18 @@ class StoreHints:
                 log.info("hints now %s (%d rows)", version, len(self._hints))
             self._signature = signature
             self.last_error = None
-        except (ContractError, OSError) as exc:
-            self.last_error = str(exc)
-            log.warning("keeping hints %s: cannot load the store's LATEST: %s", self._hints.version, exc)
+        except Exception as exc:  # noqa: BLE001 - a fault barrier: a bad store never fails a decision
+            error, self.last_error = self.last_error, one_line(exc)
+            if self.last_error != error:  # once per fault, not once per poll
+                log.warning("keeping hints %s: cannot load the store's LATEST: %s", self._hints.version,
+                            self.last_error)
         finally:
             self._lock.release()
+
+
+def one_line(exc: Exception) -> str:
+    """What went wrong, on one line: a `ContractError`'s problems (each names its file) joined by "; "; any other
+    error (not expected from a store: a bug, or a file no check covers) with its type."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    text = "; ".join(lines) or "no message"
+    return text if isinstance(exc, (ContractError, OSError)) else f"{type(exc).__name__}: {text}"

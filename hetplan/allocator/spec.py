@@ -83,6 +83,22 @@ def check_name(name: object, what: str) -> str:
     return name
 
 
+GANG_SEP = "#"
+"""A gang's parts are held in the cluster as `<job id>#<k>`, so a job id may not contain it (`check_job_id`)."""
+
+JOB_ID_RULE = f"{NAME_RULE}; no {GANG_SEP!r} (it names a gang's parts, `<job id>{GANG_SEP}<k>`)"
+"""The rule for a job id: a name (`NAME_RULE`) without `GANG_SEP`."""
+
+
+def check_job_id(job_id: object, what: str = "job_id") -> str:
+    """`job_id` if it is a valid job id (`JOB_ID_RULE`), else `ValueError` naming `what`: a job id with `GANG_SEP`
+    could be taken for a gang's part (releasing it would split the gang, holding it would block the gang)."""
+    check_name(job_id, what)
+    if GANG_SEP in job_id:  # type: ignore[operator]  # check_name: a str
+        raise ValueError(f"{what} may not contain {GANG_SEP!r} (it names a gang's parts, `<job id>{GANG_SEP}<k>`); "
+                         f"got {job_id!r}")
+    return job_id  # type: ignore[return-value]
+
 
 @dataclass(frozen=True, slots=True)
 class Shape:
@@ -179,7 +195,7 @@ class Job:
     mem_mib: int | None = None
 
     def __post_init__(self) -> None:
-        check_name(self.job_id, "job_id")
+        check_job_id(self.job_id)
         check_name(self.model, "model")
         if isinstance(self.num_gpus, bool) or not isinstance(self.num_gpus, int) or not 0 <= self.num_gpus <= MAX_GPUS:
             raise ValueError(f"job {self.job_id}: num_gpus must be a whole number from 0 to {MAX_GPUS}, "

@@ -9,11 +9,15 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 
 from hetplan.allocator.nodes_io import NodeFileError, load_nodes, nodes_from_plan
 from hetplan.allocator.spec import Node
+
+if TYPE_CHECKING:
+    from hetplan.allocator.dblock import DatabaseLock
 
 log = logging.getLogger(__name__)
 STORE_ENV_NAME = "HETPLAN_HINT_STORE"  # hetplan.hints.STORE_ENV, spelled here so --help need not import the store
@@ -92,6 +96,7 @@ def serve(
                                    action_log=action_log)
     except ValidationError as exc:
         raise _fail("; ".join(err["msg"] for err in exc.errors())) from None
+    held = _lock_db(settings.db)  # for the process's life: the OS releases it on any exit, kill -9 included
     _check_db(settings.db)
     if kubeconfig is not None:
         _check_kubeconfig(kubeconfig)
@@ -100,8 +105,27 @@ def serve(
     if write_token is None:
         log.warning("allocator writes (allocate, release, adopt) are not authenticated: set --write-token or "
                     "HETPLAN_WRITE_TOKEN")
-    uvicorn.run(create_app(settings), host=host, port=port, log_level=log_level, access_log=False,
-                workers=1, timeout_graceful_shutdown=5)
+    try:
+        uvicorn.run(create_app(settings), host=host, port=port, log_level=log_level, access_log=False,
+                    workers=1, timeout_graceful_shutdown=5)
+    finally:
+        if held is not None:
+            held.release()
+
+
+def _lock_db(db: Path) -> DatabaseLock | None:
+    """Lock the database for this process (`hetplan.allocator.dblock`), or refuse in one line naming it and the
+    pid of the process that holds it. None for `:memory:` (nothing to share)."""
+    if str(db) in ("", ":memory:"):
+        return None
+    from hetplan.allocator.dblock import DatabaseInUse, DatabaseLock
+
+    try:
+        return DatabaseLock(db)
+    except DatabaseInUse as exc:
+        raise _fail(str(exc)) from None
+    except OSError as exc:
+        raise _fail(f"{db}: cannot lock the database: {exc}") from None
 
 
 def _check_db(db: Path) -> None:

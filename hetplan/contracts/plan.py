@@ -11,7 +11,7 @@ from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from hetplan.contracts.table import ContractError, Problem, missing_file
+from hetplan.contracts.table import ContractError, Problem, decode_text, missing_file
 from hetplan.fsio import atomic_write_bytes
 
 NonNegative = Annotated[float, Field(ge=0, allow_inf_nan=False)]
@@ -81,17 +81,20 @@ def load_plan(path: str | os.PathLike[str]) -> Plan:
     """Read and validate a plan JSON file; raise `ContractError` naming each bad field."""
     name = str(path)
     try:
-        text = Path(path).read_text()
+        raw = Path(path).read_bytes()
     except FileNotFoundError:
         raise missing_file(name, PLAN_MADE_BY) from None
     except OSError as exc:
         raise ContractError([Problem(name, f"cannot read ({exc.strerror})")]) from exc
+    text = decode_text(name, raw, "plan JSON")
     if not text.strip():
         raise ContractError([Problem(name, "file is empty")])
     try:
         data = json.loads(text)
     except json.JSONDecodeError as exc:
         raise ContractError([Problem(name, f"not JSON ({exc.msg})", exc.lineno)]) from exc
+    except RecursionError:
+        raise ContractError([Problem(name, "not a plan: JSON nested too deeply")]) from None
     return parse_plan(data, name)
 
 

@@ -210,11 +210,16 @@ class HintStore:
     def latest_version(self) -> str | None:
         """The version LATEST names, or None when nothing was ever published."""
         try:
-            text = self.latest_path.read_text()
+            raw = self.latest_path.read_bytes()
         except FileNotFoundError:
             return None
         except OSError as exc:
             raise ContractError([Problem(str(self.latest_path), f"cannot read ({exc.strerror})")]) from exc
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise ContractError([Problem(str(self.latest_path), f"does not name a version: not UTF-8 text "
+                                                                f"(byte {exc.start})")]) from None
         version = text.strip()
         if not _NAME.fullmatch(version):
             raise ContractError([Problem(str(self.latest_path), f"does not name a version: {text[:80]!r}")])

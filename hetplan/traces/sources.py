@@ -66,7 +66,14 @@ def from_allocator(where: str, *, speeds: Speeds | None = None) -> Sourced:
     from hetplan.allocator.history import Histories, job_histories
 
     if is_url(where):
-        histories = Histories.from_dict(_get_json(where.rstrip("/") + "/v1/jobs"))
+        url = where.rstrip("/") + "/v1/jobs"
+        body = _get_json(url)
+        try:
+            histories = Histories.from_dict(body)
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:  # JSON, but not GET /v1/jobs' answer
+            raise ContractError([Problem(url, f"not the allocator's job history ({type(exc).__name__}: "
+                                              f"{' '.join(str(exc).split())[:200]}): is this the hetplan "
+                                              "allocator's URL?")]) from None
     else:
         from hetplan.allocator.cluster import StateError
         from hetplan.allocator.durable import read_actions
@@ -102,7 +109,7 @@ def _get_json(url: str) -> dict:
 
     try:
         return json.loads(_get(url))
-    except ValueError:
+    except (ValueError, RecursionError):  # not UTF-8, not JSON, or nested past the parser's depth
         raise ContractError([Problem(url, "not a JSON answer: is this the hetplan allocator's URL?")]) from None
 
 

@@ -190,13 +190,17 @@ class WebhookServer:
             def do_POST(self) -> None:  # noqa: N802
                 if self.path.split("?")[0] != "/mutate" or not mutate or outer.service is None:
                     return self._send(404, b'{"detail":"not found"}')
-                length = int(self.headers.get("Content-Length") or 0)
-                if length > MAX_REVIEW_BYTES:
+                given = self.headers.get("Content-Length") or "0"
+                if not (given.isascii() and given.isdigit()):  # int() takes "-1" (a read to EOF), " 1", "1_0"
+                    return self._send(400, b'{"detail":"Content-Length is no number"}')
+                if len(given) > 9 or int(given) > MAX_REVIEW_BYTES:
                     return self._send(413, b'{"detail":"too large"}')
                 try:
-                    answer = review(json.loads(self.rfile.read(length)), outer.service.allocate,
+                    answer = review(json.loads(self.rfile.read(int(given))), outer.service.allocate,
                                     outer.service.release, on_unserved, controllers)
-                except (ValueError, TypeError) as exc:
+                except RecursionError:  # JSON nested past the parser's depth
+                    return self._send(400, b'{"detail":"not an AdmissionReview: JSON nested too deeply"}')
+                except (ValueError, TypeError) as exc:  # not UTF-8, not JSON, no AdmissionReview
                     return self._send(400, json.dumps({"detail": str(exc)[:300]}).encode())
                 return self._send(200, json.dumps(answer).encode())
 

@@ -15,7 +15,8 @@ from pydantic_core import PydanticCustomError
 
 from hetplan.allocator.journal import LoggedAction
 from hetplan.allocator.spec import (
-    MAX_GPUS, MAX_NAME, MILLI_PER_GPU, NAME_RULE, Allocation, Job, Node, check_name, gpu_request,
+    JOB_ID_RULE, MAX_GPUS, MAX_NAME, MILLI_PER_GPU, NAME_RULE, Allocation, Job, Node, check_job_id, check_name,
+    gpu_request,
 )
 
 
@@ -33,7 +34,24 @@ cannot read `\\p{...}` classes (schemathesis registers a strategy for it, tests/
 
 Name = Annotated[str, Field(min_length=1, max_length=MAX_NAME, description=NAME_RULE,
                             json_schema_extra={"pattern": NAME_PATTERN, "format": NAME_FORMAT}), AfterValidator(_name)]
-"""A job id, model or node name: `spec.check_name` (one rule for the library and the API)."""
+"""A model or node name: `spec.check_name` (one rule for the library and the API)."""
+
+
+def _job_id(value: str, info: ValidationInfo) -> str:
+    return check_job_id(value, info.field_name or "job_id")
+
+
+JOB_ID_PATTERN = r"^[^\p{C}\p{Z}#]( *[^\p{C}\p{Z}#])*$"
+"""`spec.check_job_id`'s rule as an ECMA-262 pattern: `NAME_PATTERN` without `#` (`spec.GANG_SEP`)."""
+
+JOB_ID_FORMAT = "job-id"
+"""The job id's `format` in the OpenAPI schema: `NAME_FORMAT` without `#` (`JOB_ID_RULE`)."""
+
+JobId = Annotated[str, Field(min_length=1, max_length=MAX_NAME, description=JOB_ID_RULE,
+                             json_schema_extra={"pattern": JOB_ID_PATTERN, "format": JOB_ID_FORMAT}),
+                  AfterValidator(_job_id)]
+"""A job id: `spec.check_job_id` (a name without `#`, which names a gang's parts)."""
+
 
 def number(low: float, high: float) -> Any:
     """A JSON number (an integer or not; never a string, a bool, NaN or inf) from `low` to `high`: one error naming
@@ -90,7 +108,7 @@ GpuCount = Annotated[number(0, MAX_GPUS), AfterValidator(_gpus), WithJsonSchema(
 
 class AllocateRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    job_id: Name
+    job_id: JobId
     model: Name
     num_gpus: GpuCount = Field(
         description="0: CPU-only; from 0.001 to 0.999: a share of one GPU (rounded to the nearest 0.001; shares "
@@ -112,7 +130,7 @@ class AllocateRequest(BaseModel):
 
 class ReleaseRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    job_id: Name
+    job_id: JobId
 
 
 class AllocationOut(BaseModel):

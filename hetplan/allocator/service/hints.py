@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter
+from fastapi import APIRouter, HTTPException
 
-from hetplan.allocator.service.bodies import ADMIN_RESPONSES, HintRow, HintsResponse, posted
+from hetplan.allocator.service.bodies import ADMIN_RESPONSES, ErrorOut, HintRow, HintsResponse, Responses, posted
 from hetplan.allocator.service.context import ServiceContext
 from hetplan.allocator.service.middleware import JSONRoute
+
+
+NOT_RELOADED: Responses = {409: {"model": ErrorOut, "description": "the version LATEST names cannot be loaded (a "
+                                                                   "LATEST that is no version, a missing or corrupt "
+                                                                   "file: named); the table in force stays"}}
 
 
 def router(ctx: ServiceContext) -> APIRouter:
@@ -28,10 +33,15 @@ def router(ctx: ServiceContext) -> APIRouter:
         return hints_response()
 
     @api.post("/v1/hints/reload", response_model=HintsResponse, tags=["admin"], dependencies=ctx.admin,
-              responses={**posted(body=False), **ADMIN_RESPONSES})
+              responses={**posted(body=False), **ADMIN_RESPONSES, **NOT_RELOADED})
     def reload_hints() -> HintsResponse:
-        """Look at the store's LATEST now instead of at the next poll (admin)."""
-        ctx.alloc().reload_hints()
+        """Look at the store's LATEST now instead of at the next poll (admin); 409 naming the file when the version it
+        names cannot be loaded (the table in force stays)."""
+        a = ctx.alloc()
+        hints = a.reload_hints()
+        error = a.hint_source.last_error
+        if error is not None:
+            raise HTTPException(409, f"hints not reloaded ({hints.version} stays in force): {error}")
         return hints_response()
 
     return api
