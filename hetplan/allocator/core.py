@@ -219,6 +219,11 @@ class Allocator:
         return job.whole and self.cluster.max_gpus() < job.num_gpus <= max(self.cluster.gpus_by_type()[0].values(),
                                                                            default=0)
 
+    def why_not(self, job: Job) -> Rejection:
+        """Why `job` cannot start now, as `allocate` would say it (`too-big`: never, on these nodes)."""
+        with self.lock:
+            return self._rejection(job, None)
+
     def _rejection(self, job: Job, decision: Decision | None) -> Rejection:
         """Why `job` did not start: the policy's reason, except that a gang-sized job is not too big."""
         hints = self.hint_source.current()

@@ -119,6 +119,12 @@ class OnlineScheduler:
             self.loop.submit(state, now)
             self.loop.fill(now)
             self._seen = a.log.latest
+            if not state.parts:
+                never = self._never(job)
+                if never is not None:  # no node of any type could ever hold its floor: refused, not queued
+                    self.loop.forget(job.job_id)
+                    a.record_jobs({job.job_id: None})
+                    return Submitted("rejected", job.job_id, rejection=never)
             return self._answer(state)
 
     def release(self, job_id: str) -> tuple[tuple[Allocation, ...], bool]:
@@ -186,6 +192,12 @@ class OnlineScheduler:
         if decision.reason is Reason.CONFLICT:
             raise Conflict(decision.message)
         return Submitted("rejected", job.job_id, rejection=decision)
+
+    def _never(self, job: Job) -> Rejection | None:
+        """The policy's `too-big` answer for a job no node could ever hold (its own cores or RAM above every node's
+        of the types it may use); None for one that only waits (a gang-sized job is not too big)."""
+        rejection = self.allocator.why_not(job)
+        return rejection if rejection.reason is Reason.TOO_BIG else None
 
     def _why(self, state: JobState, position: int) -> Why:
         cluster = self.allocator.cluster
