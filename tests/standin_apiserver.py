@@ -45,7 +45,8 @@ from urllib.parse import parse_qs, urlparse
 from kubernetes.utils.quantity import parse_quantity
 
 from standin_rules import (  # noqa: F401 - ApiError and status are imported from here by the tests
-    ApiError, disruptions_allowed, parse_version, qos_class, status, validate_create, validate_resize,
+    ApiError, disruptions_allowed, parse_version, qos_class, status, validate_binding, validate_create,
+    validate_resize, validate_update,
 )
 
 
@@ -712,15 +713,18 @@ current-context: stand-in
                 return 200, self._delete(pod, (body or {}).get("gracePeriodSeconds"))
             if sub is None and method == "PATCH":
                 if isinstance(body, list):
-                    new = json_patch(pod, body)
+                    try:
+                        new = json_patch(pod, body)
+                    except (KeyError, IndexError, ValueError, TypeError) as exc:
+                        raise ApiError(422, "Invalid", f"the server rejected our request due to an error in our "
+                                                       f"request: json patch: {exc!r}") from None
                 else:
                     new = merge_patch(pod, body, strategic="strategic" in ctype)
-                if [c.get("resources") for c in new["spec"]["containers"]] != \
-                        [c.get("resources") for c in pod["spec"]["containers"]]:
-                    raise ApiError(422, "Invalid", f'Pod "{name}" is invalid: spec: Forbidden: pod updates may not '
-                                   "change fields other than `spec.containers[*].image`, ... (resources: through the "
-                                   "resize subresource)")
-                if pod["spec"].get("schedulingGates") and not new["spec"].get("schedulingGates"):
+                if {k: v for k, v in new.items() if k not in ("spec", "metadata")} != \
+                        {k: v for k, v in pod.items() if k not in ("spec", "metadata")}:
+                    raise ApiError(422, "Invalid", f'Pod "{name}" is invalid: status: through the status subresource')
+                validate_update(pod, new)
+                if not new["spec"].get("schedulingGates"):
                     new["spec"].pop("schedulingGates", None)
                 self.pods[(ns, name)] = pod = new
                 self._emit("MODIFIED", pod)
@@ -731,6 +735,7 @@ current-context: stand-in
             if sub == "resize" and method == "PATCH":
                 return 200, self._resize(pod, body)
             if sub == "binding" and method == "POST":
+                validate_binding(pod)
                 if pod["spec"].get("nodeName"):
                     raise ApiError(409, "Conflict", f"pod {name} is already assigned to node "
                                                     f'"{pod["spec"]["nodeName"]}"')

@@ -9,6 +9,17 @@ them: pure functions of the objects, so that each rule is read (and tested) on i
   none is removed; the QoS class stays; on **1.33** a memory *limit* decrease is refused unless the container's
   memory `resizePolicy` is `RestartContainer` ("memory limits cannot be decreased unless resizePolicy is
   RestartContainer"); from **1.34** it is allowed (the kubelet checks usage on a best-effort basis).
+- **Pod update** (`validate_update`, PATCH/PUT of the pod itself): the spec is immutable but for container images,
+  `activeDeadlineSeconds`, added tolerations and `terminationGracePeriodSeconds`; resources change through `resize`
+  only. **Scheduling gates** (KEP-3521, GA 1.30): set at creation only; afterwards gates may only be removed
+  ("only deletion is allowed"). While a pod is gated (KEP-3838, GA 1.30) `nodeSelector` may get new keys (none
+  changed or removed) and the required node affinity may be set when there is none, or narrowed: the same terms,
+  each keeping its requirements first and adding some; the preferred affinity is free. Never `nodeName`.
+- **Creation with gates** (`validate_create`): a pod may not name its node (`spec.nodeName`) and have gates.
+- **Binding** (`validate_binding`): a gated pod cannot be bound (the scheduler never sees it either).
+- **Resize of a pod not yet scheduled**: allowed from 1.33 (the API server refuses a resize only for a pod whose
+  running containers report no resources: a node without resize support; a Pending pod has none running), the
+  scheduler then places it with the new requests. The stand-in's `_resize` follows: nothing for a kubelet to actuate.
 - **PodDisruptionBudgets** (`disruptions_allowed`): policy/v1 semantics: `minAvailable` or `maxUnavailable`, each
   an integer or a percentage of the expected pods (the matching pods; rounded up as the disruption controller does);
   healthy pods are Running, not terminating and not in `status.disruptedPods` (an eviction in flight).
@@ -77,12 +88,83 @@ def _policy(container: dict, resource: str) -> str:
 def validate_create(pod: dict) -> None:
     """A pod as the API server validates it at creation (the rules above that concern hetplan)."""
     spec, name = pod.get("spec") or {}, (pod.get("metadata") or {}).get("name", "")
+    if spec.get("nodeName") and spec.get("schedulingGates"):
+        raise invalid(name, "spec.nodeName: Forbidden: cannot be set until all schedulingGates have been cleared")
     if spec.get("restartPolicy", "Always") == "Never":
         for i, c in enumerate(spec.get("containers") or []):
             for p in c.get("resizePolicy") or []:
                 if p.get("restartPolicy") == "RestartContainer":
                     raise invalid(name, f"spec.containers[{i}].resizePolicy: Invalid value: \"RestartContainer\": "
                                         "must be 'NotRequired' when `restartPolicy` is 'Never'")
+
+
+MUTABLE_SPEC = ("activeDeadlineSeconds", "terminationGracePeriodSeconds", "tolerations")
+
+
+def _required_terms(spec: dict) -> list[dict] | None:
+    required = (((spec.get("affinity") or {}).get("nodeAffinity") or {})
+                .get("requiredDuringSchedulingIgnoredDuringExecution"))
+    return None if required is None else list(required.get("nodeSelectorTerms") or [])
+
+
+def _narrowed(old: list[dict] | None, new: list[dict] | None) -> bool:
+    """KEP-3838: a gated pod's required node affinity may be set when it had none, else only narrowed (the same
+    number of terms, each keeping its old requirements first)."""
+    if old is None:
+        return True
+    if new is None or len(new) != len(old):
+        return False
+    for before, after in zip(old, new):
+        for part in ("matchExpressions", "matchFields"):
+            was, now = before.get(part) or [], after.get(part) or []
+            if now[:len(was)] != was:
+                return False
+    return True
+
+
+def validate_update(old: dict, new: dict) -> None:
+    """An update of the pod itself (not a subresource) as the API server validates it; `ApiError` 422 when refused."""
+    name = (old.get("metadata") or {}).get("name", "")
+    before, after = old.get("spec") or {}, new.get("spec") or {}
+    was_gates = [g.get("name") for g in before.get("schedulingGates") or []]
+    now_gates = [g.get("name") for g in after.get("schedulingGates") or []]
+    added = [g for g in now_gates if g not in was_gates]
+    if added:
+        raise invalid(name, f"spec.schedulingGates: Forbidden: only deletion is allowed, but found new scheduling "
+                            f"gate '{added[0]}'")
+    if [c.get("resources") for c in before.get("containers") or []] != \
+            [c.get("resources") for c in after.get("containers") or []]:
+        raise invalid(name, "spec: Forbidden: pod updates may not change fields other than `spec.containers[*].image`"
+                            ", ... (resources: through the resize subresource)")
+    if before.get("nodeName") != after.get("nodeName"):
+        raise invalid(name, "spec.nodeName: Forbidden: pod updates may not change the node (bind through binding)")
+    if was_gates:
+        for key, value in (before.get("nodeSelector") or {}).items():
+            if (after.get("nodeSelector") or {}).get(key) != value:
+                raise invalid(name, f"spec.nodeSelector: Invalid value: only additions are allowed (key {key})")
+        if not _narrowed(_required_terms(before), _required_terms(after)):
+            raise invalid(name, "spec.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution: Invalid "
+                                "value: only additions to the existing terms' requirements are allowed")
+    loose = set(MUTABLE_SPEC) | {"schedulingGates"} | ({"nodeSelector", "affinity"} if was_gates else set())
+    frozen = {k for k in set(before) | set(after) if k not in loose and k != "containers" and
+              before.get(k) != after.get(k)}
+    strip = [{k: v for k, v in c.items() if k not in ("image", "resources")} for c in before.get("containers") or []]
+    if frozen or strip != [{k: v for k, v in c.items() if k not in ("image", "resources")}
+                           for c in after.get("containers") or []]:
+        raise invalid(name, f"spec: Forbidden: pod updates may not change fields other than `spec.containers[*].image`"
+                            f", ... ({', '.join(sorted(frozen)) or 'containers'})")
+    was_tol, now_tol = before.get("tolerations") or [], after.get("tolerations") or []
+    if now_tol[:len(was_tol)] != was_tol:
+        raise invalid(name, "spec.tolerations: Forbidden: existing toleration can not be modified except its "
+                            "tolerationSeconds")
+
+
+def validate_binding(pod: dict) -> None:
+    """The `binding` subresource: a gated pod is not bound (the API server refuses it)."""
+    if (pod.get("spec") or {}).get("schedulingGates"):
+        name = (pod.get("metadata") or {}).get("name", "")
+        raise ApiError(409, "Conflict", f"Operation cannot be fulfilled on pods/binding \"{name}\": pod {name} has "
+                                        "non-empty .spec.schedulingGates")
 
 
 def validate_resize(old: dict, new: dict, version: tuple[int, int]) -> None:

@@ -403,7 +403,8 @@ def test_a_pod_posing_as_a_moves_replacement_neither_bypasses_the_webhook_nor_mo
     else:
         made = rig.api.create_pod("ml", forged, user)
         assert (pods.MIGRATED_FROM_KEY in pods.annotations(made)) == (not hook)
-        assert (job in rig.allocator.running()) == hook  # served as a new pod of its own
+        running = rig.allocator.running()  # served as a new pod of its own, under its own id, never the claimed one
+        assert ("ml/p1-m99" in running) == hook and "ml/evil" not in running
     eventually(lambda: ("ml", "p1") in c.pods and (case == "gated-by-a-user" or ("ml", "p1-m99") in c.pods))
     c.reconcile()
     time.sleep(0.5)

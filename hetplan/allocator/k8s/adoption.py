@@ -18,7 +18,7 @@ from hetplan.allocator.k8s.extender import Pod, pod_class
 
 
 def request(pod: Mapping[str, Any]) -> dict[str, Any]:
-    """The allocator request that adopts `pod`: its job id (annotation, else `<namespace>/<name>`), model, GPUs, its
+    """The allocator request that adopts `pod`: its job id (annotation, else its owner's: `pods.owner_job`), model, GPUs, its
     own cpu/memory request (the annotations the webhook wrote, else the pod's requests as written), and its node when
     bound. `ValueError` when the pod cannot be read."""
     model = pods.model(pod)
@@ -26,7 +26,7 @@ def request(pod: Mapping[str, Any]) -> dict[str, Any]:
         raise ValueError(f"no {pods.OPT_IN} label")
     notes = pods.annotations(pod)
     klass = pod_class(Pod.model_validate(pod))
-    body: dict[str, Any] = {"job_id": pods.job_id(pod) or "/".join(pods.key(pod)), "model": model,
+    body: dict[str, Any] = {"job_id": pods.job_id(pod) or pods.owner_job(pod), "model": model,
                             "num_gpus": klass.gpus}
     cpu = notes.get(pods.REQUESTED_CPU_KEY, "" if klass.cpu_m is None else str(klass.cpu_m))
     mem = notes.get(pods.REQUESTED_MEMORY_KEY, "" if klass.mem_mib is None else str(klass.mem_mib))

@@ -49,7 +49,7 @@ from hetplan.allocator.k8s import adoption, pods
 from hetplan.allocator.k8s.cursor import CursorStore, CursorTaken
 from hetplan.allocator.k8s.errors import one_line
 from hetplan.allocator.k8s.lease import LeaseElector
-from hetplan.allocator.k8s.moves import Migration, next_step
+from hetplan.allocator.k8s.moves import Migration, Preemption, next_step, preempt_step
 from hetplan.allocator.k8s.resize import Rules, plan_resize, read_rules
 from hetplan.allocator.k8s.service_client import AllocatorClient, Gone, refusal
 
@@ -162,6 +162,7 @@ class Controller:
         self._adopt_tries: dict[str, float] = {}  # pod uid -> when to try adopting it again (after a refusal)
         self._waiting: dict[str, float] = {}  # job -> when to ask again for its unbound pod (`_requeue`)
         self._forged: set[str] = set()  # uids of gated pods naming another job's pod as the one they replace
+        self._preemptions: dict[str, Preemption] = {}  # job -> its preemption in progress
 
     # ------------------------------------------------------------------ threads
 
@@ -344,7 +345,8 @@ class Controller:
         them: an action log or a cursor that fails stops nothing else. Whether every part did its work."""
         ok = self._phase("actions", self._follow_log)
         for name, part in (("releases", self._release_ended), ("moves", self._advance_migrations),
-                           ("after-moves", self._converge_after_moves), ("retries", self._retry_resizes),
+                           ("after-moves", self._converge_after_moves), ("preemptions", self._advance_preemptions),
+                           ("retries", self._retry_resizes),
                            ("kubelet", self._report_kubelet), ("adopt", self._adopt_default_path),
                            ("requeued", self._adopt_waiting),
                            ("reconcile", self._reconcile_when_due)):
@@ -443,16 +445,22 @@ class Controller:
         kind, job, seq = action["kind"], action["job_id"], int(action["seq"])
         self.stats.count(f"action-{kind}")
         after = action.get("after") or []
-        if kind in ("resize", "migrate"):
+        if kind in ("resize", "migrate", "start"):
             if len(after) != 1:
                 self.stats.count("gang-skipped")
                 return
+            # a start: a queued job admitted (its gated pod gets node, cores, RAM and loses the gate); for a pod
+            # the webhook placed already, nothing (converge compares first)
             self.converge(job, pods.Target.of(after[0]), seq, float(action.get("at") or 0))
         elif kind == "stop":
             self._orphans.pop(job, None)
             self._after_move.pop(job, None)
             for pod in self.live(job):
-                if self._waits(job, pod):
+                if pods.queued(pod) or pods.terminating(pod):
+                    continue  # waits in the queue (holds nothing), or on its way out already
+                if action.get("preempted"):
+                    self._preempt(job, pod, seq)
+                elif self._waits(job, pod):
                     self._requeue(job, pod, seq)
                 else:
                     self._evict(pod, f"stopped by the allocator (action {seq})")
@@ -485,6 +493,9 @@ class Controller:
         if not holders:
             return  # no pod (yet, or any more): reconcile decides
         pod = holders[0]
+        if pods.queued(pod):
+            self._admit_queued(job, pod, target, seq, at)
+            return
         if pods.matches(pod, target):
             self.stats.count("already-applied")
             self._retries.pop(job, None)
@@ -500,6 +511,116 @@ class Controller:
         for job, (target, seq, at) in list(self._after_move.items()):
             if job not in self._migrations and not any(pods.gated(p) for p in self.live(job)):
                 self.converge(job, target, seq, at)
+
+    def _admit_queued(self, job: str, pod: dict, target: pods.Target, seq: int, at: float) -> None:
+        """A queued job the allocator admitted: its pod, held by the gate `hetplan.io/queued`, gets `target` as
+        Kubernetes lets a gated pod change: its cores and RAM through the `resize` subresource (a pod not scheduled
+        yet: the scheduler then fits it with them), its node by narrowing its required node affinity (KEP-3838),
+        then the gate is removed (only removal is allowed), in that order, so that the pod is never schedulable
+        before it has all of `target`. A resize the API server refuses is logged; the pod is still admitted with its
+        own request (its node has room for more) and re-sized once it runs, as any pod."""
+        from kubernetes.client.exceptions import ApiException
+
+        ns, name = pods.key(pod)
+        if pods.requests(pod) != (target.cpu_m, target.mem_mib):
+            try:
+                plan = plan_resize(pod, target, self.rules)
+                answer = self.core.patch_namespaced_pod_resize(name, ns, plan.body, _content_type=STRATEGIC,
+                                                               _preload_content=False, _request_timeout=self.timeout)
+                pod = json.loads(answer.data)
+            except ValueError as exc:
+                self.stats.count("queued-resize-refused")
+                log.warning("controller: queued %s/%s cannot be sized to %s: %s", ns, name, target, exc)
+            except ApiException as exc:
+                if exc.status == 404:
+                    return
+                if exc.status == 429 or exc.status >= 500:
+                    raise  # the pass retries: it stays gated meanwhile
+                self.stats.count("queued-resize-refused")
+                log.warning("controller: resize of queued %s/%s to %s refused: %s; admitted at its own request",
+                            ns, name, target, one_line(exc))
+        ops = [{"op": "add", "path": "/spec/affinity", "value": pods.narrowed_affinity(pod["spec"], target.node)}]
+        ops += pods.without_gate(pod, pods.QUEUE_GATE)
+        try:
+            answer = self.core.patch_namespaced_pod(name, ns, ops, _content_type=JSON_PATCH, _preload_content=False,
+                                                    _request_timeout=self.timeout)
+        except ApiException as exc:
+            if exc.status == 404:
+                return
+            raise
+        updated = json.loads(answer.data)
+        with self._lock:
+            if pods.uid(self.pods.get(pods.key(updated), {})) == pods.uid(updated):
+                self.pods[pods.key(updated)] = updated
+        self._observe(at, "admitted")
+        log.info("controller: queued %s/%s admitted (action %d): %s, %s cores, %s", ns, name, seq, target.node,
+                 pods.cpu_text(target.cpu_m), pods.mem_text(target.mem_mib))
+
+    def _preempt(self, job: str, pod: dict, seq: int) -> None:
+        """A `stop` with `preempted: true`: the job went back to the allocator's queue. Its pod is asked to
+        checkpoint, then evicted (`_advance_preemptions`); a bare pod is then created again under its name, and
+        waits gated in the queue under the same job id (an owned pod is created again by its owner, and admitted
+        so by the webhook)."""
+        if job in self._preemptions and self._preemptions[job].uid == pods.uid(pod):
+            return
+        owned = any(o.get("controller") for o in pods.meta(pod).get("ownerReferences") or [])
+        self._preemptions[job] = Preemption(job, pods.key(pod), pods.uid(pod), seq, bare=not owned,
+                                            snapshot=pod, grace=self._grace(pod))
+        self.stats.count("preemptions")
+        log.info("controller: %s/%s preempted (action %d): checkpoint, then eviction", *pods.key(pod), seq)
+
+    def _advance_preemptions(self) -> None:
+        """Each preemption one step further (`moves.preempt_step`)."""
+        from kubernetes.client.exceptions import ApiException
+
+        now = time.monotonic()
+        for job, p in list(self._preemptions.items()):
+            if now < p.next_try:
+                continue
+            with self._lock:
+                pod = self.pods.get(p.pod)
+            step = preempt_step(p, pod, now)
+            try:
+                if step == "mark":
+                    notes = {pods.PREEMPTED_KEY: str(p.seq)}
+                    if (pod["spec"] or {}).get("nodeName"):
+                        notes[pods.CHECKPOINT_KEY] = str(p.seq)
+                    self.core.patch_namespaced_pod(p.pod[1], p.pod[0], {"metadata": {"annotations": notes}},
+                                                   _content_type=MERGE, _preload_content=False,
+                                                   _request_timeout=self.timeout)
+                    p.asked_at = now
+                elif step in ("evict", "evict-late"):
+                    if step == "evict-late":
+                        self.stats.count("preempted-without-checkpoint")
+                        log.warning("controller: %s/%s did not answer its checkpoint within %.1f s; evicted without "
+                                    "one", *p.pod, p.grace)
+                    p.evicted = self._evict(pod, f"preempted (action {p.seq})")
+                    if not p.evicted:
+                        p.next_try = now + 1.0
+                    else:
+                        self.stats.count("preempted")
+                elif step == "recreate":
+                    self._recreate(p)
+                    del self._preemptions[job]
+                elif step == "done":
+                    del self._preemptions[job]
+            except ApiException as exc:
+                if exc.status == 409 and step == "recreate":  # the old pod is not removed yet: again later
+                    p.next_try = now + 0.5
+                    continue
+                log.warning("controller: preemption of %s: %s; retrying", job, one_line(exc))
+                p.next_try = now + 1.0
+
+    def _recreate(self, p: Preemption) -> None:
+        """A preempted bare pod, created again under its name (`pods.recreated`) by the controller: the webhook
+        keeps its job id and queues it (gated) or, room existing by then, places it."""
+        body = pods.recreated(p.snapshot)
+        answer = self.core.create_namespaced_pod(p.pod[0], body, _preload_content=False,
+                                                 _request_timeout=self.timeout)
+        made = json.loads(answer.data)
+        self.stats.count("preempted-recreated")
+        log.info("controller: preempted %s/%s created again (%s)", *p.pod,
+                 "queued" if pods.queued(made) else "placed" if pods.node_of(made) else "not served")
 
     def _resize(self, pod: dict, target: pods.Target, at: float, seq: int = 0) -> None:
         """PATCH the pod's `resize` subresource by the server's rules (`resize.plan_resize`). A 422 is logged and
@@ -715,6 +836,8 @@ class Controller:
             job = pods.job_id(pod)
             if job is None or any(pods.uid(p) != pods.uid(pod) for p in self.live(job)):
                 continue  # not ours, or its job goes on in another pod (a move, or a pod created again by name)
+            if self._preempted(job, pod):
+                continue  # preempted: its job waits in the queue for its next pod; a release would dequeue it
             due.append(pod)
         if not due:
             return 0
@@ -733,6 +856,10 @@ class Controller:
                 self._ended.extend(pod for pod, _ in failed)
             raise failed[0][1]
         return sum(done)
+
+    def _preempted(self, job: str, pod: dict) -> bool:
+        p = self._preemptions.get(job)
+        return (p is not None and p.uid == pods.uid(pod)) or pods.PREEMPTED_KEY in pods.annotations(pod)
 
     def _release(self, pod: dict) -> bool:
         job = str(pods.job_id(pod))
@@ -859,6 +986,10 @@ class Controller:
                 continue  # on its way out: neither a move to resume nor a pod to adopt
             if job is not None and pods.gated(pod) and job not in self._migrations:
                 self._resume(job, pod)
+            if job is not None and job not in by_job and self._preempted(job, pod):
+                if job not in self._preemptions:  # begun before a restart: go on from the cluster
+                    self._preempt(job, pod, int(pods.annotations(pod).get(pods.PREEMPTED_KEY) or 0))
+                continue  # on its way to the queue: never adopted back
             if job is None or job in by_job or pods.gated(pod) or self._adopt_tries.get(pods.uid(pod), 0.0) > now:
                 continue
             self._adopt(job, pod)
@@ -885,6 +1016,10 @@ class Controller:
             if why is None:
                 raise  # the service down, a 5xx: an error of the pass, retried
             return self._adopt_refused(pod, f"the allocator refuses it ({why})")
+        if answer.get("status") == "queued":
+            self._adopt_tries[pods.uid(pod)] = time.monotonic() + self.adopt_every
+            self.stats.count("still-queued")
+            return False  # its job waits in the queue: its `start` admits it
         if answer.get("status") != "allocated" or len(answer.get("parts") or []) > 1:
             if answer.get("status") == "allocated":
                 self.service.release(job)

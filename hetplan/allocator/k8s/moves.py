@@ -69,3 +69,42 @@ def next_step(m: Migration, old: Mapping[str, Any] | None, new: Mapping[str, Any
     if pods.terminating(old):
         return "wait" if moved else "cancel"  # its containers stop first (the checkpoint is final then)
     return "ungate" if moved else "cancel"
+
+
+PreemptStep = Literal["mark", "wait", "evict", "evict-late", "recreate", "done"]
+"""`mark`: annotate the pod (`hetplan.io/preempted`, and the checkpoint request when it runs); `wait`; `evict`
+(checkpointed, or never bound); `evict-late`: its checkpoint grace is over without an answer; `recreate` a bare
+pod under its name, to wait in the queue; `done`."""
+
+
+@dataclass
+class Preemption:
+    """A `stop` with `preempted: true` in progress: the pod (and its uid: a pod created again under its name is
+    another), the action's number, whether the controller creates it again (`bare`: no owner does), the pod as it
+    was (to create it again), when the checkpoint was asked for and how long it may take."""
+
+    job: str
+    pod: tuple[str, str]
+    uid: str
+    seq: int
+    bare: bool
+    snapshot: dict
+    asked_at: float | None = None
+    grace: float = 30.0
+    evicted: bool = False
+    next_try: float = 0.0
+
+
+def preempt_step(p: Preemption, pod: Mapping[str, Any] | None, now: float) -> PreemptStep:
+    """What to do next for `p`, given the pod as the cache has it (None: removed)."""
+    if pod is None or pods.uid(pod) != p.uid:
+        return "recreate" if p.bare else "done"
+    if pods.ended(pod) or pods.terminating(pod):
+        return "wait" if p.bare else "done"  # a bare pod's name is free once it is removed
+    if p.evicted:
+        return "wait"
+    if p.asked_at is None:
+        return "mark"
+    if not (pod.get("spec") or {}).get("nodeName") or answered(pod, p.seq):
+        return "evict"
+    return "evict-late" if now - p.asked_at >= p.grace else "wait"

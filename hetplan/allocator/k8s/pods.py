@@ -4,7 +4,11 @@ Opt-in: the pod label `hetplan.io/model` (the model, as for the extender). What 
 
 | key | kind | meaning |
 |---|---|---|
-| `hetplan.io/job-id` | annotation | the allocator's job id (`<namespace>/<name>`); a replacement keeps it |
+| `hetplan.io/job-id` | annotation, written by the webhook | the allocator's job id (`owner_job`: the pod's owner, never what a user writes here); a replacement keeps it |
+| `hetplan.io/job` | label, optional, set by the user | names the job explicitly: job id `<namespace>/label/<value>` (pods of one job re-created under other names keep it) |
+| `hetplan.io/queued` | scheduling gate, written by the webhook | the job waits in the allocator's queue; removed by the controller once the allocator admits it (`start`) |
+| `hetplan.io/queue-position`, `hetplan.io/queue-why` | annotations, written by the webhook | the job's place in the queue when the pod was created, and why it waits (`no-room`, `lower-priority`, `gang-waiting`) |
+| `hetplan.io/preempted` | annotation, written by the controller | on a preempted pod: the `stop` action's number (a checkpoint is asked first, as for a move) |
 | `hetplan.io/requested-cpu`, `hetplan.io/requested-memory` | annotations | the pod's own request as written (millicores, MiB): the floor, asked again for a replacement |
 | `hetplan.io/checkpoint` | annotation, written by the controller | "checkpoint now": the action's number; the pod answers `hetplan.io/checkpointed` with the same number (or exits) before its grace period ends |
 | `hetplan.io/checkpoint-grace-seconds` | annotation, optional, set by the user | how long to wait for that answer (default: the controller's `--checkpoint-grace`) |
@@ -41,6 +45,22 @@ CHECKPOINTED_KEY = "hetplan.io/checkpointed"
 GRACE_KEY = "hetplan.io/checkpoint-grace-seconds"
 MIGRATED_FROM_KEY = "hetplan.io/migrated-from"
 MIGRATION_GATE = "hetplan.io/migration"
+QUEUE_GATE = "hetplan.io/queued"
+QUEUE_POSITION_KEY = "hetplan.io/queue-position"
+QUEUE_WHY_KEY = "hetplan.io/queue-why"
+PREEMPTED_KEY = "hetplan.io/preempted"
+JOB_LABEL = "hetplan.io/job"
+KUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+KUEUE_GATE = "kueue.x-k8s.io/admission"
+JOBSET_LABEL = "jobset.sigs.k8s.io/jobset-name"
+JOBSET_INDEX = "jobset.sigs.k8s.io/job-index"
+KUBEFLOW_LABEL = "training.kubeflow.org/job-name"
+KUBEFLOW_ROLE = "training.kubeflow.org/replica-type"
+KUBEFLOW_INDEX = "training.kubeflow.org/replica-index"
+COMPLETION_INDEX = "batch.kubernetes.io/job-completion-index"
+OWNER_KINDS = frozenset({"Job", "PyTorchJob", "TFJob", "MPIJob", "XGBoostJob", "PaddleJob", "JAXJob", "TrainJob"})
+"""Owners whose pods are one job: a pod re-created by them (after a preemption, a failure) is the same job. Other
+owners (ReplicaSet, StatefulSet, ...) run interchangeable or stably named pods: each pod is its own job."""
 RESIZE_PENDING_KEY = "hetplan.io/resize-pending"
 OPT_IN = MODEL_KEY
 
@@ -96,6 +116,55 @@ def annotations(pod: Mapping[str, Any]) -> dict[str, str]:
 
 def job_id(pod: Mapping[str, Any]) -> str | None:
     return annotations(pod).get(JOB_ID_KEY)
+
+
+def _part(labels: Mapping[str, str], notes: Mapping[str, str]) -> str:
+    """The pod's part of a multi-pod job (`/<part>`, '' for none): a JobSet's child job index, a Kubeflow replica
+    type and index, an Indexed Job's completion index."""
+    bits = []
+    if labels.get(JOBSET_INDEX):
+        bits.append(labels[JOBSET_INDEX])
+    if labels.get(KUBEFLOW_ROLE):
+        bits.append(f"{labels[KUBEFLOW_ROLE].lower()}-{labels.get(KUBEFLOW_INDEX, '0')}")
+    index = notes.get(COMPLETION_INDEX) or labels.get(COMPLETION_INDEX)
+    if index:
+        bits.append(index)
+    return "/" + "-".join(bits) if bits else ""
+
+
+def owner_job(pod: Mapping[str, Any], namespace: str | None = None) -> str:
+    """The allocator's job id of `pod`, from what owns it, never from an annotation a user could write:
+
+    - the label `hetplan.io/job`: `<namespace>/label/<value>`;
+    - a JobSet's pod (label `jobset.sigs.k8s.io/jobset-name`; its owner is a child Job): `<namespace>/JobSet/<name>`;
+    - a pod whose controlling owner is a Job or a Kubeflow training job (`OWNER_KINDS`): `<namespace>/<kind>/<uid>`
+      (a job created again under the same name is another job);
+    - else (a bare pod, or another owner's): `<namespace>/<name>`;
+
+    an owned pod's part (`_part`) is appended, so that the pods of a multi-pod job are distinct and a pod created
+    again for the same part has the same id. A pod name has no `/`, so a bare pod never shares an owned pod's id."""
+    m = meta(pod)
+    ns = namespace or str(m.get("namespace") or "default")
+    labels, notes = m.get("labels") or {}, m.get("annotations") or {}
+    part = _part(labels, notes)
+    if (labels.get(JOB_LABEL) or "").strip():
+        return f"{ns}/label/{labels[JOB_LABEL].strip()}"
+    if labels.get(JOBSET_LABEL):
+        return f"{ns}/JobSet/{labels[JOBSET_LABEL]}{part}"
+    owner = next((o for o in m.get("ownerReferences") or [] if o.get("controller")), None)
+    if owner is not None and owner.get("kind") in OWNER_KINDS and owner.get("uid"):
+        return f"{ns}/{owner['kind']}/{owner['uid']}{part}"
+    return f"{ns}/{m.get('name') or ''}"
+
+
+def queued(pod: Mapping[str, Any]) -> bool:
+    """The pod waits in the allocator's queue: held by the scheduling gate `hetplan.io/queued`."""
+    return any(g.get("name") == QUEUE_GATE for g in (pod.get("spec") or {}).get("schedulingGates") or [])
+
+
+def kueue(pod: Mapping[str, Any]) -> bool:
+    """Kueue admits this pod (label `kueue.x-k8s.io/queue-name`): hetplan sizes and places it, never queues it."""
+    return bool((meta(pod).get("labels") or {}).get(KUEUE_LABEL))
 
 
 def model(pod: Mapping[str, Any]) -> str | None:
@@ -229,17 +298,68 @@ def pinned_affinity(spec: Mapping[str, Any], node: str) -> dict[str, Any]:
     return affinity
 
 
-def with_target(pod: Mapping[str, Any], target: Target) -> dict[str, Any]:
-    """A copy of a pod (spec) pinned to `target.node` with `target`'s cores and RAM; resize policy: no restart."""
+def narrowed_affinity(spec: Mapping[str, Any], node: str) -> dict[str, Any]:
+    """`spec.affinity` narrowed to `node`, as the API server lets a gated pod's affinity change (KEP-3838): each
+    required term of the pod's own gets the requirement `metadata.name In [node]` added (terms are ORed: none may be
+    added or removed); with no required terms, one term that names `node`. The rest kept."""
+    affinity = copy.deepcopy(spec.get("affinity") or {})
+    required = (affinity.get("nodeAffinity") or {}).get("requiredDuringSchedulingIgnoredDuringExecution") or {}
+    terms = required.get("nodeSelectorTerms") or []
+    if not terms:
+        return pinned_affinity(spec, node)
+    pin = {"key": "metadata.name", "operator": "In", "values": [node]}
+    for term in terms:
+        term["matchFields"] = [*(term.get("matchFields") or []), pin]
+    return affinity
+
+
+def sized(pod: Mapping[str, Any], target: Target) -> dict[str, Any]:
+    """A copy of a pod (spec) with `target`'s cores and RAM (`resources`); resize policy: no restart."""
     out = copy.deepcopy(dict(pod))
-    spec = out["spec"]
     index, cpu_m, mem_mib = main_share(out, target)
-    container = spec["containers"][index]
+    container = out["spec"]["containers"][index]
     container["resources"] = resources(container, cpu_m, mem_mib)
     container.setdefault("resizePolicy", [{"resourceName": "cpu", "restartPolicy": "NotRequired"},
                                           {"resourceName": "memory", "restartPolicy": "NotRequired"}])
-    spec["affinity"] = pinned_affinity(spec, target.node)
     return out
+
+
+def with_target(pod: Mapping[str, Any], target: Target) -> dict[str, Any]:
+    """A copy of a pod (spec) pinned to `target.node` with `target`'s cores and RAM; resize policy: no restart."""
+    out = sized(pod, target)
+    out["spec"]["affinity"] = pinned_affinity(out["spec"], target.node)
+    return out
+
+
+def without_gate(pod: Mapping[str, Any], gate: str) -> list[dict[str, Any]]:
+    """The JSONPatch ops that remove the scheduling gate `gate` (and only it) from `pod`."""
+    gates = (pod.get("spec") or {}).get("schedulingGates") or []
+    rest = [g for g in gates if g.get("name") != gate]
+    if not rest:
+        return [{"op": "remove", "path": "/spec/schedulingGates"}]
+    return [{"op": "replace", "path": "/spec/schedulingGates", "value": rest}]
+
+
+def recreated(pod: Mapping[str, Any]) -> dict[str, Any]:
+    """A preempted bare pod as it is created again, under its name, to wait in the queue: its labels, spec and
+    annotations (its job id and own request; what hetplan wrote for its run removed), no node, no gates of a move
+    (the webhook gives it the queue's gate, or its allocation if room exists by then)."""
+    old = meta(pod)
+    drop = {CHECKPOINT_KEY, CHECKPOINTED_KEY, MIGRATED_FROM_KEY, PREEMPTED_KEY, RESIZE_PENDING_KEY,
+            QUEUE_POSITION_KEY, QUEUE_WHY_KEY}
+    spec = copy.deepcopy(pod.get("spec") or {})
+    spec.pop("nodeName", None)
+    gates = [g for g in spec.pop("schedulingGates", None) or [] if g.get("name") not in (MIGRATION_GATE, QUEUE_GATE)]
+    if gates:
+        spec["schedulingGates"] = gates
+    node_affinity = (spec.get("affinity") or {}).get("nodeAffinity") or {}
+    if node_of({"spec": {"affinity": spec.get("affinity")}}) is not None:  # hetplan's pin to the node it ran on
+        node_affinity.pop("requiredDuringSchedulingIgnoredDuringExecution", None)
+    return {"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": old.get("name"), "namespace": old.get("namespace"),
+                         "labels": dict(old.get("labels") or {}),
+                         "annotations": {k: v for k, v in (old.get("annotations") or {}).items() if k not in drop}},
+            "spec": spec}
 
 
 def replacement(pod: Mapping[str, Any], target: Target, seq: int) -> dict[str, Any]:

@@ -2,7 +2,8 @@
 
 The API server sends an `AdmissionReview` (admission.k8s.io/v1) for every pod CREATE that matches the webhook's
 `objectSelector` (the label `hetplan.io/model` exists). `review` asks the allocator service (`POST /v1/allocate`:
-the job id `<namespace>/<name>`, the model, the pod's GPUs and its own cpu/memory requests as the floor) and answers
+the job id of the pod's owner (`pods.owner_job`; a `hetplan.io/job-id` annotation counts only on a pod the
+controller creates), the model, the pod's GPUs and its own cpu/memory requests as the floor) and answers
 a JSONPatch that
 
 - writes the job id and the pod's own request as annotations (`pods.JOB_ID_KEY`, ...),
@@ -11,6 +12,13 @@ a JSONPatch that
   (re-sizes happen in place),
 - pins the pod to the node chosen: a required node affinity on `metadata.name` (the scheduler still binds it and
   checks it fits; the extender still scores).
+
+**Queued**: when the allocator answers `queued` (no room now, or higher-priority jobs first), the pod is admitted
+with its job id, its own request (the main container shaped as above), its place and reason in the queue
+(`hetplan.io/queue-position`, `hetplan.io/queue-why`) and the scheduling gate `hetplan.io/queued`: it waits,
+Pending, until the controller applies the job's `start` (node, cores, RAM) and removes the gate. Never the default
+scheduler's path. A pod Kueue admits (label `kueue.x-k8s.io/queue-name`) is never queued here: its job is taken
+off hetplan's queue and the pod admitted unchanged (Kueue's gate holds it; the controller adopts it where it runs).
 
 **Fail-open**: whatever hetplan cannot serve (no model, a request the allocator rejects, a gang, a pod whose other
 containers leave nothing, the service unreachable, anything unexpected) is admitted unchanged, with one log line
@@ -53,9 +61,38 @@ def _escape(key: str) -> str:
     return key.replace("~", "~0").replace("/", "~1")
 
 
+def _own_request(klass: Any, notes: Mapping[str, str]) -> tuple[str | None, str | None, dict[str, Any]]:
+    """The pod's own cpu/memory request (millicores, MiB, as text: the annotations a replacement or a re-created
+    pod carries, else the pod's requests) and the allocate body's `cpus`/`mem_gb`; `Unserved` when unreadable."""
+    own_cpu = notes.get(pods.REQUESTED_CPU_KEY, None if klass.cpu_m is None else str(klass.cpu_m))
+    own_mem = notes.get(pods.REQUESTED_MEMORY_KEY, None if klass.mem_mib is None else str(klass.mem_mib))
+    body: dict[str, Any] = {}
+    try:
+        if own_cpu is not None:
+            body["cpus"] = int(own_cpu) / 1000
+        if own_mem is not None:
+            body["mem_gb"] = int(own_mem) / 1024
+    except (ValueError, OverflowError):  # OverflowError: more digits than a float holds
+        raise Unserved(f"annotation {pods.REQUESTED_CPU_KEY}/{pods.REQUESTED_MEMORY_KEY} is no whole number in "
+                       "range") from None
+    return own_cpu, own_mem, body
+
+
+def job_of(pod: Mapping[str, Any], namespace: str, name: str, trusted: bool) -> str:
+    """The pod's job id: its owner's (`pods.owner_job`); the annotation `hetplan.io/job-id` only from the
+    controller (`trusted`: a pod it created again after a preemption), never from anybody else, so that no pod
+    claims another job's allocation or place in the queue by naming it."""
+    claimed = pods.job_id(pod)
+    if trusted and claimed:
+        return claimed
+    return pods.owner_job({**pod, "metadata": {**pods.meta(pod), "name": name}}, namespace)
+
+
 def admit(pod: Mapping[str, Any], namespace: str, allocate: Callable[[dict], dict],
-          release: Callable[[str], object]) -> list[dict[str, Any]]:
-    """The JSONPatch that gives `pod` its allocation; `Unserved` with the reason when hetplan cannot serve it."""
+          release: Callable[[str], object], trusted: bool = False) -> list[dict[str, Any]]:
+    """The JSONPatch that gives `pod` its allocation, or (the allocator queued its job) holds it behind the
+    scheduling gate `hetplan.io/queued`; `Unserved` with the reason when hetplan cannot serve it. `trusted`: the
+    controller creates the pod (its job id annotation is kept)."""
     meta = pods.meta(pod)
     notes = pods.annotations(pod)
     try:
@@ -65,23 +102,24 @@ def admit(pod: Mapping[str, Any], namespace: str, allocate: Callable[[dict], dic
     if klass.model is None:
         raise Unserved(f"no {MODEL_KEY} label")
     name = meta.get("name") or f"{meta.get('generateName') or 'pod-'}{uuid.uuid4().hex[:8]}"
-    job = notes.get(pods.JOB_ID_KEY) or f"{namespace}/{name}"
-    own_cpu = notes.get(pods.REQUESTED_CPU_KEY, None if klass.cpu_m is None else str(klass.cpu_m))
-    own_mem = notes.get(pods.REQUESTED_MEMORY_KEY, None if klass.mem_mib is None else str(klass.mem_mib))
-    body: dict[str, Any] = {"job_id": job, "model": klass.model, "num_gpus": klass.gpus}
-    try:
-        if own_cpu is not None:
-            body["cpus"] = int(own_cpu) / 1000
-        if own_mem is not None:
-            body["mem_gb"] = int(own_mem) / 1024
-    except (ValueError, OverflowError):  # OverflowError: more digits than a float holds
-        raise Unserved(f"annotation {pods.REQUESTED_CPU_KEY}/{pods.REQUESTED_MEMORY_KEY} is no whole number in "
-                       "range") from None
+    job = job_of(pod, namespace, name, trusted)
+    own_cpu, own_mem, floor = _own_request(klass, notes)
+    body: dict[str, Any] = {"job_id": job, "model": klass.model, "num_gpus": klass.gpus, **floor}
     try:
         answer = allocate(body)
     except Exception as exc:  # noqa: BLE001 - fail-open: the service down, a 4xx, anything
         raise Unserved(f"allocator not reached: {' '.join(str(exc).split())[:200]}") from None
-    if answer.get("status") != "allocated":
+    status = answer.get("status")
+    if status == "queued" and pods.kueue(pod):
+        release(job)  # Kueue's queue, not hetplan's: taken off hetplan's (adopted where it runs, once admitted)
+        raise Unserved(f"queued ({answer.get('why')}) but Kueue admits this pod ({pods.KUEUE_LABEL}): no hetplan "
+                       "gate; adopted where it runs")
+    if status == "queued" and (pod.get("spec") or {}).get("nodeName"):
+        release(job)  # a pod bound at creation cannot be gated (the API server refuses both)
+        raise Unserved("queued, but the pod names its node (spec.nodeName): it cannot wait behind a gate")
+    if status == "queued":
+        return _queued(pod, job, own_cpu, own_mem, answer, name)
+    if status != "allocated":
         raise Unserved(f"allocator: {answer.get('reason')}: {answer.get('message')}")
     parts = answer.get("parts") or [answer["allocation"]]
     if len(parts) > 1:
@@ -93,21 +131,57 @@ def admit(pod: Mapping[str, Any], namespace: str, allocate: Callable[[dict], dic
     except ValueError as exc:
         release(job)
         raise Unserved(str(exc)) from None
+    ops = _notes(meta, name, {pods.JOB_ID_KEY: job, pods.REQUESTED_CPU_KEY: own_cpu,
+                              pods.REQUESTED_MEMORY_KEY: own_mem})
+    ops += _resources(pod, shaped)
+    ops.append({"op": "add", "path": "/spec/affinity", "value": shaped["spec"]["affinity"]})
+    return ops
+
+
+def _notes(meta: Mapping[str, Any], name: str, values: Mapping[str, str | None]) -> list[dict[str, Any]]:
+    """Ops that write `values` as annotations (None: left out), drop a move's mark, and name a generated pod."""
+    notes = meta.get("annotations") or {}
     ops: list[dict[str, Any]] = []
     if "annotations" not in meta:
         ops.append({"op": "add", "path": "/metadata/annotations", "value": {}})
-    for k, v in ((pods.JOB_ID_KEY, job), (pods.REQUESTED_CPU_KEY, own_cpu), (pods.REQUESTED_MEMORY_KEY, own_mem)):
+    for k, v in values.items():
         if v is not None:
             ops.append({"op": "add", "path": f"/metadata/annotations/{_escape(k)}", "value": v})
     if pods.MIGRATED_FROM_KEY in notes:  # a new pod, not a move's replacement: the mark is not its own
         ops.append({"op": "remove", "path": f"/metadata/annotations/{_escape(pods.MIGRATED_FROM_KEY)}"})
     if not meta.get("name"):
         ops.append({"op": "add", "path": "/metadata/name", "value": name})
+    return ops
+
+
+def _resources(pod: Mapping[str, Any], shaped: Mapping[str, Any]) -> list[dict[str, Any]]:
     index = pods.main_container(pod)
     container = shaped["spec"]["containers"][index]
-    ops.append({"op": "add", "path": f"/spec/containers/{index}/resources", "value": container["resources"]})
-    ops.append({"op": "add", "path": f"/spec/containers/{index}/resizePolicy", "value": container["resizePolicy"]})
-    ops.append({"op": "add", "path": "/spec/affinity", "value": shaped["spec"]["affinity"]})
+    return [{"op": "add", "path": f"/spec/containers/{index}/resources", "value": container["resources"]},
+            {"op": "add", "path": f"/spec/containers/{index}/resizePolicy", "value": container["resizePolicy"]}]
+
+
+def _queued(pod: Mapping[str, Any], job: str, own_cpu: str | None, own_mem: str | None,
+            answer: Mapping[str, Any], name: str) -> list[dict[str, Any]]:
+    """The patch of a pod whose job waits in the allocator's queue: its job id, own request, place and reason as
+    annotations; the main container shaped as an allocated one's (Burstable, `pods.resources`) at its own request,
+    so that the controller sizes it by the resize subresource when the job is admitted; the scheduling gate
+    `hetplan.io/queued` (gates can only be added at creation: here). No node: the `start` action gives it."""
+    meta = pods.meta(pod)
+    ops = _notes(meta, name, {pods.JOB_ID_KEY: job, pods.REQUESTED_CPU_KEY: own_cpu,
+                              pods.REQUESTED_MEMORY_KEY: own_mem,
+                              pods.QUEUE_POSITION_KEY: str(answer.get("position") or ""),
+                              pods.QUEUE_WHY_KEY: str(answer.get("why") or "")})
+    cpu_m, mem_mib = pods.requests(pod)  # the own request, else what the pod asks (a re-created pod: its last size)
+    floor = pods.Target("", int(own_cpu) if own_cpu else cpu_m, int(own_mem) if own_mem else mem_mib)
+    try:
+        ops += _resources(pod, pods.sized(pod, floor))
+    except ValueError:
+        pass  # the other containers ask for all of it (or nothing is asked): sized as it is; resized at start
+    gates = (pod.get("spec") or {}).get("schedulingGates")
+    gate = {"name": pods.QUEUE_GATE}
+    ops.append({"op": "add", "path": "/spec/schedulingGates/-", "value": gate} if gates else
+               {"op": "add", "path": "/spec/schedulingGates", "value": [gate]})
     return ops
 
 
@@ -140,7 +214,8 @@ def review(body: Mapping[str, Any], allocate: Callable[[dict], dict], release: C
         response.update(allowed=False, status={"code": 403, "reason": "Forbidden", "message": f"hetplan: {why}"})
     elif request.get("operation") == "CREATE" and request.get("kind", {}).get("kind") == "Pod":
         try:
-            patch = admit(pod, str(request.get("namespace") or "default"), allocate, release)
+            patch = admit(pod, str(request.get("namespace") or "default"), allocate, release,
+                          trusted=user in controllers)
             response["patchType"] = "JSONPatch"
             response["patch"] = base64.b64encode(json.dumps(patch).encode()).decode()
         except Unserved as exc:

@@ -1,0 +1,277 @@
+"""Issue 30 on the Kubernetes side, against the STRICT STAND-IN API server (`standin_apiserver.py`; not a real
+kube-apiserver) and the real allocator in process: owner-bound job ids, queued pods held behind the scheduling gate
+`hetplan.io/queued` and admitted by the controller, preemption (checkpoint, eviction, the pod created again to wait
+in the queue), and the Kueue split (hetplan's gate and Kueue's never both on a pod)."""
+
+from __future__ import annotations
+
+import base64
+import json
+import logging
+
+import pytest
+from standin_apiserver import CONTROLLER_USER, ApiError, eventually, json_patch, k8s_pod
+from test_k8s_controller import allocation, no_proxy, requests_of, rig  # noqa: F401 - fixtures
+from test_k8s_strict import leading
+
+from hetplan.allocator import Job
+from hetplan.allocator.k8s import pods, webhook
+
+JOB_UID = "6f1c2a9e-0000-4000-8000-000000000001"
+
+
+def owned(name: str, kind: str = "Job", uid: str = JOB_UID, labels: dict | None = None,
+          annotations: dict | None = None) -> dict:
+    pod = k8s_pod(name, labels=labels, annotations=annotations)
+    pod["metadata"]["ownerReferences"] = [{"apiVersion": "batch/v1", "kind": kind, "name": "train", "uid": uid,
+                                           "controller": True, "blockOwnerDeletion": True}]
+    return pod
+
+
+OWNERS = [  # (case, pod, the job id)
+    ("bare", k8s_pod("p1"), "ml/p1"),
+    ("job", owned("train-x7k2p"), f"ml/Job/{JOB_UID}"),
+    ("indexed-job", owned("train-2-x7k2p", annotations={pods.COMPLETION_INDEX: "2"}), f"ml/Job/{JOB_UID}/2"),
+    ("jobset", owned("js-w-0-1-abcde", labels={pods.JOBSET_LABEL: "js", pods.JOBSET_INDEX: "0"},
+                     annotations={pods.COMPLETION_INDEX: "1"}), "ml/JobSet/js/0-1"),
+    ("pytorchjob", owned("pt-worker-3", kind="PyTorchJob", labels={pods.KUBEFLOW_LABEL: "pt",
+                                                                    pods.KUBEFLOW_ROLE: "Worker",
+                                                                    pods.KUBEFLOW_INDEX: "3"}),
+     f"ml/PyTorchJob/{JOB_UID}/worker-3"),
+    ("label", k8s_pod("anything", labels={pods.JOB_LABEL: "nightly"}), "ml/label/nightly"),
+    ("replicaset", owned("web-5d9f-abcde", kind="ReplicaSet"), "ml/web-5d9f-abcde"),
+    ("annotation-ignored", k8s_pod("evil", annotations={pods.JOB_ID_KEY: "ml/p1"}), "ml/evil"),
+]
+
+
+@pytest.mark.parametrize("case,pod,job", OWNERS, ids=[o[0] for o in OWNERS])
+def test_a_job_id_is_its_owners_never_an_annotation(case, pod, job):
+    assert pods.owner_job(pod, "ml") == job
+
+
+def test_a_user_set_job_id_annotation_claims_no_other_jobs_allocation(rig):
+    """Bug: the webhook took `hetplan.io/job-id` from the pod: a pod naming another job's id got that job's
+    allocation (the allocator answers an allocated id again, idempotent), pinned where the other job runs."""
+    rig.api.create_pod("ml", k8s_pod("p1", gpus=2))
+    mine = allocation(rig.allocator, "ml/p1")
+    evil = rig.api.create_pod("ml", k8s_pod("evil", gpus=2, annotations={pods.JOB_ID_KEY: "ml/p1"}))
+    assert pods.job_id(evil) == "ml/evil" and allocation(rig.allocator, "ml/p1") == mine
+    assert set(rig.allocator.running()) == {"ml/p1", "ml/evil"}
+    assert pods.node_of(evil) == allocation(rig.allocator, "ml/evil").node
+
+
+def test_a_pod_its_job_creates_again_keeps_the_job_id(rig):
+    first = rig.api.create_pod("ml", owned("train-aaaaa"))
+    job = pods.job_id(first)
+    rig.api.finish("ml", "train-aaaaa", phase="Failed")
+    again = rig.api.create_pod("ml", owned("train-bbbbb"))
+    assert job == pods.job_id(again) == f"ml/Job/{JOB_UID}"
+
+
+# ------------------------------------------------------------------ the stand-in as strict as Kubernetes
+
+
+def gated_pod(rig, name: str = "g1", **spec) -> dict:
+    rig.api.webhook_url = None
+    pod = k8s_pod(name)
+    pod["spec"].update({"schedulingGates": [{"name": pods.QUEUE_GATE}], **spec})
+    return rig.api.create_pod("ml", pod)
+
+
+def patch(rig, name: str, body, ctype: str = "application/merge-patch+json") -> dict:
+    return rig.api.pod_call("PATCH", "ml", name, None, body, ctype)[1]
+
+
+PIN = {"key": "metadata.name", "operator": "In", "values": ["gpu-b"]}
+ZONE = {"key": "zone", "operator": "In", "values": ["a"]}
+UPDATES = [  # (case, gated, the pod's own spec, the patch, refused with)
+    ("add-a-gate", True, {}, {"spec": {"schedulingGates": [{"name": pods.QUEUE_GATE}, {"name": "x/y"}]}},
+     "only deletion is allowed"),
+    ("add-a-gate-to-an-ungated-pod", False, {}, {"spec": {"schedulingGates": [{"name": "x/y"}]}},
+     "only deletion is allowed"),
+    ("pin-an-ungated-pod", False, {}, {"spec": {"affinity": pods.pinned_affinity({}, "gpu-b")}}, "may not change"),
+    ("pin-a-gated-pod", True, {}, {"spec": {"affinity": pods.pinned_affinity({}, "gpu-b")}}, None),
+    ("narrow-a-gated-pods-terms", True, {"affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution":
+     {"nodeSelectorTerms": [{"matchExpressions": [ZONE]}]}}}},
+     {"spec": {"affinity": pods.narrowed_affinity({"affinity": {"nodeAffinity": {
+         "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [{"matchExpressions": [ZONE]}]}}}},
+         "gpu-b")}}, None),
+    ("re-point-a-gated-pod", True, {"affinity": pods.pinned_affinity({}, "gpu-a")},
+     {"spec": {"affinity": pods.pinned_affinity({}, "gpu-b")}}, "only additions"),
+    ("add-a-node-selector-key", True, {"nodeSelector": {"a": "1"}}, {"spec": {"nodeSelector": {"b": "2"}}}, None),
+    ("change-a-node-selector-key", True, {"nodeSelector": {"a": "1"}}, {"spec": {"nodeSelector": {"a": "2"}}},
+     "only additions"),
+    ("resources-outside-resize", True, {}, {"spec": {"containers": [{"name": "trainer", "resources": {
+        "requests": {"cpu": "9"}}}]}}, "resize subresource"),
+    ("remove-the-gate", True, {}, {"spec": {"schedulingGates": None}}, None),
+]
+
+
+@pytest.mark.parametrize("case,gated,spec,body,refused", UPDATES, ids=[u[0] for u in UPDATES])
+def test_the_standin_allows_a_pod_update_only_as_kubernetes_does(rig, case, gated, spec, body, refused):
+    if gated:
+        gated_pod(rig, **spec)
+    else:
+        rig.api.webhook_url = None
+        rig.api.create_pod("ml", k8s_pod("g1"))
+    if refused is None:
+        patch(rig, "g1", body, "application/strategic-merge-patch+json")
+        return
+    with pytest.raises(ApiError, match=refused) as exc:
+        patch(rig, "g1", body, "application/strategic-merge-patch+json")
+    assert exc.value.body["code"] == 422
+
+
+def test_a_gated_pod_is_never_scheduled_nor_bound_nor_created_with_a_node(rig):
+    gated_pod(rig)
+    rig.api.schedule()
+    assert rig.api.pod("ml", "g1")["status"]["phase"] == "Pending" and not rig.api.pod("ml", "g1")["spec"].get(
+        "nodeName")
+    with pytest.raises(ApiError, match="non-empty .spec.schedulingGates"):
+        rig.api.pod_call("POST", "ml", "g1", "binding", {"target": {"name": "gpu-a"}}, "")
+    with pytest.raises(ApiError, match="cannot be set until all schedulingGates have been cleared"):
+        gated_pod(rig, "g2", nodeName="gpu-a")
+    patch(rig, "g1", [{"op": "remove", "path": "/spec/schedulingGates"}], "application/json-patch+json")
+    assert rig.api.pod("ml", "g1")["status"]["phase"] == "Running"
+
+
+def test_a_pending_pods_resources_change_through_resize_and_the_scheduler_fits_them(rig):
+    gated_pod(rig)
+    rig.api.pod_call("PATCH", "ml", "g1", "resize", {"spec": {"containers": [{"name": "trainer", "resources": {
+        "requests": {"cpu": "5", "memory": "20Gi"}}}]}}, "application/strategic-merge-patch+json")
+    patch(rig, "g1", [{"op": "remove", "path": "/spec/schedulingGates"}], "application/json-patch+json")
+    assert requests_of(rig.api.pod("ml", "g1")) == (5000, 20480)
+    assert rig.api.pod("ml", "g1")["status"]["containerStatuses"][0]["resources"]["requests"]["cpu"] == "5"
+
+
+# ------------------------------------------------------------------ queued pods wait gated
+
+
+def queued_answer(job: str, position: int = 3, why: str = "no-room") -> dict:
+    return {"status": "queued", "job_id": job, "position": position, "why": why, "message": "waits"}
+
+
+def admitted(pod: dict, answer: dict, user: str = "system:serviceaccount:default:launcher") -> tuple[dict, list]:
+    """The webhook's review of `pod` with the allocator answering `answer`: the pod as admitted, the releases."""
+    released: list[str] = []
+    review = {"request": {"uid": "u1", "kind": {"kind": "Pod"}, "operation": "CREATE", "namespace": "ml",
+                          "object": pod, "userInfo": {"username": user}}}
+    out = webhook.review(review, lambda body: answer, released.append)["response"]
+    assert out["allowed"]
+    patch_ops = json.loads(base64.b64decode(out["patch"])) if out.get("patch") else []
+    return json_patch(pod, patch_ops), released
+
+
+def test_the_webhook_holds_a_queued_pod_behind_the_gate_with_its_place_never_the_default_path():
+    pod, released = admitted(k8s_pod("q1", cpu="3", memory="10Gi"), queued_answer("ml/q1"))
+    assert pods.queued(pod) and not released and pods.node_of(pod) is None
+    notes = pods.annotations(pod)
+    assert (pods.job_id(pod), notes[pods.QUEUE_POSITION_KEY], notes[pods.QUEUE_WHY_KEY]) == ("ml/q1", "3", "no-room")
+    assert requests_of(pod) == (3000, 10240) and pod["spec"]["containers"][0]["resizePolicy"]
+    # a pod with gates of its own keeps them: hetplan's is added
+    pod["spec"]["schedulingGates"] = [{"name": "example.com/quota"}]
+    again, _ = admitted(k8s_pod("q2") | {"spec": pod["spec"]}, queued_answer("ml/q2"))
+    assert [g["name"] for g in again["spec"]["schedulingGates"]] == ["example.com/quota", pods.QUEUE_GATE]
+
+
+def test_a_kueue_pod_is_never_queued_by_hetplan():
+    """Kueue admits these (its own gate): hetplan's gate and Kueue's never both hold a pod. Queued: taken off
+    hetplan's queue and admitted unchanged (adopted where it runs); allocated: sized and placed, no gate of ours."""
+    pod = k8s_pod("k1", labels={pods.KUEUE_LABEL: "team-a"})
+    pod["spec"]["schedulingGates"] = [{"name": pods.KUEUE_GATE}]
+    held, released = admitted(pod, queued_answer("ml/k1"))
+    assert released == ["ml/k1"] and held == pod
+    placed, released = admitted(pod, {"status": "allocated", "allocation": {"node": "gpu-a", "cpus": 4, "mem_gb": 16}})
+    assert not released and pods.node_of(placed) == "gpu-a" and requests_of(placed) == (4000, 16384)
+    for admitted_pod in (held, placed):
+        names = [g["name"] for g in admitted_pod["spec"]["schedulingGates"]]
+        assert names == [pods.KUEUE_GATE]
+
+
+def test_only_the_controller_may_name_a_pods_job_id(rig):
+    pod = k8s_pod("again", annotations={pods.JOB_ID_KEY: "ml/p1"})
+    as_user, _ = admitted(pod, queued_answer("x"))
+    as_controller, _ = admitted(pod, queued_answer("x"), CONTROLLER_USER)
+    assert (pods.job_id(as_user), pods.job_id(as_controller)) == ("ml/again", "ml/p1")
+
+
+def create_queued(rig, name: str, cpu: str = "2", memory: str = "8Gi", gpus: int = 4) -> dict:
+    """A pod as the webhook admits it when the allocator queues its job (created with the webhook off)."""
+    pod, _ = admitted(k8s_pod(name, cpu=cpu, memory=memory, gpus=gpus), queued_answer(f"ml/{name}"))
+    url, rig.api.webhook_url = rig.api.webhook_url, None
+    try:
+        return rig.api.create_pod("ml", pod)
+    finally:
+        rig.api.webhook_url = url
+
+
+def ungated_without_allocation(rig) -> list[str]:
+    """The invariant: pods that lost the queue's gate although the allocator does not run their job."""
+    running = set(rig.allocator.running())
+    return [pods.key(p)[1] for p in rig.api.live_pods() if pods.job_id(p) and not pods.queued(p)
+            and pods.job_id(p) not in running and not pods.terminating(p)]
+
+
+@pytest.mark.parametrize("restart", [False, True], ids=["steady", "controller-killed-mid-way"])
+def test_a_queued_pod_is_admitted_by_its_start_and_never_before(rig, restart):
+    c = leading(rig)
+    rig.api.create_pod("ml", k8s_pod("big", gpus=4))  # fills one node's GPUs
+    for name in ("q1", "q2"):
+        create_queued(rig, name, cpu="1", memory="4Gi")
+    rig.api.schedule()
+    assert all(rig.api.pod("ml", n)["status"]["phase"] == "Pending" for n in ("q1", "q2"))
+    assert ungated_without_allocation(rig) == []
+    if restart:
+        c.stop()
+    rig.allocator.allocate(Job.request("ml/q1", "res50", 4, 2, 8))  # a `start` in the log: q1 admitted
+    if restart:
+        c = leading(rig, "c2")
+    eventually(lambda: rig.api.pod("ml", "q1")["status"]["phase"] == "Running")
+    q1, a = rig.api.pod("ml", "q1"), allocation(rig.allocator, "ml/q1")
+    assert not pods.queued(q1) and q1["spec"]["nodeName"] == a.node and requests_of(q1) == (a.cpu_m, a.mem_mib)
+    assert ungated_without_allocation(rig) == [] and rig.api.overcommits == []
+    assert pods.queued(rig.api.pod("ml", "q2")) and rig.api.pod("ml", "q2")["status"]["phase"] == "Pending"
+    resizes = [m for m, p, _ in rig.api.calls if p.endswith("/pods/q1/resize")]
+    assert (a.cpu_m, a.mem_mib) != (1000, 4096) and len(resizes) == 1  # sized while gated, then pinned, ungated
+
+
+# ------------------------------------------------------------------ preemption
+
+
+def stop(rig, c, job: str, seq: int = 10**6) -> None:
+    """The controller applies a preempting `stop` of `job` (the allocator in process cannot log one yet: the service's
+    queue does; its allocation is kept here, so that no plain `stop` of the log races this one)."""
+    before = allocation(rig.allocator, job)
+    eventually(lambda: c.live(job))  # the watch has brought its pod
+    c.apply({"kind": "stop", "job_id": job, "seq": seq, "at": 0, "preempted": True,
+             "before": [{"node": before.node, "cpus": before.cpu_m / 1000, "mem_gb": before.mem_mib / 1024}],
+             "after": []})
+
+
+def test_a_preempted_bare_pod_checkpoints_is_evicted_and_waits_again_under_its_job_id(rig, caplog):
+    caplog.set_level(logging.INFO, logger="hetplan.allocator.k8s.controller")
+    c = leading(rig)
+    first = rig.api.create_pod("ml", k8s_pod("p1", annotations={pods.GRACE_KEY: "30"}))
+    stop(rig, c, "ml/p1")
+    eventually(lambda: pods.annotations(rig.api.pod("ml", "p1")).get(pods.CHECKPOINT_KEY) == str(10**6))
+    assert rig.api.evictions[("ml", "p1")] == 0  # it checkpoints first
+    patch(rig, "p1", {"metadata": {"annotations": {pods.CHECKPOINTED_KEY: str(10**6)}}})
+    again = eventually(lambda: (p := rig.api.pod("ml", "p1")) and pods.uid(p) != pods.uid(first) and p)
+    assert rig.api.evictions[("ml", "p1")] == 1 and pods.job_id(again) == "ml/p1"
+    assert pods.node_of(again) is not None or pods.queued(again)  # placed where room is, or queued (gated)
+    assert c.stats.counts["releases"] == 0 and c.stats.counts["preempted-recreated"] == 1
+    assert c.stats.counts["preempted-without-checkpoint"] == 0
+
+
+def test_a_preemption_without_a_checkpoint_evicts_after_its_grace_and_says_so(rig, caplog):
+    caplog.set_level(logging.INFO, logger="hetplan.allocator.k8s.controller")
+    c = leading(rig)
+    rig.api.create_pod("ml", owned("train-aaaaa", annotations={pods.GRACE_KEY: "0.3"}))
+    job = f"ml/Job/{JOB_UID}"
+    stop(rig, c, job)
+    eventually(lambda: rig.api.pod("ml", "train-aaaaa") is None)
+    assert c.stats.counts["preempted-without-checkpoint"] == 1 and rig.api.evictions[("ml", "train-aaaaa")] == 1
+    assert any("did not answer its checkpoint" in r.getMessage() for r in caplog.records)
+    assert c.stats.counts["preempted-recreated"] == 0 and c.stats.counts["releases"] == 0  # its Job creates it
+    again = rig.api.create_pod("ml", owned("train-bbbbb"))  # as the Job controller does
+    assert pods.job_id(again) == job
