@@ -193,7 +193,7 @@ class Allocator:
         except BaseException:
             self._undo(victims, applied)
             raise
-        self._commit(actions)
+        self._commit(actions)  # its victims were never bound: nothing to checkpoint, their pods wait Pending
         return a
 
     def decide(self, job: Job) -> Decision:
@@ -311,7 +311,8 @@ class Allocator:
             parts = self.running([job_id]).get(job_id, ())
             if parts:
                 jobs = {job_id: None} if final and job_id in self.submissions else {}
-                self._commit([Action("stop", job_id, parts, ())], apply=True, forget=final, jobs=jobs)
+                self._commit([Action("stop", job_id, parts, ())], apply=True, forget=final, jobs=jobs,
+                             preempting=not final)
             return parts
 
     def record_jobs(self, jobs: dict[str, dict | None]) -> None:
@@ -393,7 +394,7 @@ class Allocator:
             if apply:
                 self.cluster.settle([a.job_id for action in actions for a in action.before],
                                     [a for action in actions for a in action.after])
-                self._commit(actions, clear_touched=nodes is None)
+                self._commit(actions, clear_touched=nodes is None, preempting=True)
             return actions
 
     def apply_actions(self, actions: Sequence[Action], clear_touched: bool = True) -> None:
@@ -405,16 +406,17 @@ class Allocator:
 
     def _commit(self, actions: Sequence[Action], clear_touched: bool = False, apply: bool = False,
                 forget: bool = False, upsert: Sequence[Node] = (), remove: Sequence[str] = (),
-                jobs: Mapping[str, dict | None] | None = None) -> None:
+                jobs: Mapping[str, dict | None] | None = None, preempting: bool = False) -> None:
         """Apply `actions` in memory (`apply`; else the caller already did), journal them with the node changes
         (applied after the journal took them: `check_node_changes` said they cannot fail), then book them: gangs,
         the nodes to re-size next, move histories (`stability.record`; `forget`: stopped jobs are gone for good,
-        their histories dropped) and the log. All or nothing: if applying or journaling fails, memory is as
+        their histories dropped), the scheduler's submissions (`jobs`) and the log (`preempting`: its stops are
+        preemptions, the jobs wait to run again). All or nothing: if applying or journaling fails, memory is as
         before and the error raised."""
         if apply:
             self._apply(actions)
         now = self.clock()
-        logged = self.log.number(actions, now, self.history, forget) if actions else ()  # a kept history: a restart
+        logged = self.log.number(actions, now, self.history, not preempting) if actions else ()
         history = {a.job_id: self.history[a.job_id] for a in actions if a.job_id in self.history}
         record(history, actions, now)
         histories: dict[str, MoveHistory | None] = {a.job_id: history.get(a.job_id) for a in actions}
