@@ -252,3 +252,37 @@ def test_a_job_shrinks_to_its_floor_and_no_lower():
         assert (now.cpu_m, now.mem_mib) == (8000, 16 * GIB)  # min(hinted 12, proportional 8) cores; 16 GiB
         resize.shrink(s, now)
         assert s.placed["a"] == (now,)  # at its floor: nothing to do
+
+
+# ---------------------------------------------------------------------- the one-job path
+
+@pytest.mark.parametrize("seed", range(4))
+def test_one_new_job_decides_as_the_whole_step_would(seed, monkeypatch):
+    """`Step.run_one` (an `allocate`'s step) leaves out only bookkeeping for running jobs: the same actions as
+    `Step.run_all`, allocate after allocate, on random clusters with gangs, own requests and cordoned nodes."""
+    import random
+
+    from hetplan.allocator import Allocator, NodeChanges
+    from hetplan.allocator.step.step import Step
+
+    rng = random.Random(seed)
+    nodes = [Node(f"n{i}", t, g, c, m) for i, (t, g, c, m) in enumerate(
+        rng.choice([("V100", 4, 16, 64), ("V100", 8, 24, 500), ("K80", 4, 16, 96)]) for _ in range(8))]
+    logs = []
+    for path in ("run_one", "run_all"):
+        monkeypatch.setattr(Step, "run_one", getattr(Step, path))
+        alloc = Allocator(nodes, get_policy("hint", migration_s=30.0, horizon_s=300.0), SPEEDS)
+        r = random.Random(seed)
+        for i in range(150):
+            own = r.random() < 0.3
+            alloc.allocate(Job(f"j{i}", r.choice(["flat", "picky", "m", "other"]), r.choice([1, 1, 2, 4, 8, 12]),
+                               cpu_m=r.choice([1000, 9000]) if own else None))
+            running = sorted(alloc.running())
+            if running and r.random() < 0.4:
+                alloc.release(r.choice(running))
+            if i == 60:
+                alloc.change_nodes(NodeChanges(upsert=[Node(n.name, n.gpu_type, n.gpus, n.cpus, n.mem_gb,
+                                                            {CLOSED_LABEL: "true"}) for n in nodes[:2]]))
+            assert alloc.cluster.check() == []
+        logs.append([x.action.to_dict() for x in alloc.log.entries()])
+    assert logs[0] == logs[1] and len(logs[0]) > 100

@@ -59,21 +59,26 @@ class StepState:
         self.history, self.now = history, now
         self.rank = {job.job_id: i for i, job in enumerate(order)}
         # jobs running but not asked about stay exactly as they are (pinned)
-        self.placed: Target = {j: parts for j, parts in current.items() if j not in self.rank}
+        self.placed: Target = {j: parts for j, parts in current.items() if j not in self.rank} if current else {}
         # every type a job of the step can be on: the open nodes' and those of running jobs on closed nodes
         # (cordoned: they hold their jobs but take no new ones, and count for no GPUs here)
-        self.types = tuple(sorted({*cluster.gpu_types(), *(a.gpu_type for parts in current.values() for a in parts)}))
         self.type_gpus, self.type_largest = cluster.gpus_by_type()
-        for t in self.types:
-            self.type_gpus.setdefault(t, 0)
-            self.type_largest.setdefault(t, 0)
+        if current:
+            self.types = tuple(sorted({*cluster.gpu_types(),
+                                       *(a.gpu_type for parts in current.values() for a in parts)}))
+            for t in self.types:
+                self.type_gpus.setdefault(t, 0)
+                self.type_largest.setdefault(t, 0)
+        else:  # the open nodes' types (sorted), each with its GPUs already
+            self.types = tuple(cluster.gpu_types())
         self.largest_type = max(self.type_gpus.values(), default=0)
         # (model, GPUs, own request, GPU type) that found no single node this step: only placements happen after
         # the first try (no release), and each leaves every node's free-plus-shrinkable share no larger, so they
         # would find none again
         self.full: set[tuple[str, int, int | None, int | None, str]] = set()
         self.views, self._job_views = policy.step_views(hints, self.types)
-        self.movable_nodes = {a.node for job_id, parts in current.items() if job_id in self.rank for a in parts}
+        self.movable_nodes = {a.node for job_id, parts in current.items() if job_id in self.rank for a in parts} \
+            if current else set()
         """Nodes where a job of this step runs (or ran when it began): the only ones where peers can shrink."""
         self._placed_log: list[tuple[str, tuple[Allocation, ...] | None]] = []  # (job, what it had): undo
 

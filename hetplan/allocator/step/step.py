@@ -33,6 +33,12 @@ class Step:
         self.rule = Rule(self.s)
 
     def run(self) -> Target:
+        """The step's target: every job of the step where it runs after it (absent: it does not run)."""
+        if not self.s.current and len(self.s.order) == 1:
+            return self.run_one()
+        return self.run_all()
+
+    def run_all(self) -> Target:
         s = self.s
         drop_unreadable(s)
         admitted, left_out = admit(s)  # 1. admission
@@ -51,6 +57,19 @@ class Step:
         self.backfill(chain(admitted, left_out))  # 4. backfill
         grow_touched(s)  # 5. re-sizing
         self.keep_unchanged()
+        return dict(s.placed)
+
+    def run_one(self) -> Target:
+        """`run` for one job that is not running yet (`Allocator.allocate`'s step): the same stages, less the
+        bookkeeping only running jobs need (preempting, keeping or restoring places, undoing stranded moves)."""
+        s = self.s
+        drop_unreadable(s)
+        admitted, left_out = admit(s)
+        assigned = assign_types(s, self.rule, admitted)
+        for job in admitted:
+            s.guarded(f"placing job {job.job_id}", self.place, job, assigned.get(job.job_id))
+        self.backfill(chain(admitted, left_out))
+        grow_touched(s)
         return dict(s.placed)
 
     def move_and_start(self, movers: list[Job], assigned: dict[str, str]) -> None:
