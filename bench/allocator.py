@@ -152,13 +152,16 @@ def churn(alloc, jobs: pd.DataFrame, warm: int, steps: int, seed: int) -> tuple[
     return steps / spent, outcomes
 
 
-def bench_inprocess(repeats: int) -> list[str]:
+def bench_inprocess(repeats: int, policies: tuple[str, ...] = ("hint", "proportional", "first-fit", "durable")
+                    ) -> list[str]:
     nodes = cluster_nodes(10_000)
     jobs = job_mix()
     hints = HintSet.from_frame(derived_hints())
     lines = [f"| policy | cluster | decisions/s (median of {repeats}) | min – max | "
              "allocated / rejected in the measured loop |", "|---|---|---:|---:|---|"]
     for policy, steps in [("hint", 50_000), ("proportional", 50_000), ("first-fit", 5_000)]:
+        if policy not in policies:
+            continue
         rates, outcome = [], {}
         for r in range(repeats):
             alloc = Allocator(nodes, policy, hints)
@@ -168,6 +171,8 @@ def bench_inprocess(repeats: int) -> list[str]:
         lines.append(f"| {policy} | 10,000 nodes, in memory | {statistics.median(rates):,.0f} | "
                      f"{min(rates):,.0f} – {max(rates):,.0f} | {outcome['allocated']:,} / {outcome['rejected']:,} |")
         print(lines[-1], flush=True)
+    if "durable" not in policies:
+        return lines
     rates = []
     for r in range(repeats):
         with tempfile.TemporaryDirectory() as tmp:
@@ -362,6 +367,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("what", nargs="?", default="all", choices=["inprocess", "placement", "http", "all"])
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--policies", default="hint,proportional,first-fit,durable",
+                        help="inprocess: which rows (comma-separated; durable is hint with SQLite)")
     parser.add_argument("--tick", type=float, default=1.0, help="the service's rebalancing tick (s) during http")
     args = parser.parse_args()
     global TICK_S
@@ -371,7 +378,7 @@ def main() -> None:
     print(f"{info['date']} · nproc {info['nproc']} · {info['cpu']} · Python {info['python']} · "
           f"load average before: {load}", flush=True)
     if args.what in ("inprocess", "all"):
-        bench_inprocess(args.repeats)
+        bench_inprocess(args.repeats, tuple(args.policies.split(",")))
     if args.what in ("placement", "all"):
         bench_placement(args.repeats)
     if args.what in ("http", "all"):

@@ -7,7 +7,9 @@ import random
 
 import pytest
 
-from hetplan.allocator import Allocator, rebalance
+from hetplan.allocator import Allocator
+from hetplan.allocator.step import place, resize
+from hetplan.allocator.step.state import StepState
 from hetplan.allocator.cluster import Cluster, StateError
 from hetplan.allocator.policies import get_policy
 from hetplan.allocator.actions import Action, diff
@@ -330,11 +332,11 @@ class _Forgetful(set):
 @pytest.mark.parametrize("seed", range(8))
 def test_remembering_which_classes_found_no_node_decides_exactly_as_trying_again(seed, monkeypatch):
     """Within a step only placements follow the first try, so a class that found no node finds none later
-    (`_Step.full`): a step that forgets decides the same, step after step on random clusters."""
+    (`StepState.full`): a step that forgets decides the same, step after step on random clusters."""
     rng = random.Random(seed)
     nodes, table = _random_cluster(rng)
     remembers, forgets = allocator(nodes, table), allocator(nodes, table)
-    step_init = rebalance._Step.__init__
+    step_init = StepState.__init__
 
     def forgetful(self, *args, **kwargs):
         step_init(self, *args, **kwargs)
@@ -349,7 +351,7 @@ def test_remembering_which_classes_found_no_node_decides_exactly_as_trying_again
             forgets.release(done)
         expected = remembers.rebalance(jobs, preempt, move)
         with monkeypatch.context() as patch:
-            patch.setattr(rebalance._Step, "__init__", forgetful)
+            patch.setattr(StepState, "__init__", forgetful)
             assert forgets.rebalance(jobs, preempt, move) == expected, step
         assert remembers.cluster.snapshot() == forgets.cluster.snapshot()
 
@@ -420,16 +422,20 @@ def test_a_step_knows_the_types_of_jobs_on_cordoned_nodes(nodes, closed, release
     assert not alloc.cluster.check()
 
 
-def _faulty_step(monkeypatch, what: str, bad: str) -> None:
-    """Make `_Step.<what>` raise for job or node `bad` (its first argument, a job or a node name)."""
-    original = getattr(rebalance._Step, what)
+STAGES = {"place_single": place, "grow": resize}
 
-    def faulty(self, first, *args):
+
+def _faulty_step(monkeypatch, what: str, bad: str) -> None:
+    """Make the step's stage `what` raise for job or node `bad` (its first argument after the step's state)."""
+    module = STAGES[what]
+    original = getattr(module, what)
+
+    def faulty(state, first, *args):
         if getattr(first, "job_id", first) == bad:
             raise RuntimeError(f"injected fault for {bad}")
-        return original(self, first, *args)
+        return original(state, first, *args)
 
-    monkeypatch.setattr(rebalance._Step, what, faulty)
+    monkeypatch.setattr(module, what, faulty)
 
 
 FAULTY = hints({"flat": {"V100": (1, 4, 1.0), "K80": (1, 4, 0.8)},
@@ -440,9 +446,9 @@ FAULTY = hints({"flat": {"V100": (1, 4, 1.0), "K80": (1, 4, 0.8)},
     # a class whose hints make its need raise: that job sits the step out, the others are placed
     (None, {"ok": ("v",)}),
     # one job's placement raises: it is left out (its part undone), the others are placed
-    (("_place_single", "bad"), {"ok": ("v",)}),
+    (("place_single", "bad"), {"ok": ("v",)}),
     # one node's re-sizing raises: its growth is undone, every job still placed
-    (("_grow", "v"), {"ok": ("v",), "bad": ("v",)}),
+    (("grow", "v"), {"ok": ("v",), "bad": ("v",)}),
 ])
 def test_a_fault_in_one_job_or_node_never_fails_the_step(monkeypatch, caplog, fault, expected):
     alloc = allocator([Node("v", "V100", 2, 8, 32)], FAULTY)
@@ -460,7 +466,7 @@ def test_a_fault_in_one_job_or_node_never_fails_the_step(monkeypatch, caplog, fa
 def test_a_running_job_whose_move_faults_keeps_its_place(monkeypatch):
     alloc = allocator(ONE_EACH, SPEEDS)
     alloc.cluster.apply(Allocation("b", "picky", "k", "K80", 1, 1000, 4000, "h1", "hint", "hinted", 2))
-    _faulty_step(monkeypatch, "_place_single", "b")  # b's move up to the free V100 faults
+    _faulty_step(monkeypatch, "place_single", "b")  # b's move up to the free V100 faults
     actions = alloc.rebalance([Job("b", "picky", 1)])
     assert where(alloc) == {"b": ("k",)} and kinds(actions).get("b") in (None, "resize")  # its old place back
     assert not alloc.cluster.check()

@@ -1,5 +1,5 @@
 """The co-adaptive step judges only the move and swap candidates that can change a decision (issue 23); the plain
-reading of the stability rule judges every one (`_Step.exhaustive`). Both must decide alike, step for step."""
+reading of the stability rule judges every one (`Rule.exhaustive`). Both must decide alike, step for step."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 
 from hetplan.allocator import Allocator
 from hetplan.allocator.policies import get_policy
-from hetplan.allocator.rebalance import _Step
+from hetplan.allocator.step.gpu_types import Rule
 from hetplan.allocator.spec import Job, Node
 from hetplan.allocator.stability import Stability
 from hetplan.hints import HintSet
@@ -56,18 +56,18 @@ def _jobs(classes: dict[str, dict[str, float]], n: int, seed: int, gpus: list[in
 
 @pytest.fixture
 def counted(monkeypatch):
-    """Count the step's judgements (`_Step._judge`) under either path: (set the path, read the count)."""
+    """Count the step's judgements (`Rule.judge`) under either path: (set the path, read the count)."""
     calls = [0]
-    judge = _Step._judge
+    judge = Rule.judge
 
     def counting(self, *args):
         calls[0] += 1
         return judge(self, *args)
 
-    monkeypatch.setattr(_Step, "_judge", counting)
+    monkeypatch.setattr(Rule, "judge", counting)
 
     def use(exhaustive: bool) -> None:
-        monkeypatch.setattr(_Step, "exhaustive", exhaustive)
+        monkeypatch.setattr(Rule, "exhaustive", exhaustive)
         calls[0] = 0
 
     return use, calls

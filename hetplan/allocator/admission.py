@@ -1,7 +1,7 @@
 """Who runs: the one admission rule of a scheduling round, for the simulator's rounds and the allocator's steps.
 
 Blox's first stage: given every job that wants to run, in priority order, and the GPUs there are, say which run
-this round. The co-adaptive step (`rebalance._Step`) and the simulator's rounds for placement-only policies
+this round. The co-adaptive step (`hetplan.allocator.step`) and the simulator's rounds for placement-only policies
 (`sim.engine`) both call `who_runs`; where the jobs then go is the placement stage's business.
 
 `contenders` says which waiting jobs a round could start at all, so that a long queue need not be passed over

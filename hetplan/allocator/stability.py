@@ -4,7 +4,7 @@ A co-adaptive step (`hetplan.allocator.rebalance`) may move a running job to ano
 GPUs or by trading places with another job (a swap). Judged one round at a time, moves ping-pong: on Gavel's
 setting a job that runs fine anywhere moved up into a free V100, was swapped down to a K80 by a job that gains
 more (the pair gained, it lost), moved up again, 86 times. The rule here is written once and used by both kinds
-of move (`_Step._move`, `_Step._swap`):
+of move (`step.gpu_types.move`, `step.gpu_types.swap`):
 
 - **Pays over the expected remaining time.** A move from type a to type b saves `R * s_r * (1/s_a - 1/s_b)`
   seconds (`saved_s`), R the job's expected remaining time where it runs now (type r, speed s_r; speeds are the
