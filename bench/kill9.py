@@ -6,7 +6,9 @@
 every 0.2 s) on `--nodes` 4-GPU V100 nodes. Two clients allocate (whole GPUs, gangs of 8 over two nodes) and
 release as fast as the service answers; a third follows `GET /v1/actions?since=N` as a controller would. At a
 random moment the service gets SIGKILL and is started again on the same database, `--kills` times. After each
-restart: every allocation and release the clients saw acknowledged is in the state, the log's numbers run 1..latest
+restart: every submission (allocated or queued: with the scheduler's queue, issue 30, a submission that does not fit
+waits its turn, and a LAS round may preempt a running job back into the queue) and every release the clients saw
+acknowledged is in the state (running or queued; released jobs in neither), the log's numbers run 1..latest
 without a gap, every action the reader saw is still there unchanged, and `since=<the reader's last>` continues
 from it; no node is overcommitted. Reported: what was checked and how long a restart took to serve again.
 """
@@ -47,13 +49,14 @@ def burst(url: str, worker: int, held: dict, seen: dict, stop: threading.Event, 
                 if mine and rng.random() < 0.45:
                     job = rng.choice(mine)
                     held[job] = None  # in flight
-                    if c.post("/v1/release", json={"job_id": job}).json()["released"]:
+                    answer = c.post("/v1/release", json={"job_id": job}).json()
+                    if answer["released"] or answer.get("dequeued"):
                         held[job] = False
                 else:
                     job = f"w{worker}-{time.monotonic_ns()}-{k}"
                     body = {"job_id": job, "model": rng.choice(["res50", "transformer", "vgg"]),
                             "num_gpus": rng.choice([1, 1, 2, 4, 8])}
-                    if c.post("/v1/allocate", json=body).json()["status"] == "allocated":
+                    if c.post("/v1/allocate", json=body).json()["status"] in ("allocated", "queued"):
                         held[job] = True
             except (httpx.HTTPError, ValueError, KeyError):
                 return  # the service is gone
@@ -62,6 +65,7 @@ def burst(url: str, worker: int, held: dict, seen: dict, stop: threading.Event, 
 def check(url: str, held: dict, seen: dict) -> dict:
     with httpx.Client(base_url=url, timeout=30) as c:
         running = {a["part_of"] or a["job_id"] for a in c.get("/v1/allocations").json()}
+        running |= {j["job_id"] for j in c.get("/v1/queue").json()["jobs"]}  # submitted and waiting: not lost
         log = c.get("/v1/actions", params={"since": 0}).json()
         seqs = [a["seq"] for a in log["actions"]]
         last = max(seen, default=0)
@@ -124,7 +128,7 @@ def main() -> None:
              f"`hetplan serve` (synchronous=FULL, `hint`, tick 0.2 s) on {args.nodes} 4-GPU nodes; two clients "
              "allocating (gangs of 8 too) and releasing, a third following the action log; SIGKILL at a random "
              "moment, restart on the same database.\n",
-             "| kills | changes acknowledged | actions the reader saw | latest action | acknowledged allocations lost | "
+             "| kills | changes acknowledged | actions the reader saw | latest action | acknowledged submissions lost | "
              "acknowledged releases undone | gaps in the numbering | actions renumbered | `since` continues after "
              "each restart | overcommitted nodes | restart to healthy (median, max) |",
              "|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---|",

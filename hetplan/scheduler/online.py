@@ -170,7 +170,9 @@ class OnlineScheduler:
         """The waiting jobs in the order they would start."""
         with self.allocator.lock:
             self._sync()
-            return [self._waiting(self.loop.jobs[entry[-1]], k) for k, entry in enumerate(self.loop.queue.entries, 1)]
+            room: dict[int, bool] = {}  # GPUs -> some node has them free (asked once per size, not once per job)
+            return [self._waiting(self.loop.jobs[entry[-1]], k, room)
+                    for k, entry in enumerate(self.loop.queue.entries, 1)]
 
     def state(self, job_id: str) -> JobState | None:
         with self.allocator.lock:
@@ -199,16 +201,17 @@ class OnlineScheduler:
         rejection = self.allocator.why_not(job)
         return rejection if rejection.reason is Reason.TOO_BIG else None
 
-    def _why(self, state: JobState, position: int) -> Why:
+    def _why(self, state: JobState, position: int, room: dict[int, bool] | None = None) -> Why:
         cluster = self.allocator.cluster
         if state.gpus > cluster.max_gpus():
             return "gang-waiting"
-        if position > 1 and cluster.with_free_gpus(None, state.gpus):
-            return "lower-priority"
-        return "no-room"
+        room = {} if room is None else room
+        if state.gpus not in room:
+            room[state.gpus] = bool(cluster.with_free_gpus(None, state.gpus))
+        return "lower-priority" if position > 1 and room[state.gpus] else "no-room"
 
-    def _waiting(self, state: JobState, position: int) -> Waiting:
-        return Waiting(state.job_id, state.request.model, state.gpus, position, self._why(state, position),
+    def _waiting(self, state: JobState, position: int, room: dict[int, bool]) -> Waiting:
+        return Waiting(state.job_id, state.request.model, state.gpus, position, self._why(state, position, room),
                        state.arrival, state.attained)
 
     # ------------------------------------------------------------------ restart and changes made by others
