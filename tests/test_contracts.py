@@ -232,8 +232,9 @@ def test_a_plan_that_is_not_json_says_so(tmp_path):
         load_plan(path)
 
 
-@pytest.mark.parametrize(("data", "message"), [(b'{"plan_id": "\xff"}', "not a plan JSON file: not UTF-8 text (byte 13)"),
-                                               (b"[" * 100_000, "not a plan: JSON nested too deeply")],
+@pytest.mark.parametrize(("data", "message"), [
+    (b'{"plan_id": "\xff"}', "not a plan JSON file: not UTF-8 text (byte 13)"),
+    (b"[" * 100_000, "not a plan: JSON nested too deeply")],
                          ids=["not-utf8", "deep"])
 def test_a_plan_that_is_no_text_or_too_deep_says_so_in_one_line(tmp_path, data, message):
     """Issue 30: these raised UnicodeDecodeError and RecursionError (a 500 from the hint store's reload)."""

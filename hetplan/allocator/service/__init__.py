@@ -1,7 +1,8 @@
 """The allocator as an HTTP service (FastAPI): allocation API, node admin, hints, health, metrics, K8s extender.
 
 Run it with `hetplan serve` (one process: the state lives in memory and in SQLite, so never run several
-workers on one database; a second process on it is refused at start, `hetplan.allocator.dblock`). Every request body is size-limited before it is parsed and validated with
+workers on one database; a second process on it is refused at start, `hetplan.allocator.dblock`).
+Every request body is size-limited before it is parsed and validated with
 pydantic; a bad body gets a 4xx naming what is wrong and changes nothing. Admin endpoints (node changes,
 hint reload, tick) need `Authorization: Bearer <token>`; without a configured token they are disabled (403).
 
