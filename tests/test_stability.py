@@ -80,7 +80,9 @@ def test_record_books_starts_type_changes_and_keeps_stopped_jobs():
     record(history, [Action("migrate", "a", (k,), (on("a", "flat", "k2", "K80"),))], 25.0)  # same type: no move
     record(history, [Action("stop", "a", (k,), ())], 30.0)
     record(history, [Action("start", "a", (), (v2,))], 40.0)  # restarts: its first start stays
-    assert history == {"a": MoveHistory(10.0, 1, (("V100", 20.0),))}
+    # one GPU held from 10 s to 30 s: 20 GPU-seconds attained (the scheduler's las order reads them back); it runs
+    # again since 40 s
+    assert history == {"a": MoveHistory(10.0, 1, (("V100", 20.0),), attained=20.0, since=40.0)}
     assert MoveHistory.from_dict(history["a"].to_dict()) == history["a"]
     assert Stability().to_dict() == {"margin": 3.0, "return_window_s": 21600.0, "return_margin": 8.0, "budget": 3,
                                      "spread": True}
