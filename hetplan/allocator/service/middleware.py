@@ -15,6 +15,7 @@ from fastapi import HTTPException, Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from fastapi.routing import APIRoute
+from starlette.concurrency import run_in_threadpool
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from hetplan.allocator.metrics import Metrics
@@ -111,6 +112,25 @@ class RequestMetrics:
             self.metrics.observe_http(scope["method"], route, status, time.perf_counter() - start)
 
 
+THREADED_BODY_BYTES = 64 * 1024
+"""A JSON body larger than this is parsed, checked and validated in a worker thread (`JSONRoute`), not on the event
+loop: a 32 MiB `/filter` body takes a second of CPU, which would make every other request wait."""
+
+
+def parse_json(body: bytes) -> Any:
+    """Parse a JSON body strictly (see `JSONRequest`): `json.JSONDecodeError` for text that is no JSON, and an
+    `HTTPException` 422 naming where a number that is no finite float is."""
+    try:
+        parsed = pydantic_core.from_json(body)
+    except ValueError as exc:
+        raise _decode_error(str(exc), body.decode(errors="replace")) from None
+    if not all_finite(parsed):
+        where = non_finite(parsed) or []
+        raise HTTPException(422, [{"type": "finite_number", "loc": ["body", *where],
+                                   "msg": "Input should be a finite number"}])
+    return parsed
+
+
 class JSONRequest(Request):
     """A request whose JSON body is parsed strictly (pydantic's parser): text that is no UTF-8, or a `\\u` escape
     that is a lone surrogate (which Python's `json` lets through, and SQLite and the answer's encoding then fail on),
@@ -118,31 +138,50 @@ class JSONRequest(Request):
     hundred levels). A number that is no finite float (`NaN`, `Infinity`, `1e309`, which the parser reads as inf)
     anywhere in the body is a 422 naming where it is (`non_finite`), before any model sees it: it could otherwise
     reach an untyped part of a body (a v1.Node handed back by `/filter`) and fail the answer's encoding. Duplicate
-    keys: the last wins, as in Go's encoding/json (kube-scheduler) and Python's json."""
+    keys: the last wins, as in Go's encoding/json (kube-scheduler) and Python's json.
+
+    `JSONRoute` may have parsed (and validated) a large body already, in a worker thread: then `json()` hands back
+    that value, or raises what the parse raised."""
+
+    _json: Any
+    _failed: Exception | None = None
 
     async def json(self) -> Any:
+        if self._failed is not None:
+            raise self._failed
         if not hasattr(self, "_json"):
-            body = await self.body()
-            try:
-                parsed = pydantic_core.from_json(body)
-            except ValueError as exc:
-                raise _decode_error(str(exc), body.decode(errors="replace")) from None
-            where = non_finite(parsed)
-            if where is not None:
-                raise HTTPException(422, [{"type": "finite_number", "loc": ["body", *where],
-                                           "msg": "Input should be a finite number"}])
-            self._json = parsed
+            self._json = parse_json(await self.body())
         return self._json
 
 
 _SCALARS = frozenset({str, int, bool, type(None)})
 
 
-def non_finite(value: Any) -> list[str | int] | None:
-    """The path (keys and indices) to the first float in `value` that is NaN or infinite, None if there is none.
+def all_finite(value: Any) -> bool:
+    """Whether every float in `value` (parsed JSON: dicts, lists, scalars) is finite. The cheap pass over a large
+    body: containers only, no paths kept; a container of scalars costs one `set(map(type, ...))` at C speed."""
+    if type(value) is float:
+        return math.isfinite(value)
+    if type(value) is not dict and type(value) is not list:
+        return True
+    stack = [value]
+    pop, push, isfinite = stack.pop, stack.extend, math.isfinite
+    while stack:
+        item = pop()
+        values = item.values() if type(item) is dict else item
+        kinds = set(map(type, values))
+        if kinds <= _SCALARS:
+            continue
+        if float in kinds and not all(isfinite(v) for v in values if type(v) is float):
+            return False
+        if dict in kinds or list in kinds:
+            push([v for v in values if type(v) is dict or type(v) is list])
+    return True
 
-    A container whose items are all strings, integers, bools or nulls (a list of 150,000 NodeNames) is passed
-    over at C speed (`set(map(type, ...))`), so the walk costs little next to the parse."""
+
+def non_finite(value: Any) -> list[str | int] | None:
+    """The path (keys and indices) to the first float in `value` that is NaN or infinite, None if there is none
+    (`all_finite` says whether to look: this walk keeps a path per container, at twice its cost)."""
     stack: list[tuple[Any, tuple[str | int, ...]]] = [(value, ())]
     while stack:
         item, path = stack.pop()
@@ -211,7 +250,9 @@ def _is_json(content_type: str | None) -> bool:
 
 class JSONRoute(APIRoute):
     """A route whose request body, when it takes one, is JSON: a body of another (or no) Content-Type is refused
-    (415) instead of being validated as bytes, and the JSON is parsed by `JSONRequest`."""
+    (415) instead of being validated as bytes, and the JSON is parsed by `JSONRequest`. A body over
+    `THREADED_BODY_BYTES` is parsed, checked and validated against the route's body model in a worker thread: the
+    event loop only hands FastAPI the validated model (which it takes as is)."""
 
     def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
         handler = super().get_route_handler()
@@ -220,11 +261,28 @@ class JSONRoute(APIRoute):
 
         async def json_body(request: Request) -> Response:
             strict = JSONRequest(request.scope, request.receive)
-            if await strict.body() and not _is_json(strict.headers.get("content-type")):
+            body = await strict.body()
+            if body and not _is_json(strict.headers.get("content-type")):
                 raise HTTPException(415, "the body must be JSON (Content-Type: application/json)")
+            if len(body) > THREADED_BODY_BYTES:
+                try:
+                    strict._json = await run_in_threadpool(self._read, body)
+                except (json.JSONDecodeError, HTTPException) as exc:
+                    strict._failed = exc  # FastAPI turns it into its 422 when it asks for the JSON
             return await handler(strict)
 
         return json_body
+
+    def _read(self, body: bytes) -> Any:
+        """Parse and check a body, and validate it against the route's one body model (not the embedded kind):
+        the model instance, which FastAPI then passes through; `RequestValidationError` as FastAPI would raise."""
+        parsed = parse_json(body)
+        if self._embed_body_fields or self.body_field is None:
+            return parsed
+        value, errors = self.body_field.validate(parsed, {}, loc=("body",))
+        if errors:
+            raise RequestValidationError(errors, body=parsed)
+        return value
 
 
 async def method_not_allowed(request: Request, exc: Exception) -> Response:
