@@ -96,7 +96,7 @@ class Served:
                "--port", str(port), *self.args]
         env = None if self.tree is None else {**os.environ, "PYTHONPATH": str(self.tree)}  # another source tree
         with self.log.open("ab") as log:
-            self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
+            self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=self.tree)
         self.url = f"http://127.0.0.1:{port}"
         deadline = time.monotonic() + 120
         while True:
