@@ -209,3 +209,13 @@ FINITE_CASES = [
 def test_the_cheap_pass_agrees_with_the_path_walk(value, finite):
     assert middleware.all_finite(value) is finite
     assert (middleware.non_finite(value) is None) is finite
+
+
+def test_the_old_generation_pause_nests_and_gives_the_thresholds_back():
+    import gc
+    before = gc.get_threshold()
+    with middleware.old_generation_paused():
+        with middleware.old_generation_paused():
+            assert gc.get_threshold()[:2] == before[:2] and gc.get_threshold()[2] > 10**6
+        assert gc.get_threshold()[2] > 10**6  # one large body still in flight
+    assert gc.get_threshold() == before
