@@ -83,8 +83,8 @@ def free_port() -> int:
 class Served:
     """`hetplan serve` in a subprocess on 127.0.0.1 (stopped by its PID); `kill` + `start` for a crash test."""
 
-    def __init__(self, args: list[str], log: Path) -> None:
-        self.args, self.log = args, log
+    def __init__(self, args: list[str], log: Path, tree: Path | None = None) -> None:
+        self.args, self.log, self.tree = args, log, tree
         self.proc: subprocess.Popen | None = None
         self.url = ""
 
@@ -94,8 +94,9 @@ class Served:
         port = free_port()
         cmd = [sys.executable, "-c", "from hetplan.cli import main; main()", "serve", "--host", "127.0.0.1",
                "--port", str(port), *self.args]
+        env = None if self.tree is None else {**os.environ, "PYTHONPATH": str(self.tree)}  # another source tree
         with self.log.open("ab") as log:
-            self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+            self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=self.tree)
         self.url = f"http://127.0.0.1:{port}"
         deadline = time.monotonic() + 120
         while True:
@@ -116,8 +117,10 @@ class Served:
 
 
 @contextmanager
-def served(args: list[str], log: Path) -> Iterator[Served]:
-    server = Served(args, log).start()
+def served(args: list[str], log: Path, tree: Path | None = None) -> Iterator[Served]:
+    """`hetplan serve` with `args` while the block runs; `tree`: the source tree it imports hetplan from (a
+    checkout of another commit, for a side-by-side run), else this one."""
+    server = Served(args, log, tree).start()
     try:
         yield server
     finally:

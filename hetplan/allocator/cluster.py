@@ -221,6 +221,12 @@ class Cluster:
                 out[name] = (state.node, Free(state.free_gpus, state.free_cpu, state.free_mem))
         return out
 
+    def listing(self) -> list[tuple[Node, Free, tuple[str, ...]]]:
+        """Every node in the order they joined, with what is free on it and its jobs' ids (unsorted): one consistent
+        look in O(nodes + jobs) for a caller holding the allocator's lock that formats it without the lock
+        (`GET /v1/nodes`). `Node` is immutable, `Free` and the tuple are copies."""
+        return [(s.node, Free(s.free_gpus, s.free_cpu, s.free_mem), tuple(s.jobs)) for s in self._states.values()]
+
     def shared_devices(self, name: str) -> dict[int, int]:
         """A node's shared devices: slot -> thousandths of it taken by GPU shares."""
         state = self._states.get(name)

@@ -77,8 +77,7 @@ class ServiceContext:
                                          regrow=self.settings.regrow)
 
     async def durably(self, fn: Callable[..., T], *args: Any) -> T:
-        """Run a state change: inline when commits do not fsync (microseconds), else in a worker thread so that
-        an fsync never stalls the event loop."""
-        if self.alloc().synchronous in ("OFF", "NORMAL"):
-            return fn(*args)
+        """Run a state change in a worker thread, whatever SQLite's synchronous mode: it takes the allocator's lock,
+        which a rebalance, a node sync or a `GET /v1/nodes` copy may hold, and may fsync (FULL) or checkpoint the WAL
+        (NORMAL); on the event loop any of these would make every other request wait."""
         return await run_in_threadpool(fn, *args)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter, HTTPException
+from fastapi import APIRouter, HTTPException, Response
 from fastapi.responses import JSONResponse
 
 from hetplan.allocator.k8s import extender as k8s
@@ -98,7 +98,9 @@ def router(ctx: ServiceContext) -> APIRouter:
                             "items": [raw for raw in args.nodes.items if k8s.item_name(raw) in keep]}
         else:
             result.node_names = outcome.passed
-        return JSONResponse(result.model_dump(by_alias=True))
+        # encoded straight to JSON (pydantic's encoder): a Nodes answer is up to 32 MiB, and a dict copy of it then
+        # json.dumps would take 5 times as long
+        return Response(result.model_dump_json(by_alias=True), media_type="application/json")
 
     @api.post("/prioritize", response_model=list[k8s.HostPriority], responses=responses)
     def extender_prioritize(args: k8s.ExtenderArgs) -> JSONResponse:

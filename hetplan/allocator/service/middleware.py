@@ -3,11 +3,13 @@ per-route request metrics (ASGI middleware), and strict JSON bodies (`JSONRoute`
 
 from __future__ import annotations
 
+import gc
 import json
 import math
 import re
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import pydantic_core
@@ -15,6 +17,7 @@ from fastapi import HTTPException, Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from fastapi.routing import APIRoute
+from starlette.concurrency import run_in_threadpool
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from hetplan.allocator.metrics import Metrics
@@ -53,24 +56,29 @@ class BodyLimit:
                 if length > limit:
                     await _plain_error(send, 413, f"request body of {length} bytes exceeds the limit of {limit}")
                     return
-        body = bytearray()
+        chunks: list[bytes] = []
+        size = 0
         while True:
             message = await receive()
             if message["type"] == "http.disconnect":
                 return
-            body += message.get("body", b"")
-            if len(body) > limit:
+            chunk = message.get("body", b"")
+            chunks.append(chunk)
+            size += len(chunk)
+            if size > limit:
                 await _plain_error(send, 413, f"request body exceeds the limit of {limit} bytes")
                 return
             if not message.get("more_body", False):
                 break
+        # one copy of a large body, in a worker thread (bytes.join copies without the GIL), not on the event loop
+        body = await run_in_threadpool(b"".join, chunks) if size > THREADED_BODY_BYTES else b"".join(chunks)
         sent = False
 
         async def replay() -> Message:
             nonlocal sent
             if not sent:
                 sent = True
-                return {"type": "http.request", "body": bytes(body), "more_body": False}
+                return {"type": "http.request", "body": body, "more_body": False}
             return await receive()
 
         await self.app(scope, replay, send)
@@ -111,6 +119,25 @@ class RequestMetrics:
             self.metrics.observe_http(scope["method"], route, status, time.perf_counter() - start)
 
 
+THREADED_BODY_BYTES = 64 * 1024
+"""A JSON body larger than this is parsed, checked and validated in a worker thread (`JSONRoute`), not on the event
+loop: a 32 MiB `/filter` body takes a second of CPU, which would make every other request wait."""
+
+
+def parse_json(body: bytes) -> Any:
+    """Parse a JSON body strictly (see `JSONRequest`): `json.JSONDecodeError` for text that is no JSON, and an
+    `HTTPException` 422 naming where a number that is no finite float is."""
+    try:
+        parsed = pydantic_core.from_json(body)
+    except ValueError as exc:
+        raise _decode_error(str(exc), body.decode(errors="replace")) from None
+    if not all_finite(parsed):
+        where = non_finite(parsed) or []
+        raise HTTPException(422, [{"type": "finite_number", "loc": ["body", *where],
+                                   "msg": "Input should be a finite number"}])
+    return parsed
+
+
 class JSONRequest(Request):
     """A request whose JSON body is parsed strictly (pydantic's parser): text that is no UTF-8, or a `\\u` escape
     that is a lone surrogate (which Python's `json` lets through, and SQLite and the answer's encoding then fail on),
@@ -118,31 +145,83 @@ class JSONRequest(Request):
     hundred levels). A number that is no finite float (`NaN`, `Infinity`, `1e309`, which the parser reads as inf)
     anywhere in the body is a 422 naming where it is (`non_finite`), before any model sees it: it could otherwise
     reach an untyped part of a body (a v1.Node handed back by `/filter`) and fail the answer's encoding. Duplicate
-    keys: the last wins, as in Go's encoding/json (kube-scheduler) and Python's json."""
+    keys: the last wins, as in Go's encoding/json (kube-scheduler) and Python's json.
+
+    `JSONRoute` may have parsed (and validated) a large body already, in a worker thread: then `json()` hands back
+    that value, or raises what the parse raised."""
+
+    _json: Any
+    _failed: Exception | None = None
+
+    async def body(self) -> bytes:
+        """The body, without a copy when it came in one piece (`BodyLimit` replays it so): Starlette's joins the
+        piece with the stream's closing empty chunk, a copy of up to 32 MiB on the event loop."""
+        if not hasattr(self, "_body"):
+            chunks = [chunk async for chunk in self.stream() if chunk]
+            self._body = chunks[0] if len(chunks) == 1 else b"".join(chunks)
+        return self._body
 
     async def json(self) -> Any:
+        if self._failed is not None:
+            raise self._failed
         if not hasattr(self, "_json"):
-            body = await self.body()
-            try:
-                parsed = pydantic_core.from_json(body)
-            except ValueError as exc:
-                raise _decode_error(str(exc), body.decode(errors="replace")) from None
-            where = non_finite(parsed)
-            if where is not None:
-                raise HTTPException(422, [{"type": "finite_number", "loc": ["body", *where],
-                                           "msg": "Input should be a finite number"}])
-            self._json = parsed
+            self._json = parse_json(await self.body())
         return self._json
+
+
+_paused = 0
+_thresholds = gc.get_threshold()
+
+
+@contextmanager
+def old_generation_paused() -> Iterator[None]:
+    """No collection of the oldest generation while a large body is handled (entered and left on the event loop).
+
+    A 32 MiB body parses into about a million objects; each full collection then walks them all, 0.1-0.3 s with
+    every thread stopped, several times a request. Young collections go on (cycles among new objects are still
+    freed); the parsed body itself is freed by reference counting when the request ends, and the thresholds come
+    back when the last large body is done."""
+    global _paused, _thresholds
+    if _paused == 0:
+        _thresholds = gc.get_threshold()
+        gc.set_threshold(_thresholds[0], _thresholds[1], 1 << 30)
+    _paused += 1
+    try:
+        yield
+    finally:
+        _paused -= 1
+        if _paused == 0:
+            gc.set_threshold(*_thresholds)
 
 
 _SCALARS = frozenset({str, int, bool, type(None)})
 
 
-def non_finite(value: Any) -> list[str | int] | None:
-    """The path (keys and indices) to the first float in `value` that is NaN or infinite, None if there is none.
+def all_finite(value: Any) -> bool:
+    """Whether every float in `value` (parsed JSON: dicts, lists, scalars) is finite. The cheap pass over a large
+    body: containers only, no paths kept; a container of scalars costs one `set(map(type, ...))` at C speed."""
+    if type(value) is float:
+        return math.isfinite(value)
+    if type(value) is not dict and type(value) is not list:
+        return True
+    stack = [value]
+    pop, push, isfinite = stack.pop, stack.extend, math.isfinite
+    while stack:
+        item = pop()
+        values = item.values() if type(item) is dict else item
+        kinds = set(map(type, values))
+        if kinds <= _SCALARS:
+            continue
+        if float in kinds and not all(isfinite(v) for v in values if type(v) is float):
+            return False
+        if dict in kinds or list in kinds:
+            push([v for v in values if type(v) is dict or type(v) is list])
+    return True
 
-    A container whose items are all strings, integers, bools or nulls (a list of 150,000 NodeNames) is passed
-    over at C speed (`set(map(type, ...))`), so the walk costs little next to the parse."""
+
+def non_finite(value: Any) -> list[str | int] | None:
+    """The path (keys and indices) to the first float in `value` that is NaN or infinite, None if there is none
+    (`all_finite` says whether to look: this walk keeps a path per container, at twice its cost)."""
     stack: list[tuple[Any, tuple[str | int, ...]]] = [(value, ())]
     while stack:
         item, path = stack.pop()
@@ -211,7 +290,9 @@ def _is_json(content_type: str | None) -> bool:
 
 class JSONRoute(APIRoute):
     """A route whose request body, when it takes one, is JSON: a body of another (or no) Content-Type is refused
-    (415) instead of being validated as bytes, and the JSON is parsed by `JSONRequest`."""
+    (415) instead of being validated as bytes, and the JSON is parsed by `JSONRequest`. A body over
+    `THREADED_BODY_BYTES` is parsed, checked and validated against the route's body model in a worker thread: the
+    event loop only hands FastAPI the validated model (which it takes as is)."""
 
     def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
         handler = super().get_route_handler()
@@ -220,11 +301,30 @@ class JSONRoute(APIRoute):
 
         async def json_body(request: Request) -> Response:
             strict = JSONRequest(request.scope, request.receive)
-            if await strict.body() and not _is_json(strict.headers.get("content-type")):
+            body = await strict.body()
+            if body and not _is_json(strict.headers.get("content-type")):
                 raise HTTPException(415, "the body must be JSON (Content-Type: application/json)")
-            return await handler(strict)
+            if len(body) <= THREADED_BODY_BYTES:
+                return await handler(strict)
+            with old_generation_paused():
+                try:
+                    strict._json = await run_in_threadpool(self._read, body)
+                except (json.JSONDecodeError, HTTPException) as exc:
+                    strict._failed = exc  # FastAPI turns it into its 422 when it asks for the JSON
+                return await handler(strict)
 
         return json_body
+
+    def _read(self, body: bytes) -> Any:
+        """Parse and check a body, and validate it against the route's one body model (not the embedded kind):
+        the model instance, which FastAPI then passes through; `RequestValidationError` as FastAPI would raise."""
+        parsed = parse_json(body)
+        if self._embed_body_fields or self.body_field is None:
+            return parsed
+        value, errors = self.body_field.validate(parsed, {}, loc=("body",))
+        if errors:
+            raise RequestValidationError(errors, body=parsed)
+        return value
 
 
 async def method_not_allowed(request: Request, exc: Exception) -> Response:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter, HTTPException
+from fastapi import APIRouter, HTTPException, Response
 
 from hetplan.allocator.cluster import StateError
 from hetplan.allocator.core import NodeChanges
@@ -18,20 +18,21 @@ def router(ctx: ServiceContext) -> APIRouter:
     api = APIRouter(tags=["nodes"], route_class=JSONRoute)
 
     @api.get("/v1/nodes", response_model=NodesResponse)
-    def nodes() -> NodesResponse:
+    def nodes() -> Response:
+        """Every node with its free capacity and jobs. The allocator's lock is held only to copy the state
+        (`Cluster.listing`, a few ms at 10,000 nodes); the answer is built and encoded without it, in this worker
+        thread, so allocations never wait on a listing."""
         a = ctx.alloc()
         with a.lock:
-            cluster = a.cluster
-            out = []
-            for node in cluster.nodes():
-                free = cluster.free(node.name)
-                out.append(NodeOut(**node.to_dict(), free_gpus=free.gpus, free_cpus=free.cpu_m / 1000,
-                                   free_mem_gb=mib_to_gib(free.mem_mib), jobs=cluster.jobs_on(node.name)))
-            totals = cluster.totals()
-        return NodesResponse(nodes=out, totals={
+            listing = a.cluster.listing()
+            totals = a.cluster.totals()
+        out = [NodeOut(**node.to_dict(), free_gpus=free.gpus, free_cpus=free.cpu_m / 1000,
+                       free_mem_gb=mib_to_gib(free.mem_mib), jobs=sorted(jobs)) for node, free, jobs in listing]
+        answer = NodesResponse(nodes=out, totals={
             "nodes": len(out), "gpus": totals["gpus"], "free_gpus": totals["free_gpus"],
             "cpus": totals["cpu_m"] / 1000, "free_cpus": totals["free_cpu_m"] / 1000,
             "mem_gb": mib_to_gib(totals["mem_mib"]), "free_mem_gb": mib_to_gib(totals["free_mem_mib"])})
+        return Response(answer.model_dump_json(by_alias=True), media_type="application/json")
 
     @api.post("/v1/nodes", response_model=NodeChangesResponse, tags=["admin"], dependencies=ctx.admin,
               responses={**posted(), **ADMIN_RESPONSES, **REFUSED})
