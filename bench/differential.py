@@ -71,7 +71,8 @@ def run_http(n: int, policy: str, order: str, root: Path) -> dict:
     workload = prepare_workload(http_diff._trace(n, zlib.crc32(f"{policy}/{order}".encode()), models), truth.models)
     hints = http_diff._hints(models)
     config = SimConfig(order, http_diff.ROUND_S)
-    simulator = http_diff.Recording(workload.jobs, Allocator(list(http_diff.NODES), config.policy(policy), hints),
+    simulator = http_diff.Recording(workload.jobs, Allocator(list(http_diff.NODES), config.policy(policy), hints,
+                                              retain=10**7),
                                     truth, config)
     result = simulator.run()
     clock = VirtualClock()
@@ -153,8 +154,8 @@ def main() -> None:
             log.info("%s", rows[-1])
     lines = [f"\n## The differential, simulate vs the service and vs the cluster path (`bench/differential.py "
              f"--http-jobs {args.http_jobs} --k8s-jobs {args.k8s_jobs}`), {when}\n",
-             f"Commit {commit()}; {machine()}. Synthetic traces and hints (tests/test_differential*.py); the k8s path on "
-             "the STAND-IN API server (not a real kube-apiserver), `hetplan serve` + webhook + one controller in "
+             f"Commit {commit()}; {machine()}. Synthetic traces and hints (tests/test_differential*.py); the k8s path "
+             "on the STAND-IN API server (not a real kube-apiserver), `hetplan serve` + webhook + one controller in "
              "process, the allocator on a virtual clock, the cluster quiet before each event.\n",
              "| path | policy/order | jobs | actions sim / served | identical | starts | preempting stops | "
              "avg JCT sim / served (s) | JCT within 1 % | overcommits | wall (s) |",

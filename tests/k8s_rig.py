@@ -428,9 +428,10 @@ class ClusterPath:
         """The job's running pod ends (Succeeded); the controller releases it."""
         running = [p for p in self.api.live_pods() if pods.job_id(p) == job_id and not pods.queued(p)
                    and not pods.gated(p) and p["spec"].get("nodeName")]
-        assert len(running) == 1, (f"{job_id} finishes but runs in {len(running)} pods: "
-                                   f"{[(pods.key(p), p['status'].get('phase'), p['spec'].get('schedulingGates')) for p in self.api.live_pods() if pods.job_id(p) == job_id]}, "
-                                   f"allocation {self.allocator.running([job_id])}")
+        mine = [(pods.key(p), p["status"].get("phase"), p["spec"].get("schedulingGates"))
+                for p in self.api.live_pods() if pods.job_id(p) == job_id]
+        assert len(running) == 1, (f"{job_id} finishes but runs in {len(running)} pods: {mine}, allocation "
+                                   f"{self.allocator.running([job_id])}")
         self.api.finish(*pods.key(running[0]))
         self.finished[job_id] = pods.key(running[0])[1]
 

@@ -41,7 +41,8 @@ def k8s_nodes() -> dict[str, dict]:
     """Three 4-GPU V100 nodes, three 4-GPU T4 nodes and one 8-GPU V100 node, as GPU feature discovery labels them; by
     name, the order in which the API server lists them (and the node sync adds them: first-fit reads that order)."""
     shapes = [(f"v{i}", "Tesla-V100-SXM2-16GB", 4, "32", "244Gi") for i in range(3)] + \
-        [(f"t{i}", "Tesla-T4", 4, "48", "192Gi") for i in range(3)] + [("big", "Tesla-V100-SXM2-16GB", 8, "64", "488Gi")]
+        [(f"t{i}", "Tesla-T4", 4, "48", "192Gi") for i in range(3)] + \
+        [("big", "Tesla-V100-SXM2-16GB", 8, "64", "488Gi")]
     return {name: k8s_node(name, product=product, gpus=str(gpus), cpu=cpu, memory=memory)
             for name, product, gpus, cpu, memory in sorted(shapes)}
 
@@ -81,7 +82,7 @@ def simulate(n: int, seed: int, policy: str, order: str):
     hint_set = hints(models)
     config = SimConfig(order, ROUND_S)
     nodes = [to_node(obj) for obj in k8s_nodes().values()]
-    simulator = Recording(workload.jobs, Allocator(nodes, config.policy(policy), hint_set), truth, config)
+    simulator = Recording(workload.jobs, Allocator(nodes, config.policy(policy), hint_set, retain=10**7), truth, config)
     return simulator, simulator.run(), workload, hint_set
 
 
