@@ -303,7 +303,7 @@ def below_own_request(pod: dict) -> str:
     if held is None:
         return f"{pods.key(pod)[1]}: never ran ({pod['status'].get('phase')})"
     cpu_m, mem_mib = int(held.get("cpu", 0) * 1000), int(held.get("memory", 0) / 2**20)
-    if cpu_m < int(notes.get(pods.REQUESTED_CPU_KEY, 0)) or mem_mib < int(notes.get(pods.REQUESTED_MEMORY_KEY, 0)):
+    if cpu_m < int(notes.get(pods.REQUESTED_CPU_KEY) or 0) or mem_mib < int(notes.get(pods.REQUESTED_MEMORY_KEY) or 0):
         return f"{pods.key(pod)[1]}: {cpu_m}m, {mem_mib} MiB < its own request"
     return ""
 
@@ -343,3 +343,162 @@ def replay_events(rig: Rig, events: list, seconds: float, namespace: str = "defa
             rig.api.finish(*pods.key(created), phase="Failed")
     counts["wall_s"] = round(time.monotonic() - start)
     return {"counts": counts, "below": below}
+
+
+# ------------------------------------------------------------------ one trace through the whole cluster path
+
+
+class VirtualClock:
+    """The allocator's clock, set by the replay to each event's time."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class ClusterPath:
+    """`hetplan serve` (create_app on a real uvicorn, node sync and room from the stand-in, a durable allocator on a
+    `VirtualClock`), the admission webhook and one `hetplan controller`, all in process on the STAND-IN API server
+    (`standin_apiserver.py`; not a real kube-apiserver). `nodes`: v1.Nodes (`k8s_node`); the allocator's nodes come
+    from them through the service's node sync, as in a cluster."""
+
+    def __init__(self, root: Path, nodes: dict[str, dict], policy: str, hints: Any, order: str,
+                 namespace: str = "ml") -> None:
+        import threading
+
+        import uvicorn
+
+        from hetplan.allocator.durable import DurableAllocator
+        from hetplan.allocator.k8s.controller import Controller
+        from hetplan.allocator.k8s.nodes import load_client
+        from hetplan.allocator.k8s.service_client import AllocatorClient
+        from hetplan.allocator.k8s.webhook import WebhookServer
+        from hetplan.allocator.service import ServiceSettings, create_app
+        from servers import TOKEN
+
+        self.namespace, self.token = namespace, TOKEN
+        self.api = FakeApiServer(termination_seconds=0.02).start()
+        self.api.nodes = nodes
+        self.config = self.api.kubeconfig(root / "kubeconfig.yaml")
+        self.clock = VirtualClock()
+        self.allocator = DurableAllocator(root / "allocator.db", policy, hints, synchronous="NORMAL",
+                                          clock=self.clock, retain=10**7)
+        settings = ServiceSettings(db=root / "allocator.db", store=root / "hints", policy=policy, token=TOKEN,
+                                   kubeconfig=self.config, tick_seconds=0, order=order, regrow=False,
+                                   action_log=10**6)
+        self.server = uvicorn.Server(uvicorn.Config(create_app(settings, self.allocator), host="127.0.0.1",
+                                                    port=free_port(), log_level="warning"))
+        self._thread = threading.Thread(target=self.server.run, daemon=True)
+        self._thread.start()
+        eventually(lambda: self.server.started, 60)
+        self.url = f"http://127.0.0.1:{self.server.config.port}"
+        self.http = httpx.Client(base_url=self.url, timeout=30)
+        eventually(lambda: len(self.http.get("/v1/nodes").json()["nodes"]) == len(nodes), 60)
+        self.webhook = WebhookServer(AllocatorClient(self.url), host="127.0.0.1", port=0).start()
+        self.api.webhook_url = f"http://127.0.0.1:{self.webhook.port}/mutate"
+        self.controller = Controller(load_client(self.config), AllocatorClient(self.url), identity="c0", poll=0.02,
+                                     reconcile_seconds=30, orphan_grace=3600, checkpoint_grace=0,
+                                     lease_seconds=5).start()
+        eventually(lambda: self.controller.elector.leading() and self.controller.stats.counts["reconciles"], 60)
+        self.finished: dict[str, str] = {}  # job -> the pod that ran it to its end
+
+    def close(self) -> None:
+        self.controller.stop()
+        self.webhook.stop()
+        self.server.should_exit = True
+        self._thread.join(timeout=10)
+        self.http.close()
+        self.api.stop()
+        self.allocator.close()
+
+    # ------------------------------------------------------------------ the events
+
+    def submit(self, job_id: str, model: str, gpus: int) -> str:
+        """A pod of `job_id` (`<namespace>/<name>`) created: the webhook asks the allocator; 'allocated' or
+        'queued' (gated)."""
+        name = job_id.split("/", 1)[1]
+        pod = self.api.create_pod(self.namespace, k8s_pod(name, model=model, gpus=gpus, cpu=None, memory=None,
+                                                          annotations={pods.GRACE_KEY: "0"}))
+        assert pods.job_id(pod) == job_id, f"{job_id}: the webhook left it to the default path"
+        return "queued" if pods.queued(pod) else "allocated"
+
+    def finish(self, job_id: str) -> None:
+        """The job's running pod ends (Succeeded); the controller releases it."""
+        running = [p for p in self.api.live_pods() if pods.job_id(p) == job_id and not pods.queued(p)
+                   and not pods.gated(p) and p["spec"].get("nodeName")]
+        mine = [(pods.key(p), p["status"].get("phase"), p["spec"].get("schedulingGates"))
+                for p in self.api.live_pods() if pods.job_id(p) == job_id]
+        assert len(running) == 1, (f"{job_id} finishes but runs in {len(running)} pods: {mine}, allocation "
+                                   f"{self.allocator.running([job_id])}")
+        self.api.finish(*pods.key(running[0]))
+        self.finished[job_id] = pods.key(running[0])[1]
+
+    def tick(self) -> None:
+        answer = self.http.post("/v1/actions/tick", headers={"Authorization": f"Bearer {self.token}"})
+        assert answer.status_code == 200, answer.text
+
+    # ------------------------------------------------------------------ quiet
+
+    def unsettled(self) -> str:
+        """'' when the cluster has caught up with the allocator: the controller's cursor at the log's latest; every
+        running job in exactly one ungated pod, bound to its node, with its cores and RAM actuated by the kubelet, no
+        resize pending; every waiting job in exactly one pod behind the queue's gate; no other pod alive; every
+        node's room for the allocator its whole allocatable (no pod holds room beyond hetplan's). Else what is not."""
+        latest, c = self.allocator.log.latest, self.controller
+        if c.cursor != latest:
+            return f"cursor {c.cursor} < {latest}"
+        # the cursor moves on once a batch is begun; a preemption or a move goes on over later passes (private
+        # books: the controller offers no public view of its work in progress)
+        busy = {"preemptions": c._preemptions, "moves": c._migrations, "after-moves": c._after_move,
+                "retries": c._retries, "requeued": c._waiting}
+        if any(busy.values()):
+            return f"controller busy: {({k: sorted(v)[:3] for k, v in busy.items() if v})}"
+        running = {j: parts for j, parts in self.allocator.running().items()}
+        waiting = {w["job_id"] for w in self.http.get("/v1/queue").json()["jobs"]}
+        live: dict[str, list[dict]] = defaultdict(list)
+        for p in self.api.live_pods():
+            if pods.job_id(p):
+                live[pods.job_id(p)].append(p)
+            elif pods.model(p):
+                return f"{pods.key(p)}: left to the default path"
+        for job, held in live.items():
+            if len(held) != 1 or pods.terminating(held[0]) or pods.gated(held[0]):
+                return f"{job}: {len(held)} pods, terminating or moving"
+            pod = held[0]
+            if job in waiting:
+                if not pods.queued(pod):
+                    return f"{job} waits but its pod is not gated"
+                continue
+            if job not in running:
+                return f"{job}: a pod without an allocation"
+            if pods.queued(pod) or pods.resize_pending(pod) is not None:
+                return f"{job}: still gated, or a resize pending"
+            a = running[job][0]
+            target = pods.Target(a.node, a.cpu_m, a.mem_mib)
+            if pod["spec"].get("nodeName") != a.node or not pods.matches(pod, target) or pod["status"].get(
+                    "phase") != "Running":
+                return f"{job}: pod {pods.node_of(pod)} {pods.requests(pod)} != {target}"
+            held_now = actuated_requests(pod) or {}
+            if (int(held_now.get("cpu", 0) * 1000), int(held_now.get("memory", 0) / 2**20)) != (a.cpu_m, a.mem_mib):
+                return f"{job}: actuated {held_now} != {target}"
+        missing = (set(running) | waiting) - set(live)
+        if missing:
+            return f"jobs without a pod: {sorted(missing)[:5]}"
+        return self._room_differs()
+
+    def _room_differs(self) -> str:
+        from hetplan.allocator.k8s.nodes import to_node
+
+        for node in self.allocator.cluster.nodes():
+            whole = to_node(self.api.nodes[node.name])
+            if (node.gpus, node.cpus, node.mem_gb) != (whole.gpus, whole.cpus, whole.mem_gb):
+                return f"room of {node.name} {(node.gpus, node.cpus, node.mem_gb)} != its allocatable"
+        return ""
+
+    def settle(self, deadline_s: float = 30.0) -> None:
+        try:
+            eventually(lambda: not self.unsettled(), deadline_s)
+        except AssertionError:
+            raise AssertionError(f"the cluster did not settle: {self.unsettled()}") from None

@@ -867,6 +867,8 @@ current-context: stand-in
         state = "pending" if any(c["type"] == "PodResizePending" for c in conditions) or not node else "actuated"
         self.resize_log += [(key, what, state) for what in shrunk]
         self._emit("MODIFIED", pod)
+        if state == "actuated":
+            self.schedule()  # a bound pod's resize moves the pods it left room for back to the scheduler (1.33)
         return copy.deepcopy(pod)
 
     # ------------------------------------------------------------------ the scheduler and the kubelet

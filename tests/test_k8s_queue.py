@@ -275,3 +275,27 @@ def test_a_preemption_without_a_checkpoint_evicts_after_its_grace_and_says_so(ri
     assert c.stats.counts["preempted-recreated"] == 0 and c.stats.counts["releases"] == 0  # its Job creates it
     again = rig.api.create_pod("ml", owned("train-bbbbb"))  # as the Job controller does
     assert pods.job_id(again) == job
+
+
+def test_a_queued_pod_that_asks_no_cores_or_ram_can_be_sized_and_comes_back_as_the_same_job():
+    """Bugs the differential through the cluster path found: a pod without cpu/memory requests was queued BestEffort
+    (no resize can give it cores or RAM: its `start` could never size it), and, created again after a preemption
+    with its last allocation as its requests, was submitted with that as its floor (409: the default path)."""
+    asked: list[dict] = []
+
+    def allocate(body: dict) -> dict:
+        asked.append(body)
+        return queued_answer(body["job_id"])
+
+    pod = k8s_pod("bare", cpu=None, memory=None)
+    out = webhook.review({"request": {"uid": "u1", "kind": {"kind": "Pod"}, "operation": "CREATE", "namespace": "ml",
+                                      "object": pod, "userInfo": {"username": "u"}}}, allocate, lambda job: None)
+    held = json_patch(pod, json.loads(base64.b64decode(out["response"]["patch"])))
+    assert requests_of(held) == (1, 1) and pods.queued(held)  # Burstable, resizable at its start
+    notes = pods.annotations(held)
+    assert (notes[pods.REQUESTED_CPU_KEY], notes[pods.REQUESTED_MEMORY_KEY]) == ("", "")
+    last_run = pods.with_target(held, pods.Target("gpu-a", 8000, 62464))  # as it ran before its preemption
+    again = pods.recreated(last_run)
+    webhook.review({"request": {"uid": "u2", "kind": {"kind": "Pod"}, "operation": "CREATE", "namespace": "ml",
+                                "object": again, "userInfo": {"username": CONTROLLER_USER}}}, allocate, lambda j: None)
+    assert [("cpus" in b, "mem_gb" in b) for b in asked] == [(False, False), (False, False)]

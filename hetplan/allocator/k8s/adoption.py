@@ -41,13 +41,11 @@ def request(pod: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def annotations(body: Mapping[str, Any]) -> dict[str, str]:
-    """What the webhook would have written on an adopted default-path pod: its job id and own request."""
-    out = {pods.JOB_ID_KEY: str(body["job_id"])}
-    if "cpus" in body:
-        out[pods.REQUESTED_CPU_KEY] = str(round(body["cpus"] * 1000))
-    if "mem_gb" in body:
-        out[pods.REQUESTED_MEMORY_KEY] = str(round(body["mem_gb"] * 1024))
-    return out
+    """What the webhook would have written on an adopted default-path pod: its job id and own request ("" where it
+    asks none, as the webhook writes it)."""
+    return {pods.JOB_ID_KEY: str(body["job_id"]),
+            pods.REQUESTED_CPU_KEY: str(round(body["cpus"] * 1000)) if "cpus" in body else "",
+            pods.REQUESTED_MEMORY_KEY: str(round(body["mem_gb"] * 1024)) if "mem_gb" in body else ""}
 
 
 def default_path(pod: Mapping[str, Any]) -> bool:

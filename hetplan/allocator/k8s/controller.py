@@ -485,9 +485,12 @@ class Controller:
         retry = self._retries.get(job)
         if retry is not None and retry.target != target:
             del self._retries[job]  # a newer action replaces the resize that waited to be sent again
-        if job in self._migrations or any(pods.gated(p) for p in live):
+        if job in self._migrations or job in self._preemptions or any(pods.gated(p) for p in live):
             # a move in progress: its replacement was made with the allocation of its time; this target is applied
-            # once the replacement is bound (`_converge_after_moves`), not at the next reconcile
+            # once the replacement is bound (`_converge_after_moves`), not at the next reconcile. A preemption in
+            # progress (a round stopped the job and started it again at once, elsewhere or in place): its pod is on
+            # its way out and comes back through the webhook with the job's allocation; moving it as well would make
+            # a second pod of the job
             self._after_move[job] = (target, seq, at)
             return
         if not holders:
@@ -509,7 +512,8 @@ class Controller:
         """The actions that came while their job was moving: applied as soon as the move is done (the replacement
         ungated, bound or still waiting for room: a pending pod's resize is what the scheduler then fits)."""
         for job, (target, seq, at) in list(self._after_move.items()):
-            if job not in self._migrations and not any(pods.gated(p) for p in self.live(job)):
+            if job not in self._migrations and job not in self._preemptions and \
+                    not any(pods.gated(p) for p in self.live(job)):
                 self.converge(job, target, seq, at)
 
     def _admit_queued(self, job: str, pod: dict, target: pods.Target, seq: int, at: float) -> None:

@@ -61,16 +61,18 @@ def _escape(key: str) -> str:
     return key.replace("~", "~0").replace("/", "~1")
 
 
-def _own_request(klass: Any, notes: Mapping[str, str]) -> tuple[str | None, str | None, dict[str, Any]]:
-    """The pod's own cpu/memory request (millicores, MiB, as text: the annotations a replacement or a re-created
-    pod carries, else the pod's requests) and the allocate body's `cpus`/`mem_gb`; `Unserved` when unreadable."""
-    own_cpu = notes.get(pods.REQUESTED_CPU_KEY, None if klass.cpu_m is None else str(klass.cpu_m))
-    own_mem = notes.get(pods.REQUESTED_MEMORY_KEY, None if klass.mem_mib is None else str(klass.mem_mib))
+def _own_request(klass: Any, notes: Mapping[str, str]) -> tuple[str, str, dict[str, Any]]:
+    """The pod's own cpu/memory request (millicores, MiB, as text; "" where it asks none: the annotations a
+    replacement or a re-created pod carries, else the pod's requests) and the allocate body's `cpus`/`mem_gb`;
+    `Unserved` when unreadable. "" is written too, so that a pod created again after a preemption, which carries its
+    last allocation as its requests, is not taken to ask for that (its job would differ from the one queued: 409)."""
+    own_cpu = notes.get(pods.REQUESTED_CPU_KEY, "" if klass.cpu_m is None else str(klass.cpu_m))
+    own_mem = notes.get(pods.REQUESTED_MEMORY_KEY, "" if klass.mem_mib is None else str(klass.mem_mib))
     body: dict[str, Any] = {}
     try:
-        if own_cpu is not None:
+        if own_cpu != "":
             body["cpus"] = int(own_cpu) / 1000
-        if own_mem is not None:
+        if own_mem != "":
             body["mem_gb"] = int(own_mem) / 1024
     except (ValueError, OverflowError):  # OverflowError: more digits than a float holds
         raise Unserved(f"annotation {pods.REQUESTED_CPU_KEY}/{pods.REQUESTED_MEMORY_KEY} is no whole number in "
@@ -161,7 +163,7 @@ def _resources(pod: Mapping[str, Any], shaped: Mapping[str, Any]) -> list[dict[s
             {"op": "add", "path": f"/spec/containers/{index}/resizePolicy", "value": container["resizePolicy"]}]
 
 
-def _queued(pod: Mapping[str, Any], job: str, own_cpu: str | None, own_mem: str | None,
+def _queued(pod: Mapping[str, Any], job: str, own_cpu: str, own_mem: str,
             answer: Mapping[str, Any], name: str) -> list[dict[str, Any]]:
     """The patch of a pod whose job waits in the allocator's queue: its job id, own request, place and reason as
     annotations; the main container shaped as an allocated one's (Burstable, `pods.resources`) at its own request,
@@ -173,7 +175,9 @@ def _queued(pod: Mapping[str, Any], job: str, own_cpu: str | None, own_mem: str 
                               pods.QUEUE_POSITION_KEY: str(answer.get("position") or ""),
                               pods.QUEUE_WHY_KEY: str(answer.get("why") or "")})
     cpu_m, mem_mib = pods.requests(pod)  # the own request, else what the pod asks (a re-created pod: its last size)
-    floor = pods.Target("", int(own_cpu) if own_cpu else cpu_m, int(own_mem) if own_mem else mem_mib)
+    # at least 1m and 1 MiB: a pod asking none would be BestEffort, which no resize can give cores or RAM (its QoS
+    # class would change), so its `start` could never size it; gated, it holds nothing meanwhile
+    floor = pods.Target("", max(int(own_cpu) if own_cpu else cpu_m, 1), max(int(own_mem) if own_mem else mem_mib, 1))
     try:
         ops += _resources(pod, pods.sized(pod, floor))
     except ValueError:
