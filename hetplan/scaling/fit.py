@@ -61,11 +61,18 @@ def fit_measured(rows: pd.DataFrame) -> ScalingModel:
     sync = rows.get("sync_time_s")
     guess = float(np.median(sync[rows["num_gpus"] > 1])) if sync is not None else 0.01
     guess = guess if np.isfinite(guess) and guess > 0 else 0.01
+    # Fitted as alpha_r = alpha_n + extra_a, beta_r = beta_n + extra_b (extras >= 0): crossing nodes never costs less.
     x0 = np.array([alpha_c, beta_c, guess, guess * 0.05, guess, guess * 0.05, 1.5])
     lower = np.array([1e-9, 0, 0, 0, 0, 0, GAMMA_BOUNDS[0]])
     upper = np.array([np.inf] * 6 + [GAMMA_BOUNDS[1]])
-    result = least_squares(lambda p: np.log(step_time(p, gpus, nodes, bsz) / measured), x0, bounds=(lower, upper))
-    return _model(rows, result.x, MEASURED, "")
+    result = least_squares(lambda x: np.log(step_time(_params(x), gpus, nodes, bsz) / measured), x0,
+                           bounds=(lower, upper))
+    return _model(rows, _params(result.x), MEASURED, "")
+
+
+def _params(x: np.ndarray) -> np.ndarray:
+    """`PARAMS` from the fitted vector, whose cross-node terms are extras over the in-node ones."""
+    return np.array([x[0], x[1], x[2], x[3], x[2] + x[4], x[3] + x[5], x[6]])
 
 
 def _model(rows: pd.DataFrame, params: np.ndarray, source: str, shape_from: str) -> ScalingModel:
