@@ -195,3 +195,65 @@ def test_leave_one_type_out_slice_is_bounded(slice_errors):
                                        "held-out type's network (bench/RESULTS.md, 'Multi-GPU scaling')")
 def test_leave_one_type_out_meets_the_target(slice_errors):
     assert slice_errors["error"].median() <= 0.15 and slice_errors["error"].quantile(0.9) <= 0.30
+
+
+def test_fit_cli_scaling_writes_the_table_and_warns_of_a_bad_profile(tmp_path):
+    from typer.testing import CliRunner
+
+    from hetplan.cli import app
+    from hetplan.resources import data_path
+
+    path = tmp_path / "profile.csv"
+    broken("non-monotone").to_csv(path, index=False)
+    out = tmp_path / "scaling.csv"
+    args = ["fit", "--profiles", str(data_path("profiles", "synergy_v100_published.csv")), "--out",
+            str(tmp_path / "curves.parquet"), "--no-mlflow", "--scaling", "--scaling-profile", str(path),
+            "--scaling-out", str(out)]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    warning = [line for line in result.output.splitlines() if "row 5" in line]
+    assert len(warning) == 1 and "non-monotone" in warning[0] and "source = borrowed" in warning[0]
+    table = pd.read_csv(out).set_index("gpu_type")
+    assert table.loc["V100", "source"] == BORROWED and table.loc["A100", "source"] == MEASURED
+
+
+def test_fit_cli_scaling_refuses_an_unreadable_profile_in_one_line(tmp_path):
+    from typer.testing import CliRunner
+
+    from hetplan.cli import app
+
+    path = tmp_path / "profile.csv"
+    toy(KNOWN[0]).drop(columns=["step_time_s"]).to_csv(path, index=False)
+    curves = tmp_path / "curves.parquet"
+    result = CliRunner().invoke(app, ["fit", "--profiles", str(path), "--out", str(curves), "--no-mlflow",
+                                      "--scaling", "--scaling-profile", str(path)])
+    assert result.exit_code == 2 and "missing column(s) step_time_s" in result.output
+    assert "Traceback" not in result.output and not curves.exists()
+
+
+def test_scaling_is_logged_to_mlflow(tmp_path):
+    from mlflow.tracking import MlflowClient
+
+    from hetplan.scaling.tracking import EXPERIMENT, log_scaling
+
+    profile = load_profile()
+    profile = profile[profile["model"] == "cifar10"]
+    single = load_single_gpu()
+    fit = fit_scaling(profile, single[single["model"] == "cifar10"])
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    run_id = log_scaling(fit, profile, leave_one_type_out(profile), uri)
+    client = MlflowClient(uri)
+    parent = client.get_run(run_id)
+    assert parent.data.params["models_measured"] == "3" and parent.data.params["models_derived"] == "2"
+    assert 0 < parent.data.metrics["loo_median"] < parent.data.metrics["loo_p90"]
+    experiment = client.get_experiment_by_name(EXPERIMENT)
+    children = client.search_runs([experiment.experiment_id], f"tags.mlflow.parentRunId = '{run_id}'")
+    sources = {(r.data.tags["gpu_type"], r.data.tags["source"]) for r in children}
+    assert sources == {("A100", MEASURED), ("T4", MEASURED), ("V100", MEASURED), ("RTX2080Ti", DERIVED),
+                       ("RTX6000", DERIVED)}
+    measured = next(r for r in children if r.data.tags["gpu_type"] == "T4")
+    assert {"rmsle", "loo_median", "loo_p90"} <= set(measured.data.metrics)
+    artifacts = [a.path for a in client.list_artifacts(measured.info.run_id, "scaling")]
+    assert artifacts == ["scaling/cifar10_T4.png"]
+    top = {a.path for a in client.list_artifacts(run_id)}
+    assert {"scaling.csv", "leave_one_type_out.csv"} <= top
