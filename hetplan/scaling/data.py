@@ -44,7 +44,8 @@ def build_sia_table(source: Path) -> pd.DataFrame:
         frames.append(pd.DataFrame({
             "model": match["model"], "gpu_type": gpu, "gpus_per_node": per_node, "placement": raw["placement"],
             "num_nodes": digits.map(len), "num_gpus": digits.map(sum), "local_bsz": raw["local_bsz"].astype(int),
-            "step_time_s": raw["step_time"].astype(float).round(7), "sync_time_s": raw["sync_time"].astype(float).round(7),
+            "step_time_s": raw["step_time"].astype(float).round(7),
+            "sync_time_s": raw["sync_time"].astype(float).round(7),
         }))
     if not frames:
         raise ProfileError(f"{source}: no <model>_placements-<cluster>.csv files of clusters {sorted(SIA_CLUSTERS)}")

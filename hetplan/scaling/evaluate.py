@@ -33,7 +33,8 @@ def leave_one_type_out(profile: pd.DataFrame, models: list[str] | None = None) -
             predicted = gpus * bsz / step_time(derived.params, gpus, nodes, bsz)
             out.append(pd.DataFrame({
                 "model": name, "gpu_type": held, "shape_from": derived.shape_from,
-                "placement": multi["placement"].to_numpy(), "num_gpus": gpus.astype(int), "num_nodes": nodes.astype(int),
+                "placement": multi["placement"].to_numpy(), "num_gpus": gpus.astype(int),
+                "num_nodes": nodes.astype(int),
                 "local_bsz": bsz.astype(int), "measured": measured, "predicted": predicted,
                 "error": np.abs(predicted - measured) / measured,
             }))

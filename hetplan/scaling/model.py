@@ -2,13 +2,14 @@
 
 A step on K GPUs over N nodes with a per-GPU batch b takes (Pollux, OSDI 21)
 
-    T_grad = alpha_c + beta_c * b                                     compute of the local batch
-    T_sync = 0 (K = 1);  alpha_n + beta_n * (K - 2) (N = 1);  alpha_r + beta_r * (K - 2) (N > 1)   all-reduce
-    T_step = (T_grad ** gamma + T_sync ** gamma) ** (1 / gamma)       gamma in [1, 10]: how much the two overlap
+    T_grad = alpha_c + beta_c * b
+    T_sync = 0 (K = 1);  alpha_n + beta_n * (K - 2) (N = 1);  alpha_r + beta_r * (K - 2) (N > 1)
+    T_step = (T_grad ** gamma + T_sync ** gamma) ** (1 / gamma)
 
-and the job trains K * b / T_step samples per second. hetplan fits it with alpha_r >= alpha_n and beta_r >= beta_n
-(crossing nodes never costs less than staying in one). Per-GPU speed never rises with K; total throughput may fall
-where the all-reduce outgrows the compute (as Sia measured for ncf on V100). The join with a CPU/RAM curve is one factor on compute only:
+(compute, all-reduce, and gamma in [1, 10] for how much the two overlap), and the job trains K * b / T_step
+samples per second. hetplan fits it with alpha_r >= alpha_n and beta_r >= beta_n (crossing nodes never costs less
+than staying in one). Per-GPU speed never rises with K; total throughput may fall where the all-reduce outgrows the
+compute (as Sia measured for ncf on V100). The join with a CPU/RAM curve is one factor on compute only:
 `cpu_ram(cores_per_gpu, mem_per_gpu)` is the curve's throughput there over its plateau (in (0, 1]), and the
 compute time is divided by it (a starved input pipeline slows each GPU's step; the all-reduce does not change).
 The measurements the parameters were fitted on count as the plateau.
