@@ -18,6 +18,7 @@ from hetplan.sensitivity import DEFAULT_KNEE_FRACTION, FitReport, fit_profiles
 
 EXIT_PARTIAL = 3
 DEFAULT_CURVES = Path(".hetplan/curves.parquet")
+DEFAULT_SCALING = Path(".hetplan/scaling.csv")
 # The GPU-proportional share speedups are measured against: the reference allocation's (Synergy's server).
 PROPORTIONAL_SHARE = REFERENCE[1:]
 
@@ -33,9 +34,16 @@ def fit(
     gpu_types: str = typer.Option("", "--gpu-types", help="Comma-separated GPU types that need a curve even "
                                   "without points (transferred)."),
     knee_fraction: float = typer.Option(DEFAULT_KNEE_FRACTION, "--knee-fraction", min=0.5, max=1.0),
+    scaling: bool = typer.Option(False, "--scaling", help="Also fit the multi-GPU scaling models (Pollux's form) "
+                                 "per (model, GPU type) and log them to MLflow (experiment hetplan-scaling)."),
+    scaling_profile: Path | None = typer.Option(None, "--scaling-profile", help="Measured multi-GPU step times "
+                                                "(default: the shipped copy of Sia's)."),
+    scaling_out: Path = typer.Option(DEFAULT_SCALING, "--scaling-out", help="Scaling table to write (CSV)."),
 ) -> None:
     """Fit a monotone throughput model per (model, GPU type); exit 3 if some pairs had to be skipped."""
     job = None
+    if scaling:
+        fit_scaling_models(scaling_profile, scaling_out, None if no_mlflow else tracking_uri, not no_mlflow)
     with Reporter("fit", errors) as progress:
         with contract_errors():
             table = PROFILES.load(profiles)
@@ -63,6 +71,32 @@ def fit(
     warn(str(s) for s in report.skipped)
     if report.skipped:
         raise typer.Exit(EXIT_PARTIAL)
+
+
+def fit_scaling_models(profile: Path | None, out: Path, tracking_uri: str | None, log: bool) -> None:
+    """`hetplan fit --scaling`: fit and write the scaling table, warn of rejected profile rows (file and row, one
+    line each), log to MLflow when `log`. A profile that cannot be read is one error line and exit 2."""
+    from hetplan.scaling import ProfileError, fit_scaling, leave_one_type_out, load_profile, load_single_gpu
+    from hetplan.scaling.data import SHIPPED
+
+    try:
+        table = load_profile(profile or SHIPPED)
+    except ProfileError as exc:
+        errors.print(f"[red]error:[/] {exc}", highlight=False, soft_wrap=True)
+        raise typer.Exit(2) from None
+    result = fit_scaling(table, load_single_gpu())
+    warn(f"{p}; {p.model} on {p.gpu_type} uses a borrowed shape (source = borrowed)" for p in result.rejected)
+    fitted = result.table()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fitted.to_csv(out, index=False)
+    counts = fitted["source"].value_counts().to_dict()
+    console.print(f"[green]wrote[/] {out}: scaling models {counts}", highlight=False)
+    if log:
+        from hetplan.scaling.tracking import log_scaling
+
+        run = log_scaling(result, table, leave_one_type_out(table), tracking_uri,
+                          params={"scaling_profile": str(profile or SHIPPED)})
+        console.print(f"MLflow: run {run} in experiment hetplan-scaling", highlight=False)
 
 
 def _summary(report: FitReport, out: Path) -> None:
