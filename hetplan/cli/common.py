@@ -115,12 +115,16 @@ def contract_errors() -> Iterator[None]:
         raise typer.Exit(EXIT_INVALID) from None
 
 
-def read_trace(path, fmt: str):
-    """A trace file in hetplan's contract (`fmt` "trace") or a public format: (trace, import report, warnings)."""
-    from hetplan.contracts import TRACE
-    from hetplan.traces import import_trace
+def read_trace(path, fmt: str, gpu_totals: dict[str, int] | None = None):
+    """A trace file in hetplan's contract (`fmt` "trace") or a public format: (trace, import report, warnings).
+
+    With the cluster's `gpu_totals` (GPUs per type), elastic bounds above every type's total are refused, naming
+    the file's rows, and an elastic format's jobs are bounded by the largest type."""
+    from hetplan.contracts.trace import load_trace
+    from hetplan.traces import MAX_GPUS_OPTION_FORMATS, import_trace
 
     if fmt == "trace":
-        return TRACE.load(path), {}, []
-    imported = import_trace(path, fmt)
+        return load_trace(path, gpu_totals), {}, []
+    options = {"max_gpus": max(gpu_totals.values())} if gpu_totals and fmt in MAX_GPUS_OPTION_FORMATS else {}
+    imported = import_trace(path, fmt, **options)
     return imported.trace, imported.report, imported.warnings
