@@ -297,3 +297,11 @@ def test_read_trace_bounds_elastic_jobs_by_the_fleet(tmp_path: Path) -> None:
     with pytest.raises(ContractError) as exc:
         read_trace(path, "trace", {"T4": 12, "A100": 16})
     assert problems(exc) == [f"{path}:2:max_gpus: 32 is above every GPU type's total (largest: 16 A100)"]
+
+
+def test_an_error_on_line_100_reads_as_a_line_number(tmp_path: Path) -> None:
+    """rich would print `:100:` as an emoji; the CLI's error line keeps it as the row."""
+    good = "".join(f"j{i},{i},cifar10,2,256\n" for i in range(98))
+    path = write(tmp_path, HEADER + good + "bad,5,cifar10,0,256\n")
+    result = run_cli("--format", "sia", path, "-o", tmp_path / "t.csv")
+    assert result.exit_code == 1 and f"error: {path}:100:num_replicas: must be at least 1, got 0" in result.output

@@ -18,8 +18,8 @@ from hetplan.contracts import ContractError
 
 # Piped output (CI logs, `| less`) gets a wide console instead of rich's 80-column default.
 _WIDTH = None if sys.stdout.isatty() or os.environ.get("COLUMNS") else 160
-console = Console(width=_WIDTH)
-errors = Console(stderr=True, width=_WIDTH)
+console = Console(width=_WIDTH, emoji=False)  # a row 100 is `file:100:col`, never an emoji
+errors = Console(stderr=True, width=_WIDTH, emoji=False)
 
 EXIT_INVALID = 1
 
