@@ -300,7 +300,7 @@ def test_alibaba_bad_cells_and_cpu_only_files(tmp_path: Path) -> None:
 
 
 def test_import_trace_api_contract(tmp_path: Path) -> None:
-    assert FORMATS == ("synergy", "gavel", "philly", "alibaba")
+    assert FORMATS == ("synergy", "gavel", "philly", "alibaba", "sia")
     with pytest.raises(ValueError, match="unknown trace format 'csv'"):
         import_trace(SYNERGY, "csv")
     with pytest.raises(TypeError):

@@ -18,8 +18,8 @@ from hetplan.contracts import ContractError
 
 # Piped output (CI logs, `| less`) gets a wide console instead of rich's 80-column default.
 _WIDTH = None if sys.stdout.isatty() or os.environ.get("COLUMNS") else 160
-console = Console(width=_WIDTH)
-errors = Console(stderr=True, width=_WIDTH)
+console = Console(width=_WIDTH, emoji=False)  # a row 100 is `file:100:col`, never an emoji
+errors = Console(stderr=True, width=_WIDTH, emoji=False)
 
 EXIT_INVALID = 1
 
@@ -115,12 +115,16 @@ def contract_errors() -> Iterator[None]:
         raise typer.Exit(EXIT_INVALID) from None
 
 
-def read_trace(path, fmt: str):
-    """A trace file in hetplan's contract (`fmt` "trace") or a public format: (trace, import report, warnings)."""
-    from hetplan.contracts import TRACE
-    from hetplan.traces import import_trace
+def read_trace(path, fmt: str, gpu_totals: dict[str, int] | None = None):
+    """A trace file in hetplan's contract (`fmt` "trace") or a public format: (trace, import report, warnings).
+
+    With the cluster's `gpu_totals` (GPUs per type), elastic bounds above every type's total are refused, naming
+    the file's rows, and an elastic format's jobs are bounded by the largest type."""
+    from hetplan.contracts.trace import load_trace
+    from hetplan.traces import MAX_GPUS_OPTION_FORMATS, import_trace
 
     if fmt == "trace":
-        return TRACE.load(path), {}, []
-    imported = import_trace(path, fmt)
+        return load_trace(path, gpu_totals), {}, []
+    options = {"max_gpus": max(gpu_totals.values())} if gpu_totals and fmt in MAX_GPUS_OPTION_FORMATS else {}
+    imported = import_trace(path, fmt, **options)
     return imported.trace, imported.report, imported.warnings

@@ -64,6 +64,7 @@ def simulate(
     """
     from hetplan.allocator.nodes_io import NodeFileError, load_nodes
     from hetplan.contracts import CURVES, PROFILES
+    from hetplan.contracts.trace import gpu_totals
     from hetplan.progress import running
     from hetplan.sim.engine import InvariantError, SimConfig, SimulationError, simulate as run_simulation
     from hetplan.sim.metrics import summarize
@@ -80,7 +81,7 @@ def simulate(
             fleet = load_nodes(nodes)
         except NodeFileError as exc:
             raise ContractError([Problem(str(nodes), str(exc).removeprefix(f"{nodes}: "))]) from None
-        jobs, import_report, import_warnings = read_trace(trace, fmt)
+        jobs, import_report, import_warnings = read_trace(trace, fmt, gpu_totals(fleet))
         truth_curves = TruthCurves.from_profiles(PROFILES.load(truth))
         workload = prepare_workload(jobs, truth_curves.models, seed=seed, load=load)
         classes = workload.jobs[["model", "sim_model", "num_gpus"]].drop_duplicates(["model", "num_gpus"])

@@ -11,11 +11,12 @@ from rich.table import Table
 from hetplan.cli.common import CurvesFile, choices, console, contract_errors, curves_or_default, warn
 from hetplan.contracts import DEMAND, PROFILES, TRACE, demand_from_trace
 from hetplan.contracts.table import CSV_SUFFIXES, PARQUET_SUFFIXES, ContractError, Problem
-from hetplan.traces import FORMATS, MODEL_OPTION_FORMATS, TraceImport, import_trace
+from hetplan.traces import FORMATS, MAX_GPUS_OPTION_FORMATS, MODEL_OPTION_FORMATS, TraceImport, import_trace
 
+ELASTIC = ", ".join(MAX_GPUS_OPTION_FORMATS)
 SourceFormat = choices("SourceFormat", list(FORMATS))
 
-app = typer.Typer(help="Import public job traces (Synergy, Gavel, Philly, Alibaba); export your allocator's jobs.",
+app = typer.Typer(help="Import public job traces (Synergy, Gavel, Philly, Alibaba, Sia); export your allocator's jobs.",
                   no_args_is_help=True)
 
 
@@ -28,11 +29,16 @@ def _trace() -> None:
 def import_command(
     file: Path = typer.Argument(..., help="Trace file in the public format."),
     fmt: SourceFormat = typer.Option(..., "--format", help=f"Source format: {'|'.join(FORMATS)}."),
-    out: Path = typer.Option(..., "--out", help="Trace to write (.csv or .parquet)."),
+    out: Path = typer.Option(..., "--out", "-o", help="Trace to write (.csv or .parquet)."),
     model: str | None = typer.Option(
         None, "--model", help=f"Model name for formats without one ({', '.join(MODEL_OPTION_FORMATS)}); default unknown."
     ),
     demand_out: Path | None = typer.Option(None, "--demand-out", help="Also write the demand mix (.csv or .parquet)."),
+    max_gpus: int | None = typer.Option(None, "--max-gpus", min=1, help=f"Elastic formats ({ELASTIC}): the most "
+                                        "GPUs a job may grow to; default the largest GPU type of --nodes, else of "
+                                        "Sia's paper cluster (24)."),
+    nodes: Path | None = typer.Option(None, "--nodes", help="Elastic formats: your fleet (as `hetplan simulate "
+                                      "--nodes`); its largest GPU type's total bounds every job."),
 ) -> None:
     """Import FILE, write the trace to OUT; print a summary and one warning per kind of handled job."""
     if fmt not in FORMATS:
@@ -41,9 +47,20 @@ def import_command(
         raise typer.BadParameter(f"{fmt} traces name their own models", param_hint="--model")
     if model is not None and not model.strip():
         raise typer.BadParameter("must be a non-blank model name", param_hint="--model")
-    options = {"model": model} if model is not None else {}
+    if (max_gpus is not None or nodes is not None) and fmt not in MAX_GPUS_OPTION_FORMATS:
+        raise typer.BadParameter(f"only for {', '.join(MAX_GPUS_OPTION_FORMATS)} traces (elastic jobs)",
+                                 param_hint="--max-gpus/--nodes")
+    if max_gpus is not None and nodes is not None:
+        raise typer.BadParameter("give --max-gpus or --nodes, not both", param_hint="--max-gpus/--nodes")
+    options: dict[str, object] = {"model": model} if model is not None else {}
     with contract_errors():
         _check_suffix(out, demand_out)
+        if nodes is not None:
+            gpu_type, options["max_gpus"] = largest_type(nodes)
+            console.print(f"elastic bound: {options['max_gpus']} GPUs, the {gpu_type} total of {nodes}",
+                          highlight=False, soft_wrap=True)
+        elif max_gpus is not None:
+            options["max_gpus"] = max_gpus
         result = import_trace(file, fmt, **options)
         demand = demand_from_trace(result.trace) if demand_out is not None else None
         TRACE.write(result.trace, out)
@@ -51,6 +68,25 @@ def import_command(
             DEMAND.write(demand, demand_out)
     _summary(file, result, out, demand_out)
     warn(result.warnings)
+
+
+def largest_type(nodes: Path) -> tuple[str, int]:
+    """The GPU type of a fleet file with the most GPUs in all, and that total."""
+    from hetplan.contracts.trace import gpu_totals
+
+    totals = gpu_totals(_load_fleet(nodes))
+    if not totals:
+        raise ContractError([Problem(str(nodes), "the fleet has no GPU node")])
+    return max(totals.items(), key=lambda item: (item[1], item[0]))
+
+
+def _load_fleet(nodes: Path) -> list:
+    from hetplan.allocator.nodes_io import NodeFileError, load_nodes
+
+    try:
+        return load_nodes(nodes)
+    except NodeFileError as exc:
+        raise ContractError([Problem(str(nodes), str(exc).removeprefix(f"{nodes}: "))]) from None
 
 
 def _check_suffix(*paths: Path | None) -> None:

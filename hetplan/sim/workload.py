@@ -15,6 +15,7 @@ import pandas as pd
 
 from hetplan.contracts import TRACE
 from hetplan.contracts.table import ContractError, Problem
+from hetplan.contracts.trace import elastic_defaults
 
 MIX = "mix"
 """`unknown_model` value: assign each job of an unknown model a truth model uniformly at random (seeded)."""
@@ -22,7 +23,8 @@ MIX = "mix"
 
 @dataclass(frozen=True)
 class Workload:
-    """Jobs ready to simulate: the trace's columns plus `sim_model`, the truth model the job runs as."""
+    """Jobs ready to simulate: the trace's columns (the elastic ones filled: rigid jobs get min = max = num_gpus) plus
+    `sim_model`, the truth model the job runs as."""
 
     jobs: pd.DataFrame
     report: dict[str, int]
@@ -52,6 +54,8 @@ def prepare_workload(trace: pd.DataFrame, truth_models: Collection[str], unknown
             sim_model[unknown] = unknown_model
             how = unknown_model
         warnings.append(f"{int(unknown.sum())} jobs of models without truth curves ({names}) run as {how}")
+    trace, elastic_warnings = elastic_defaults(trace)  # carried for elastic scheduling; the simulator reads none yet
+    warnings += elastic_warnings
     jobs = trace.assign(sim_model=sim_model.astype(str))
     if load is not None:
         jobs = with_load(jobs, load, seed)

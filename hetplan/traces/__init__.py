@@ -1,4 +1,5 @@
-"""Import public job traces into hetplan's TRACE contract (`job_id,model,num_gpus,arrival_s,duration_s`).
+"""Import public job traces into hetplan's TRACE contract (`job_id,model,num_gpus,arrival_s,duration_s`, and
+for Sia's workloads the elastic columns `min_gpus,max_gpus,adapt_batch,restart_s`).
 
 `import_trace(path, fmt, **options)` reads one file of a public format and returns a `TraceImport`: the
 validated trace, counts per kind of handling (`read`, `imported`, `rejected_*`, `skipped_*`, ...) and one
@@ -15,6 +16,7 @@ from hetplan.traces.alibaba import import_alibaba
 from hetplan.traces.gavel import import_gavel
 from hetplan.traces.philly import import_philly
 from hetplan.traces.report import TraceImport
+from hetplan.traces.sia import import_sia
 from hetplan.traces.synergy import import_synergy
 
 IMPORTERS: dict[str, Callable[..., TraceImport]] = {
@@ -22,10 +24,13 @@ IMPORTERS: dict[str, Callable[..., TraceImport]] = {
     "gavel": import_gavel,
     "philly": import_philly,
     "alibaba": import_alibaba,
+    "sia": import_sia,
 }
 FORMATS: tuple[str, ...] = tuple(IMPORTERS)
 MODEL_OPTION_FORMATS: tuple[str, ...] = ("philly", "alibaba")
 """Formats that carry no model name and take a `model=` option (default "unknown")."""
+MAX_GPUS_OPTION_FORMATS: tuple[str, ...] = ("sia",)
+"""Formats whose jobs are elastic up to a bound and take a `max_gpus=` option (the cluster's largest GPU type)."""
 
 
 def import_trace(path: str | Path, fmt: str, **options: Any) -> TraceImport:
@@ -38,6 +43,6 @@ def import_trace(path: str | Path, fmt: str, **options: Any) -> TraceImport:
 
 
 __all__ = [
-    "FORMATS", "IMPORTERS", "MODEL_OPTION_FORMATS", "TraceImport",
-    "import_alibaba", "import_gavel", "import_philly", "import_synergy", "import_trace",
+    "FORMATS", "IMPORTERS", "MAX_GPUS_OPTION_FORMATS", "MODEL_OPTION_FORMATS", "TraceImport",
+    "import_alibaba", "import_gavel", "import_philly", "import_sia", "import_synergy", "import_trace",
 ]
