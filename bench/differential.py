@@ -68,8 +68,8 @@ def run_http(n: int, policy: str, order: str, root: Path) -> dict:
     """tests/test_differential.py's replay, `n` jobs."""
     truth = TruthCurves.from_profiles(build_reference().derived)
     models = sorted(truth.models)
-    workload = prepare_workload(http_diff._trace(n, zlib.crc32(f"{policy}/{order}".encode()), models), truth.models)
-    hints = http_diff._hints(models)
+    workload = prepare_workload(http_diff.trace(n, zlib.crc32(f"{policy}/{order}".encode()), models), truth.models)
+    hints = http_diff.hints(models)
     config = SimConfig(order, http_diff.ROUND_S)
     simulator = http_diff.Recording(workload.jobs, Allocator(list(http_diff.NODES), config.policy(policy), hints,
                                               retain=10**7),

@@ -45,20 +45,21 @@ class Clock:
         return self.now
 
 
-def _trace(n: int, seed: int, models: list[str]) -> pd.DataFrame:
-    """A mixed trace with an overloaded stretch: many models, 1-16 GPUs (16: gangs), arrivals that outrun the
-    cluster for an hour, then thin out."""
+def trace(n: int, seed: int, models: list[str], sizes: tuple[int, ...] = (1, 1, 2, 4, 8, 16),
+          prefix: str = "j") -> pd.DataFrame:
+    """A mixed trace with an overloaded stretch: many models, GPUs drawn from `sizes` (16 on these nodes: gangs),
+    arrivals that outrun the cluster for an hour, then thin out; job ids `<prefix><k>`."""
     rng = np.random.default_rng(seed)
     dense = np.sort(rng.uniform(0, 3600, n * 2 // 3))
     sparse = np.sort(rng.uniform(3600, 4 * 3600, n - len(dense)))
-    return pd.DataFrame({"job_id": [f"j{i:04d}" for i in range(n)], "model": rng.choice(models, n),
-                         "num_gpus": rng.choice([1, 1, 2, 4, 8, 16], n),
+    return pd.DataFrame({"job_id": [f"{prefix}{i:05d}" for i in range(n)], "model": rng.choice(models, n),
+                         "num_gpus": rng.choice(list(sizes), n),
                          "arrival_s": np.concatenate([dense, sparse]), "duration_s": rng.exponential(1800, n)})
 
 
-def _hints(models: list[str]) -> HintSet:
-    return HintSet("h-diff", {(m, g): (HintEntry("V100", 1, 9.0, 62.5), HintEntry("T4", 2, 6.0, 40.0))
-                              for m in models for g in (1, 2, 4, 8)})
+def hints(models: list[str], version: str = "h-diff") -> HintSet:
+    return HintSet(version, {(m, g): (HintEntry("V100", 1, 9.0, 62.5), HintEntry("T4", 2, 6.0, 40.0))
+                             for m in models for g in (1, 2, 4, 8)})
 
 
 class Recording(Simulator):
@@ -99,18 +100,17 @@ def _sim_actions(simulator: Simulator) -> list[dict]:
 def test_the_service_decides_as_the_simulator_does(tmp_path, policy, order):
     truth = TruthCurves.from_profiles(build_reference().derived)
     models = sorted(truth.models)
-    trace = _trace(320, zlib.crc32(f"{policy}/{order}".encode()), models)
-    workload = prepare_workload(trace, truth.models)
-    hints = _hints(models)
+    workload = prepare_workload(trace(320, zlib.crc32(f"{policy}/{order}".encode()), models), truth.models)
+    hint_set = hints(models)
     config = SimConfig(order, ROUND_S)
-    sim_alloc = Allocator(list(NODES), config.policy(policy), hints)
+    sim_alloc = Allocator(list(NODES), config.policy(policy), hint_set)
     simulator = Recording(workload.jobs, sim_alloc, truth, config)
     result = simulator.run()
     assert result.counts["preemptions"] + result.counts["migrations"] > 0 or policy == "first-fit"
     assert result.timeline["waiting"].max() > 20  # the overloaded stretch: jobs queued, not refused
 
     clock = Clock()
-    allocator = DurableAllocator(tmp_path / "allocator.db", config.policy(policy), hints, clock=clock)
+    allocator = DurableAllocator(tmp_path / "allocator.db", config.policy(policy), hint_set, clock=clock)
     allocator.change_nodes(NodeChanges(upsert=list(NODES)))
     settings = ServiceSettings(db=tmp_path / "allocator.db", policy=policy, token=TOKEN, tick_seconds=0,
                                order=order, regrow=False)

@@ -17,21 +17,18 @@ import logging
 import time
 import zlib
 
-import numpy as np
 import pandas as pd
 import pytest
 
 from hetplan.allocator import Allocator
 from hetplan.allocator.k8s.nodes import to_node
 from hetplan.allocator.service.bodies import action_out
-from hetplan.hints import HintSet
-from hetplan.hints.index import HintEntry
 from hetplan.reference import build_reference
 from hetplan.sim import TruthCurves, prepare_workload
 from hetplan.sim.engine import SimConfig, Simulator
 from k8s_rig import ClusterPath
 from standin_apiserver import k8s_node
-from test_differential import Recording
+from test_differential import Recording, hints, trace
 
 log = logging.getLogger(__name__)
 ROUND_S = 300.0
@@ -47,20 +44,10 @@ def k8s_nodes() -> dict[str, dict]:
             for name, product, gpus, cpu, memory in sorted(shapes)}
 
 
-def trace(n: int, seed: int, models: list[str], namespace: str = "ml") -> pd.DataFrame:
-    """Single-pod jobs of 1-8 GPUs (8: the big node only) whose arrivals outrun the cluster for an hour, then thin
-    out; job ids as the webhook names a bare pod's (`<namespace>/<pod>`)."""
-    rng = np.random.default_rng(seed)
-    dense = np.sort(rng.uniform(0, 3600, n * 2 // 3))
-    sparse = np.sort(rng.uniform(3600, 4 * 3600, n - len(dense)))
-    return pd.DataFrame({"job_id": [f"{namespace}/j{i:05d}" for i in range(n)], "model": rng.choice(models, n),
-                         "num_gpus": rng.choice([1, 1, 2, 4, 4, 8], n),
-                         "arrival_s": np.concatenate([dense, sparse]), "duration_s": rng.exponential(1800, n)})
-
-
-def hints(models: list[str]) -> HintSet:
-    return HintSet("h-diff-k8s", {(m, g): (HintEntry("V100", 1, 9.0, 62.5), HintEntry("T4", 2, 6.0, 40.0))
-                                  for m in models for g in (1, 2, 4, 8)})
+def _trace(n: int, seed: int, models: list[str], namespace: str = "ml") -> pd.DataFrame:
+    """Single-pod jobs of 1-8 GPUs (8: the big node only), job ids as the webhook names a bare pod's
+    (`<namespace>/<pod>`)."""
+    return trace(n, seed, models, sizes=(1, 1, 2, 4, 4, 8), prefix=f"{namespace}/j")
 
 
 def decisions(actions: list[dict]) -> list[tuple]:
@@ -78,8 +65,8 @@ def simulate(n: int, seed: int, policy: str, order: str):
     """The trace through the simulator: (the recording simulator, its result, the workload, the hints)."""
     truth = TruthCurves.from_profiles(build_reference().derived)
     models = sorted(truth.models)
-    workload = prepare_workload(trace(n, seed, models), truth.models)
-    hint_set = hints(models)
+    workload = prepare_workload(_trace(n, seed, models), truth.models)
+    hint_set = hints(models, "h-diff-k8s")
     config = SimConfig(order, ROUND_S)
     nodes = [to_node(obj) for obj in k8s_nodes().values()]
     simulator = Recording(workload.jobs, Allocator(nodes, config.policy(policy), hint_set, retain=10**7), truth, config)
