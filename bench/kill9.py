@@ -76,7 +76,9 @@ def check(url: str, held: dict, seen: dict) -> dict:
             "lost_releases": len({j for j, on in held.items() if on is False} & running),
             "gaps": int(seqs != list(range(seqs[0], log["latest"] + 1))) if seqs else 0,
             "renumbered": sum(by_seq.get(s) != a for s, a in seen.items() if s >= (seqs[0] if seqs else 1)),
-            "continues": [a["seq"] for a in after] == list(range(last + 1, log["latest"] + 1)),
+            # the rounds go on meanwhile: `since` answers at least up to the latest listed before it, without a gap
+            "continues": [a["seq"] for a in after] == list(range(last + 1, last + 1 + len(after)))
+                         and len(after) >= log["latest"] - last,
             "overcommitted": sum(min(n["free_gpus"], n["free_cpus"], n["free_mem_gb"]) < 0 for n in nodes),
             "acked": sum(on is not None for on in held.values()), "seen": len(seen), "latest": log["latest"]}
 
