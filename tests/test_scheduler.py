@@ -130,3 +130,24 @@ def test_changes_made_by_others_are_booked_at_the_next_call():
     assert s.state("outside") is not None and s.state("outside").parts  # adopted: known, running
     assert s.release("outside")[0]
     assert s.submit(Job("on-a", "m", 4)).replayed
+
+
+def test_a_round_that_raises_changes_nothing_and_the_next_one_runs():
+    clock = Clock()
+    s = OnlineScheduler(Allocator([Node("a", "V100", 2, 16, 128)], "hint", clock=clock), "las")
+    s.submit(Job("old", "m", 2))
+    clock.now = 100.0
+    s.submit(Job("new", "m", 2))
+    real = s.allocator.rebalance
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("a policy fault")
+
+    s.allocator.rebalance = broken
+    with pytest.raises(RuntimeError, match="a policy fault"):
+        s.round()
+    assert list(s.allocator.running()) == ["old"] and [w.job_id for w in s.queue()] == ["new"]
+    assert s.loop.wants_round()  # still something to do: the next tick tries again
+    s.allocator.rebalance = real
+    s.round()
+    assert list(s.allocator.running()) == ["new"] and [w.job_id for w in s.queue()] == ["old"]

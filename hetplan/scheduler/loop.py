@@ -231,8 +231,8 @@ class Scheduler:
 
     def _co_adaptive_round(self, now: float) -> None:
         """Every job that waits or runs, in priority order, to the allocator's rebalance; when nothing waits and
-        every running job is on its fastest GPU type, only the jobs on nodes that changed (no move can help)."""
-        self.changed = False
+        every running job is on its fastest GPU type, only the jobs on nodes that changed (no move can help). A
+        step that raises changes nothing (the allocator's step is all or nothing): the next round tries again."""
         cluster = self.allocator.cluster
         if self.queue or (self.off_best and len(self.gpu_type_names) > 1):
             ranked = self._ranked(self.running.values(), now)
@@ -242,7 +242,9 @@ class Scheduler:
             on = {self._job_id(a) for node in self.allocator.touched() if node in cluster
                   for a in cluster.jobs_on(node)}
             order = [self.jobs[entry[-1]].request for entry in self._ranked((self.by_id[j] for j in on), now)]
-        self.take(self.allocator.rebalance(order, preempt=True), now)
+        actions = self.allocator.rebalance(order, preempt=True)
+        self.changed = False
+        self.take(actions, now)
 
     def _job_id(self, allocation_id: str) -> str:
         """The job an allocation belongs to (a gang part's id names its job before the separator)."""
