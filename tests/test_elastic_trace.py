@@ -13,6 +13,7 @@ from hetplan.contracts.trace import DEFAULT_RESTART_S, check_fits, elastic_defau
 from hetplan.resources import upstream_path
 from hetplan.sim.workload import prepare_workload
 from hetplan.traces import import_trace
+from test_contracts import problems, write
 
 SIA_WORKLOADS = [upstream_path("traces", f"sia_philly_workload-{i}.csv") for i in (2, 3)]
 HEADER = "name,time,application,num_replicas,batch_size\n"
@@ -31,16 +32,6 @@ bert-2,600,bert,2,32
 yolov3-3,700,yolov3,1,16
 deepspeech2-4,900,deepspeech2,1,640
 """
-
-
-def write(tmp_path: Path, text: str, name: str = "w.csv") -> Path:
-    path = tmp_path / name
-    path.write_text(text)
-    return path
-
-
-def problems(exc: pytest.ExceptionInfo[ContractError]) -> list[str]:
-    return [str(p) for p in exc.value.problems]
 
 
 def run_cli(*args: object):
@@ -194,14 +185,14 @@ def test_unknown_application_is_rejected_and_counted(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(("line", "error"), [
-    ("a,10,cifar10,32,4096", "w.csv:2:num_replicas: 32 is above max_gpus 24"),
-    ("a,10,cifar10,0,4096", "w.csv:2:num_replicas: must be at least 1, got 0"),
-    ("a,10,cifar10,2.5,4096", "w.csv:2:num_replicas: not a whole number: '2.5'"),
-    ("a,-1,cifar10,2,4096", "w.csv:2:time: must be at least 0, got -1"),
-    ("a,ten,cifar10,2,4096", "w.csv:2:time: not a number: 'ten'"),
-    (",10,cifar10,2,4096", "w.csv:2:name: missing value"),
-    ("a,10,,2,4096", "w.csv:2:application: missing value"),
-    ("a,10,cifar10,2,0", "w.csv:2:batch_size: must be at least 1, got 0"),
+    ("a,10,cifar10,32,4096", "f.csv:2:num_replicas: 32 is above max_gpus 24"),
+    ("a,10,cifar10,0,4096", "f.csv:2:num_replicas: must be at least 1, got 0"),
+    ("a,10,cifar10,2.5,4096", "f.csv:2:num_replicas: not a whole number: '2.5'"),
+    ("a,-1,cifar10,2,4096", "f.csv:2:time: must be at least 0, got -1"),
+    ("a,ten,cifar10,2,4096", "f.csv:2:time: not a number: 'ten'"),
+    (",10,cifar10,2,4096", "f.csv:2:name: missing value"),
+    ("a,10,,2,4096", "f.csv:2:application: missing value"),
+    ("a,10,cifar10,2,0", "f.csv:2:batch_size: must be at least 1, got 0"),
 ])
 def test_bad_sia_rows_named_by_file_row_field(tmp_path: Path, line: str, error: str) -> None:
     path = write(tmp_path, HEADER + line + "\n")
@@ -218,7 +209,7 @@ def test_bad_sia_rows_named_by_file_row_field(tmp_path: Path, line: str, error: 
 def test_duplicate_names_are_refused(tmp_path: Path) -> None:
     with pytest.raises(ContractError) as exc:
         import_trace(write(tmp_path, HEADER + "a,0,bert,1,12\na,1,bert,1,12\n"), "sia")
-    assert problems(exc) == [f"{tmp_path / 'w.csv'}:3:name: duplicate job name 'a'"]
+    assert problems(exc) == [f"{tmp_path / 'f.csv'}:3:name: duplicate job name 'a'"]
 
 
 @pytest.mark.parametrize("path", SIA_WORKLOADS, ids=lambda p: p.name)
