@@ -4,6 +4,7 @@ the body limit, and `hetplan serve --nodes/--from-plan` on a real uvicorn; bad f
 import json
 import subprocess
 import sys
+from pathlib import Path
 from datetime import datetime, timezone
 
 import httpx
@@ -100,13 +101,8 @@ def test_the_shipped_owned_fleet_file_serves_as_a_node_file():
     ("f.txt", "n,T4,1,4,16\n", "f.txt: unknown node file type"),
 ])
 def test_bad_node_files_fail_with_one_line_naming_file_row_and_field(tmp_path, name, text, where):
-    path = tmp_path / name
-    path.write_text(text)
-    with pytest.raises(NodeFileError) as info:
-        load_nodes(path)
-    message = str(info.value)
-    assert message.startswith(str(tmp_path / where.split(":")[0].split(" ")[0])) and "\n" not in message
-    assert message.removeprefix(str(tmp_path) + "/").startswith(where), message
+    message = _refusal(tmp_path / name, text.encode(), where)
+    assert message.startswith(str(tmp_path / where.split(":")[0].split(" ")[0]))
 
 
 def plan_file(tmp_path, shapes=True):
@@ -193,12 +189,17 @@ def test_serve_names_the_same_store_variable_as_the_hint_store():
 ], ids=["json-deep", "yaml-deep", "yaml-deep-mapping", "csv-latin1", "json-utf16", "csv-huge-field"])
 def test_node_files_that_are_no_text_or_too_deep_fail_with_one_line(tmp_path, name, data, where):
     """Issue 30: these raised RecursionError or csv.Error (a traceback from `hetplan serve --nodes`), not one line."""
-    path = tmp_path / name
+    _refusal(tmp_path / name, data, where)
+
+
+def _refusal(path: Path, data: bytes, where: str) -> str:
+    """`load_nodes` on a file holding `data`: its one-line error, which names `where` (file, row, field)."""
     path.write_bytes(data)
     with pytest.raises(NodeFileError) as info:
         load_nodes(path)
     message = str(info.value)
-    assert "\n" not in message and message.removeprefix(str(tmp_path) + "/").startswith(where), message
+    assert "\n" not in message and message.removeprefix(str(path.parent) + "/").startswith(where), message
+    return message
 
 
 def test_a_csv_with_a_byte_order_mark_loads(tmp_path):
