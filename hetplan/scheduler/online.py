@@ -10,7 +10,6 @@ allocator's action log at the next call and booked (`_sync`): a stopped job wait
 from __future__ import annotations
 
 import logging
-import math
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
 from typing import Literal
@@ -232,7 +231,7 @@ class OnlineScheduler:
             if parts:
                 self.loop.resume(state, parts, h.since if h is not None and h.since is not None else now)
             else:
-                self.loop.submit(state, state.last if h is None else now)
+                self.loop.submit(state, now)  # a waiting job's place does not depend on when it is queued again
         for job_id, parts in running.items():  # holding resources, never submitted: adopted, or a share
             self._adopt(job_id, parts, now)
         if a.submissions:
@@ -311,8 +310,5 @@ def _body(state: JobState) -> dict:
 
 
 def _state(body: Mapping) -> JobState:
-    state = JobState(int(body["idx"]), Job(**body["job"]), float(body["arrival"]))
-    state.last = state.arrival
-    if math.isnan(state.arrival):
-        raise ValueError("a submission without an arrival time")
-    return state
+    """A submission as the journal kept it (`_body`)."""
+    return JobState(int(body["idx"]), Job(**body["job"]), float(body["arrival"]))

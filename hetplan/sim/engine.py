@@ -46,7 +46,7 @@ from hetplan.allocator.spec import MIB_PER_GIB, Allocation, Job, Node, mib_to_gi
 from hetplan.allocator.stability import Stability
 from hetplan.gangs import GANG_SCALING, gang_speed
 from hetplan.hints import HintSet
-from hetplan.scheduler import ORDERS, Order, Priority, Scheduler, StartKind, register_order
+from hetplan.scheduler import ORDERS, Order, Scheduler, StartKind, register_order
 from hetplan.scheduler.state import JobState
 from hetplan.sim.truth import TruthCurves
 
@@ -127,9 +127,8 @@ class _Job(JobState):
         self.gpu_types: list[str] = []  # every GPU type it ran on, in order
 
 
-def register_scheduler(name: str, priority: Priority) -> None:
-    """Make a scheduling order available to `SimConfig` (and so to `simulate`, `evaluate`, `plan --workload`)."""
-    register_order(name, priority)
+register_scheduler = register_order
+"""Make a scheduling order available to `SimConfig` (and so to `simulate`, `evaluate`, `plan --workload`)."""
 
 
 @dataclass

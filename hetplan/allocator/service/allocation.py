@@ -6,7 +6,6 @@ own numbered log (`Allocator.log`), the same log `GET /v1/actions` serves.
 
 from __future__ import annotations
 
-import logging
 import time
 from collections.abc import Callable
 from dataclasses import asdict
@@ -23,8 +22,6 @@ from hetplan.allocator.service.context import ServiceContext
 from hetplan.allocator.service.middleware import JSONRoute
 from hetplan.allocator.spec import Allocation, Job
 from hetplan.scheduler.online import Conflict, Submitted
-
-log = logging.getLogger(__name__)
 
 
 def run_logged(a: Allocator, change: Callable[[], object]) -> tuple[object, list[LoggedAction]]:
