@@ -1064,7 +1064,7 @@ class Controller:
             due = [p for p in self.pods.values() if adoption.default_path(p)
                    and self._adopt_tries.get(pods.uid(p), 0.0) <= now]
         for pod in due:
-            self._adopt("/".join(pods.key(pod)), pod)  # a refusal sets its next try
+            self._adopt(pods.owner_job(pod), pod)  # the id the allocator is asked for; a refusal sets its next try
         live = {pods.uid(p) for p in due}
         for uid in [u for u, t in self._adopt_tries.items() if t < now and u not in live]:
             del self._adopt_tries[uid]

@@ -75,7 +75,7 @@ def bound(pod: Mapping[str, Any]) -> Bound | None:
         return None
     job = pods.job_id(pod)
     if job is None and pods.model(pod) is not None:
-        job = "/".join(pods.key(pod))
+        job = pods.owner_job(pod)
     try:
         return Bound(str(node), job, usage(pod))
     except ValueError:
