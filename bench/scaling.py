@@ -2,10 +2,12 @@
 
 For each of Sia's six models and each of T4, V100, A100: fit Pollux's model on the other two types' measured
 steps, derive the held-out type from its own 1-GPU steps only, and compare predicted with measured throughput on
-every multi-GPU row. Prints markdown tables for bench/RESULTS.md (per type, per model x type, in-node vs across
-nodes) beside the in-sample error of the measured fits.
+every multi-GPU row. Two rules side by side: `before` (the other two types' all-reduce terms averaged) and `after`
+(the nearest type by network class only, `hetplan.scaling.fit.DEFAULT_DONORS` or `--donors`). Prints markdown
+tables for bench/RESULTS.md (per type, in-node vs across nodes, per model x type, and the median over the 18
+(model, type) pairs of each pair's median) beside the in-sample error of the measured fits.
 
-    PYTHONPATH=$PWD python bench/scaling.py [--out errors.csv]
+    PYTHONPATH=$PWD:bench python bench/scaling.py [--out errors.csv] [--donors T4=V100,V100=T4,A100=V100]
 """
 
 from __future__ import annotations
@@ -40,28 +42,62 @@ def in_sample(profile: pd.DataFrame) -> pd.DataFrame:
 def table(frame: pd.DataFrame) -> str:
     lines = ["| " + " | ".join(frame.columns) + " |", "|" + "---|" * len(frame.columns)]
     for _, row in frame.iterrows():
-        cells = [f"{v:.1%}" if isinstance(v, float) and k in ("median", "p90") else str(v) for k, v in row.items()]
+        cells = [f"{v:.1%}" if isinstance(v, float) and ("median" in k or "p90" in k) else str(v)
+                 for k, v in row.items()]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
+def side_by_side(before: pd.DataFrame, after: pd.DataFrame, by: list[str]) -> pd.DataFrame:
+    """`summarise` of both rules on the same rows, one row per group: median and p90 before and after."""
+    left, right = summarise(before, by), summarise(after, by)
+    keys = [c for c in by if c in left.columns]
+    merged = left.merge(right, on=keys, suffixes=(" before", " after"))
+    return merged[[*keys, "median before", "median after", "p90 before", "p90 after", "rows before"]].rename(
+        columns={"rows before": "rows"}).fillna("")
+
+
+def pair_medians(errors: pd.DataFrame) -> float:
+    """Median over (model, held-out type) pairs of each pair's median error (each pair weighs alike)."""
+    return float(errors.groupby(["model", "gpu_type"])["error"].median().median())
+
+
+def parse_donors(text: str) -> dict[str, tuple[str, ...]]:
+    """`T4=V100,V100=T4` -> {"T4": ("V100",), "V100": ("T4",)} (a nearest-first order per held-out type)."""
+    out: dict[str, tuple[str, ...]] = {}
+    for item in filter(None, text.split(",")):
+        gpu, _, donor = item.partition("=")
+        if not gpu or not donor:
+            raise argparse.ArgumentTypeError(f"--donors: {item!r} is not TYPE=DONOR")
+        out[gpu.strip()] = (*out.get(gpu.strip(), ()), donor.strip())
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", help="write the per-row errors here (CSV)")
+    parser.add_argument("--out", help="write the per-row errors of the after rule here (CSV)")
+    parser.add_argument("--donors", type=parse_donors, default=None,
+                        help="nearest-first donors per type for the after rule, e.g. T4=V100,V100=T4,A100=V100")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     warnings.simplefilter("ignore", RuntimeWarning)
     profile = load_profile()
     start = time.perf_counter()
-    errors = leave_one_type_out(profile)
+    before = leave_one_type_out(profile, average_all=True)
+    after = leave_one_type_out(profile, donors=args.donors)
     elapsed = time.perf_counter() - start
     if args.out:
-        errors.to_csv(args.out, index=False)
-    errors["span"] = np.where(errors["num_nodes"] > 1, "across nodes", "one node")
-    print(f"leave one GPU type out: {len(errors)} multi-GPU rows, {elapsed:.1f} s\n")
-    print(table(summarise(errors, ["gpu_type"]).fillna("")), "\n")
-    print(table(summarise(errors, ["span"]).fillna("")), "\n")
-    print(table(summarise(errors, ["model", "gpu_type"]).fillna("")), "\n")
+        after.to_csv(args.out, index=False)
+    for errors in (before, after):
+        errors["span"] = np.where(errors["num_nodes"] > 1, "across nodes", "one node")
+    donors = after.groupby("gpu_type")["shape_from"].first()
+    print(f"leave one GPU type out: {len(after)} multi-GPU rows, both rules in {elapsed:.1f} s; after = donor "
+          + ", ".join(f"{gpu} <- {d}" for gpu, d in donors.items()) + "\n")
+    print(table(side_by_side(before, after, ["gpu_type"])), "\n")
+    print(table(side_by_side(before, after, ["span"])), "\n")
+    print(table(side_by_side(before, after, ["model", "gpu_type"])), "\n")
+    print(f"median over the 18 (model, type) pairs of each pair's median: before {pair_medians(before):.1%}, "
+          f"after {pair_medians(after):.1%}\n")
     print("in-sample (each type's own measured fit):\n")
     print(table(summarise(in_sample(profile), ["gpu_type"]).fillna("")))
 

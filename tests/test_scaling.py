@@ -11,6 +11,7 @@ import pytest
 from hetplan.scaling import (BORROWED, DERIVED, MEASURED, ProfileError, ScalingModel, check_pair, curve_speed,
                              derive, fit_measured, fit_scaling, leave_one_type_out, load_profile, load_single_gpu,
                              summarise)
+from hetplan.scaling.fit import DEFAULT_DONORS, nearest_donors
 from hetplan.scaling.model import PARAMS, step_time
 
 PLACEMENTS = ("1", "2", "3", "4", "6", "8", "11", "22", "44", "88", "1111")
@@ -184,17 +185,51 @@ def slice_errors():
 
 def test_leave_one_type_out_slice_is_bounded(slice_errors):
     """The regression guard on cifar10 (bench/RESULTS.md records all six models): per held-out type, median
-    error under 25 % and p90 under 45 %, where this commit measures 15/29, 22/40 and 7/16 %."""
+    error under 30 % and p90 under 45 %, where this commit measures 24/36 (A100), 17/28 (T4) and 8/19 % (V100)."""
     summary = summarise(slice_errors, ["gpu_type"]).set_index("gpu_type")
     assert set(summary.index) == {"A100", "T4", "V100", "all"}
-    assert (summary["median"] < 0.25).all() and (summary["p90"] < 0.45).all()
-    assert (slice_errors["shape_from"].str.count(r"\+") == 1).all()  # two donors, never the held-out type
+    assert (summary["median"] < 0.30).all() and (summary["p90"] < 0.45).all()
+    donors = slice_errors.groupby("gpu_type")["shape_from"].unique()
+    assert {gpu: list(d) for gpu, d in donors.items()} == {"A100": ["V100"], "T4": ["V100"], "V100": ["A100"]}
 
 
-@pytest.mark.xfail(strict=True, reason="issue 31 target not met: a shape borrowed across clusters misses the "
-                                       "held-out type's network (bench/RESULTS.md, 'Multi-GPU scaling')")
-def test_leave_one_type_out_meets_the_target(slice_errors):
-    assert slice_errors["error"].median() <= 0.15 and slice_errors["error"].quantile(0.9) <= 0.30
+@pytest.mark.parametrize("gpu, fitted, expected", [
+    ("T4", ["A100", "T4", "V100"], ["V100"]),  # Ethernet/PCIe T4: the InfiniBand cluster nearest in speed
+    ("V100", ["A100", "T4"], ["A100"]),  # both InfiniBand
+    ("V100", ["T4"], ["T4"]),  # the nearest missing: the next listed
+    ("RTX2080Ti", ["A100", "T4", "V100"], ["T4"]),  # PCIe Turing cards: the T4 nodes
+    ("H100", ["V100", "A100", "T4"], ["A100", "T4"]),  # unknown network: the first two fitted by name, averaged
+    ("A100", ["A100"], []),  # never itself
+])
+def test_nearest_donor_by_network_class(gpu, fitted, expected):
+    assert nearest_donors(gpu, fitted) == expected
+    assert gpu not in nearest_donors(gpu, fitted, DEFAULT_DONORS)
+
+
+def test_leave_one_type_out_borrows_from_the_nearest_network_only():
+    """A held-out type whose all-reduce is its nearest donor's (scaled with compute) is predicted exactly; averaging
+    in a donor of another network, as the rule before did, misses it."""
+    near = KNOWN[1]
+    held = {k: (v if k == "gamma" else 2 * v) for k, v in near.items()}  # every time doubled: the same shape
+    far = {**near, "alpha_n": 0.0, "beta_n": 0.0, "alpha_r": 0.0, "beta_r": 0.0}  # an all-reduce that costs nothing
+    profile = pd.concat([toy(held, gpu="T4"), toy(near, gpu="V100"), toy(far, gpu="A100")], ignore_index=True)
+    nearest = leave_one_type_out(profile)
+    averaged = leave_one_type_out(profile, average_all=True)
+    on_t4 = nearest[nearest["gpu_type"] == "T4"]
+    assert set(on_t4["shape_from"]) == {"V100"} and on_t4["error"].max() < 0.02
+    assert averaged[averaged["gpu_type"] == "T4"]["error"].quantile(0.9) > 0.1
+
+
+@pytest.fixture(scope="module")
+def all_errors():
+    return leave_one_type_out(load_profile())
+
+
+@pytest.mark.xfail(strict=True, reason="issue 31 target not met: no other type shares T4's Ethernet, and the "
+                                       "clusters' all-reduce does not scale alike across models (bench/RESULTS.md, "
+                                       "'Multi-GPU scaling')")
+def test_leave_one_type_out_meets_the_target(all_errors):
+    assert all_errors["error"].median() <= 0.15 and all_errors["error"].quantile(0.9) <= 0.30
 
 
 def test_fit_cli_scaling_writes_the_table_and_warns_of_a_bad_profile(tmp_path):

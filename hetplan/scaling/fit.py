@@ -6,13 +6,15 @@ Derivation: the target's compute line (alpha_c, beta_c) is fitted on its own 1-G
 each shape donor are multiplied by rho, the donor-to-target ratio of compute times over the target's batches, and
 the donors' scaled terms averaged. With one donor whose compute is rho times slower everywhere this gives the
 donor's speedup curve exactly: X_target(K) = X_target(1) * X_donor(K) / X_donor(1).
+The donor is the nearest fitted type by network class (`nearest_donors`): all-reduce time is the interconnect's,
+and averaging an Ethernet cluster's with an InfiniBand one's fits neither (bench/RESULTS.md, "Multi-GPU scaling").
 """
 
 from __future__ import annotations
 
 import logging
 import warnings
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -24,15 +26,28 @@ from hetplan.scaling.model import BORROWED, DERIVED, MEASURED, PARAMS, ScalingMo
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["ScalingFit", "derive", "fit_compute", "fit_measured", "fit_scaling", "rmsle"]
+__all__ = ["DEFAULT_DONORS", "ScalingFit", "derive", "fit_compute", "fit_measured", "fit_scaling", "nearest_donors",
+           "rmsle"]
 
 GAMMA_BOUNDS = (1.0, 10.0)
-# The donors a GPU type with only 1-GPU data borrows its shape from, nearest first: the type whose all-reduce
-# resembles its own hardware most (PCIe Turing cards borrow from the T4 nodes, NVLink cards from the V100).
+# The donors a GPU type with only 1-GPU data borrows its shape from, nearest by network class first: the type whose
+# all-reduce runs on the most similar interconnect. Sia's clusters (hetplan/data/PROVENANCE.md): T4 on AWS
+# g4dn.12xlarge (PCIe in a node, Ethernet across), V100 on Azure ND40rs_v2 (NVLink, InfiniBand), A100 on DGX A100
+# (NVSwitch, InfiniBand); the PCIe Turing cards borrow from the T4 nodes. Fixed before any leave-one-type-out run.
 DEFAULT_DONORS: dict[str, tuple[str, ...]] = {
     "RTX2080Ti": ("T4", "V100"), "RTX6000": ("T4", "V100"), "T4": ("V100", "A100"), "V100": ("A100", "T4"),
     "A100": ("V100", "T4"),
 }
+
+
+def nearest_donors(gpu: str, fitted: Iterable[str], donors: dict[str, tuple[str, ...]] | None = None) -> list[str]:
+    """The donor `gpu` borrows its shape from: the first type of its `donors` order (nearest by network class) that
+    is in `fitted`, never `gpu` itself. A type the order does not know, or whose listed donors are all missing, gets
+    the average of the first two fitted types by name (no network is known to be nearer)."""
+    order = (donors or DEFAULT_DONORS).get(gpu, ())
+    available = sorted(set(fitted) - {gpu})
+    listed = [d for d in order if d in available]
+    return listed[:1] or available[:2]
 
 
 def _arrays(rows: pd.DataFrame) -> tuple[np.ndarray, ...]:
@@ -120,7 +135,7 @@ def fit_scaling(profile: pd.DataFrame, single_gpu: pd.DataFrame | None = None,
     `single_gpu` (1-GPU steps: model, gpu_type, local_bsz, step_time_s) that has no multi-GPU profile.
 
     A (model, GPU type) whose profile fails `check_pair` is named in a warning (file and row, one line) and gets
-    the borrowed shape from its donors (`source = borrowed`) fitted on its own 1-GPU points.
+    the borrowed shape from its nearest donor (`nearest_donors`; `source = borrowed`) fitted on its own 1-GPU points.
     """
     donors = donors or DEFAULT_DONORS
     source = str(profile.attrs.get("source", "profile"))
@@ -143,8 +158,8 @@ def fit_scaling(profile: pd.DataFrame, single_gpu: pd.DataFrame | None = None,
             if (name, gpu) not in result.models and (name, gpu) not in pending:
                 pending[(name, gpu)] = (rows.assign(num_gpus=1, num_nodes=1), DERIVED)
     for (name, gpu), (single, label) in pending.items():
-        found = [result.models[(name, d)] for d in donors.get(gpu, ()) if (name, d) in result.models]
-        found = found or [m for (n, _), m in sorted(result.models.items()) if n == name][:2]
+        fitted = [g for (n, g) in result.models if n == name]
+        found = [result.models[(name, d)] for d in nearest_donors(gpu, fitted, donors)]
         if single.empty or not found:
             logger.warning("%s on %s: no 1-GPU points or no donor fitted on measurements; left without a scaling "
                            "model", name, gpu)
