@@ -86,6 +86,7 @@ def checkpoint(ckpt: Path) -> dict:
         return {k: data[k].copy() if k == "w" else data[k].item() for k in data.files}
 
 
+@pytest.mark.slow  # subprocesses: 4 launchers, 10 workers (about 4 s)
 def test_stopped_and_resized_training_sees_every_sample_once_and_ends_where_an_uninterrupted_run_does(tmp_path):
     ref, run = tmp_path / "ref", tmp_path / "run"
     for d in (ref / "seen", run / "seen"):
@@ -156,6 +157,7 @@ def every_sample_once_per_epoch(seen: Path) -> bool:
     return sorted(per_epoch) == list(range(EPOCHS)) and all(c == Counter(range(SAMPLES)) for c in per_epoch.values())
 
 
+@pytest.mark.slow  # subprocesses
 @pytest.mark.parametrize(("env", "args", "field"), [
     ({"RANK": "0"}, [], "WORLD_SIZE"),
     ({"RANK": "x", "WORLD_SIZE": "2", "LOCAL_RANK": "0"}, [], "RANK"),
