@@ -45,6 +45,6 @@ def diff(current: Mapping[str, tuple[Allocation, ...]], target: Target) -> list[
             actions.append(Action("start", job_id, (), after))
         elif [a.node for a in before] != [a.node for a in after]:
             actions.append(Action("migrate", job_id, before, after))
-        elif [(a.cpu_m, a.mem_mib) for a in before] != [(a.cpu_m, a.mem_mib) for a in after]:
+        elif [(a.gpus, a.cpu_m, a.mem_mib) for a in before] != [(a.gpus, a.cpu_m, a.mem_mib) for a in after]:
             actions.append(Action("resize", job_id, before, after))
     return actions

@@ -21,6 +21,8 @@ from hetplan.allocator.sources import HintSource, StaticHints
 from hetplan.allocator.journal import RETAIN, ActionLog, Change, Journal, MemoryJournal, Restored, Synchronous
 from hetplan.allocator.spec import GANG_SEP, Allocation, Decision, Job, Node, Reason, Rejection, check_job_id
 from hetplan.allocator.stability import MoveHistory, record
+from hetplan.allocator.step.reconfigure import reconfigure
+from hetplan.allocator.step.state import StepState
 from hetplan.hints import HintSet
 
 
@@ -357,6 +359,26 @@ class Allocator:
             actions = diff({}, target)
             self.apply_actions(actions, clear_touched=False)
             return actions
+
+    def reconfigure(self, choices: Sequence[tuple[Job, str | None]]) -> tuple[list[Action], list[str]]:
+        """An elastic round's mechanism (`hetplan.allocator.step.reconfigure`): each job of `choices` on its chosen
+        GPU type with its chosen count (`num_gpus`), or stopped (type None); applied, journaled as preemptions
+        where jobs stop. Returns the actions and the jobs that did not get their choice (no room: kept or waiting).
+        Jobs running but not in `choices` stay as they are."""
+        with self.lock:
+            rounds = self.policy.rounds or CoAdaptive(name=self.policy.name)
+            order = [job for job, _ in choices]
+            current = self.running(job.job_id for job in order)
+            with self.cluster.trial():
+                state = StepState(rounds, order, self.cluster, self.hint_source.current(), current, set(),
+                                  preempt=True, move=True, history=self.history, now=self.clock())
+                target, short = reconfigure(state, choices)
+                self.cluster.keep_trial()
+            actions = diff(current, target)
+            self.cluster.settle([a.job_id for action in actions for a in action.before],
+                                [a for action in actions for a in action.after])
+            self._commit(actions, preempting=True)
+            return actions, short
 
     def tick(self) -> list[Action]:
         """The periodic step of a running service: every running job, in the order it got its resources, may be

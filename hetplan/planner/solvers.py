@@ -100,7 +100,7 @@ def _timed(backend, model: MilpModel, time_limit: float, gap: float, bound: bool
 
 
 @contextlib.contextmanager
-def _stdout_to_stderr():
+def stdout_to_stderr():
     """HiGHS prints a banner on the process's stdout (fd 1) when its first instance is made; send it to
     stderr (fd 2), where logs go, whatever Python's `sys.stdout` is at the time."""
     sys.stdout.flush()
@@ -116,7 +116,7 @@ def _stdout_to_stderr():
 def _solve_highs(model: MilpModel, time_limit: float, gap: float, relax: bool):
     import highspy
 
-    with _stdout_to_stderr():
+    with stdout_to_stderr():
         h = highspy.Highs()
     h.setOptionValue("output_flag", False)
     h.setOptionValue("time_limit", float(time_limit))

@@ -24,18 +24,21 @@ from __future__ import annotations
 import heapq
 import math
 from collections.abc import Iterable, Mapping
+from dataclasses import replace
 from typing import Literal, Protocol
 
 from hetplan.allocator.actions import GANG_SEP, Action
 from hetplan.allocator.admission import ClassKey, class_key, who_runs
 from hetplan.allocator.core import Allocator
 from hetplan.allocator.spec import Allocation, Job
+from hetplan.scheduler.elastic import Config, Elastic, ElasticJob, choose, configs, TypeShape
 from hetplan.scheduler.orders import ORDERS, Order
 from hetplan.scheduler.queue import Queue
 from hetplan.scheduler.state import JobState
 
-StartKind = Literal["start", "migrate", "resize"]
-"""Why a job (re)starts on parts: placed from the queue, moved to other node(s), or re-sized in place."""
+StartKind = Literal["start", "migrate", "resize", "rescale"]
+"""Why a job (re)starts on parts: placed from the queue, moved to other node(s), re-sized in place, or given
+another GPU count (an elastic job: a restart)."""
 
 
 class Listener(Protocol):
@@ -61,7 +64,7 @@ class Quiet:
         return None
 
 
-COUNTS = ("starts", "kept", "preemptions", "migrations", "resizes", "rounds", "reschedules")
+COUNTS = ("starts", "kept", "preemptions", "migrations", "resizes", "rescales", "rounds", "reschedules")
 
 
 class Scheduler:
@@ -69,7 +72,8 @@ class Scheduler:
     `idx` to its state: the simulator gives every job of its trace up front, the service adds them as they come."""
 
     def __init__(self, allocator: Allocator, order: Order = "las", round_s: float = 300.0,
-                 listener: Listener | None = None, jobs: Mapping[int, JobState] | None = None) -> None:
+                 listener: Listener | None = None, jobs: Mapping[int, JobState] | None = None,
+                 elastic: Elastic | None = None) -> None:
         if order not in ORDERS:
             raise ValueError(f"unknown scheduling order {order!r}; one of {', '.join(ORDERS)}")
         if not round_s > 0:
@@ -84,6 +88,7 @@ class Scheduler:
         self.queue = Queue(self.jobs)
         self.running: dict[int, JobState] = {}
         self.co_adaptive = allocator.policy.rounds is not None
+        self.elastic = elastic  # rounds choose every job's GPU type and count (`hetplan.scheduler.elastic`)
         self.last_round = -math.inf
         self.changed = False  # something started or stopped since the last round (co-adaptive rounds only)
         self.off_best = 0  # running jobs not on their fastest GPU type (co-adaptive rounds only)
@@ -123,6 +128,8 @@ class Scheduler:
 
     def wants_round(self) -> bool:
         """Whether a round boundary has anything to do: jobs wait, or (co-adaptive) something changed."""
+        if self.elastic is not None:
+            return bool(self.queue or self.running)
         return bool(self.queue) or (self.changed and self.co_adaptive)
 
     def next_round(self, now: float) -> float:
@@ -140,7 +147,7 @@ class Scheduler:
         allocator's `admit` places them (no preemption, no moves, peers shrunk to their floors where that makes
         room)."""
         free = self.allocator.cluster.free_gpus_total()
-        if not self.queue or free == 0:
+        if not self.queue or free == 0 or self.elastic is not None:  # elastic: only rounds choose
             return
         head = self.queue.head(free)  # the rest could not start (`admission.contenders`)
         if self.co_adaptive:
@@ -183,6 +190,9 @@ class Scheduler:
         outranks a running one, else a fill (the module docstring)."""
         self.last_round = now
         self.counts["rounds"] += 1
+        if self.elastic is not None:
+            self._elastic_round(now)
+            return
         if self.co_adaptive:
             self._co_adaptive_round(now)
             return
@@ -246,6 +256,36 @@ class Scheduler:
         self.changed = False
         self.take(actions, now)
 
+    def _elastic_round(self, now: float) -> None:
+        """Every running and waiting job, in priority order, gets a (GPU type, count) from the elastic policy
+        (`elastic.choose`), applied by the allocator (`Allocator.reconfigure`)."""
+        assert self.elastic is not None
+        for job in self.running.values():
+            job.advance(now)
+        type_gpus, largest = self.allocator.cluster.gpus_by_type()
+        types = {t: TypeShape(g, largest[t]) for t, g in type_gpus.items() if g > 0}
+        ranked = sorted(self._ranked(self.running.values(), now) + list(self.queue.entries))
+        jobs = [self.jobs[entry[-1]] for entry in ranked]
+        asked = []
+        for job in jobs:
+            options = configs(types, job.min_gpus, job.max_gpus)
+            current = Config(job.parts[0].gpu_type, job.gpus, len(job.parts)) if job.parts else None
+            if current is not None and current not in options:
+                options.append(current)
+            age = 0.0 if math.isnan(job.start) else now - job.start
+            asked.append(ElasticJob(job.job_id, self.elastic.rates(job, options), current, job.restart_s, age,
+                                    job.attained, job.rescales + job.migrations + job.preemptions,
+                                    now - job.since if job.parts else 0.0))
+        chosen = choose(asked, types, self.elastic.rule, self.elastic.stats)
+        choices = []
+        for job in jobs:
+            c = chosen[job.job_id]
+            choices.append((job.request, None) if c is None else
+                           (replace(job.request, num_gpus=c.gpus), c.gpu_type))
+        actions, short = self.allocator.reconfigure(choices)
+        self.elastic.stats.short += len(short)
+        self.take(actions, now)
+
     def _job_id(self, allocation_id: str) -> str:
         """The job an allocation belongs to (a gang part's id names its job before the separator)."""
         return allocation_id if allocation_id in self.by_id else allocation_id.rsplit(GANG_SEP, 1)[0]
@@ -267,13 +307,13 @@ class Scheduler:
                 stopped.append(job)
             else:
                 self.halt(job, now)
-                moved = action.kind == "migrate"
-                self._start(job, action.after, now, "migrate" if moved else "resize")
-                if moved:
-                    job.migrations += 1
-                else:
-                    job.resizes += 1
-                self.counts["migrations" if moved else "resizes"] += 1
+                kind: StartKind = "migrate" if action.kind == "migrate" else "resize"
+                if sum(a.gpus for a in action.before) != sum(a.gpus for a in action.after):
+                    kind = "rescale"
+                self._start(job, action.after, now, kind)
+                attribute = {"migrate": "migrations", "resize": "resizes", "rescale": "rescales"}[kind]
+                setattr(job, attribute, getattr(job, attribute) + 1)
+                self.counts[attribute] += 1
         for action in actions:
             if action.kind == "start":
                 self.queue.remove(self.by_id[action.job_id].idx)
@@ -286,7 +326,7 @@ class Scheduler:
         counted, nobody is told."""
         if job.idx not in self.jobs:
             self.add(job)
-        job.parts, job.last = parts, since
+        job.parts, job.last, job.since = parts, since, since
         self._placed(job, parts)
         if math.isnan(job.start):
             job.start = since
@@ -295,7 +335,7 @@ class Scheduler:
 
     def _start(self, job: JobState, parts: tuple[Allocation, ...], now: float, kind: StartKind) -> None:
         self.listener.started(job, parts, now, kind)
-        job.parts, job.last = parts, now
+        job.parts, job.last, job.since = parts, now, now
         self._placed(job, parts)
         if math.isnan(job.start):
             job.start = now
@@ -306,6 +346,7 @@ class Scheduler:
     def _placed(self, job: JobState, parts: tuple[Allocation, ...]) -> None:
         """Book where a job runs now: its GPU type and share, and whether that type is its fastest."""
         job.gpu_type, job.share = parts[0].gpu_type, parts[0].share
+        job.gpus = sum(a.gpus for a in parts)
         if self.co_adaptive:
             rounds = self.allocator.policy.rounds
             speeds = rounds.speeds(job.request, self.allocator.hints, self.gpu_type_names)
@@ -320,7 +361,7 @@ class Scheduler:
         self.listener.halted(job, now)
         self.off_best -= job.off_best
         job.off_best = False
-        job.parts, job.speed = (), 0.0
+        job.parts, job.speed, job.gpus = (), 0.0, job.request.num_gpus
         del self.running[job.idx]
         self.changed = True
 

@@ -10,13 +10,16 @@ from hetplan.allocator.spec import Allocation, Job
 class JobState:
     """One job's scheduling state. `attained` is GPU-seconds held; `remaining` is reference seconds of work left
     (NaN where nobody says: the service is told no durations); `speed` reference seconds per second while running
-    (0 where nobody measures it). The simulator extends it with the truth it keeps."""
+    (0 where nobody measures it); `gpus` the GPUs it holds while running (its request's otherwise). An elastic job
+    may run on `min_gpus` to `max_gpus` GPUs (a rigid one: both its request's) and a change of count costs it
+    `restart_s`. The simulator extends it with the truth it keeps."""
 
     __slots__ = ("idx", "request", "gpus", "arrival", "remaining", "attained", "last", "speed", "parts",
                  "paused_until", "start", "run_s", "preemptions", "migrations", "resizes", "gpu_type", "share",
-                 "off_best")
+                 "off_best", "min_gpus", "max_gpus", "restart_s", "rescales", "since")
 
-    def __init__(self, idx: int, request: Job, arrival: float, remaining: float = math.nan) -> None:
+    def __init__(self, idx: int, request: Job, arrival: float, remaining: float = math.nan,
+                 bounds: tuple[int, int] | None = None, restart_s: float = 30.0) -> None:
         self.idx = idx  # submission order: the last tie-break of every order
         self.request = request
         self.gpus = request.num_gpus
@@ -35,6 +38,10 @@ class JobState:
         self.gpu_type = ""
         self.share = ""
         self.off_best = False  # running on a GPU type its hints rank below another the cluster has
+        self.min_gpus, self.max_gpus = bounds or (request.num_gpus, request.num_gpus)
+        self.restart_s = restart_s
+        self.rescales = 0  # changes of its GPU count
+        self.since = math.nan  # when it last (re)started on its present parts
 
     @property
     def job_id(self) -> str:

@@ -1,0 +1,56 @@
+"""An elastic round's mechanism (`reconfigure`): each job to a chosen GPU type and GPU count, or stopped.
+
+The policy (`hetplan.scheduler.elastic.choose`) says, per job, a configuration; this places it with the step's own
+stages: a job whose type and count are unchanged keeps its place; the others are released and placed again,
+largest first (so whole nodes are still free for the multi-node ones), one node where the count fits one
+(`place.place_single`: the hinted cores/RAM where the node has them), else a gang over nodes of the type
+(`gangs.place_gang`). A job that finds no room for its new configuration (the nodes' free GPUs are fragmented)
+gets its old place back if it had one, else waits: the policy's choice is a target, never a promise.
+Then the touched nodes' jobs grow into what is left (`resize.grow_touched`)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from hetplan.allocator.actions import Target
+from hetplan.allocator.spec import Job
+from hetplan.allocator.step import gangs, place
+from hetplan.allocator.step.resize import grow_touched
+from hetplan.allocator.step.state import StepState
+
+Choice = tuple[Job, str | None]
+"""A job asked for its chosen GPU count (`num_gpus`) and the GPU type to run on (None: it does not run)."""
+
+
+def reconfigure(s: StepState, choices: Sequence[Choice]) -> tuple[Target, list[str]]:
+    """The target after the choices (every job of `choices`: where it runs, absent if nowhere), and the jobs that
+    did not get their chosen configuration (kept as they were, or waiting)."""
+    moving: list[tuple[Job, str]] = []
+    for job, gpu_type in choices:
+        before = s.current.get(job.job_id, ())
+        if before and gpu_type is not None and before[0].gpu_type == gpu_type \
+                and sum(a.gpus for a in before) == job.num_gpus:
+            s.set_placed(job.job_id, before)
+            continue
+        if before:
+            s.release(job.job_id)
+        if gpu_type is not None:
+            moving.append((job, gpu_type))
+    short: list[str] = []
+    for job, gpu_type in sorted(moving, key=lambda c: (-c[0].num_gpus, s.rank[c[0].job_id])):
+        if s.guarded(f"placing job {job.job_id}", _place, s, job, gpu_type):
+            continue
+        short.append(job.job_id)
+        if job.job_id in s.current:
+            s.guarded(f"keeping job {job.job_id} in place", place.restore, s, job)
+    grow_touched(s)
+    return dict(s.placed), short
+
+
+def _place(s: StepState, job: Job, gpu_type: str) -> bool:
+    if s.type_gpus.get(gpu_type, 0) < job.num_gpus:
+        return False
+    if job.num_gpus > s.type_largest[gpu_type]:
+        return gangs.place_gang(s, job, gpu_type)
+    return place.place_single(s, job, s.view(job), gpu_type)
+
