@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -31,14 +32,16 @@ class ProfileError(ValueError):
     """A scaling profile that cannot be fitted; its message names the file and row, in one line."""
 
 
-def build_sia_table(source: Path) -> pd.DataFrame:
-    """The shipped table from a directory of Sia's `<model>_placements-<cluster>.csv` files (columns read by name)."""
+def build_sia_table(source: Path, clusters: Mapping[str, tuple[str, int]] | None = None) -> pd.DataFrame:
+    """The shipped table from a directory of Sia's `<model>_placements-<cluster>.csv` files (columns read by name);
+    `clusters` maps a cluster name to its (GPU type, GPUs per node) (default `SIA_CLUSTERS`)."""
+    clusters = SIA_CLUSTERS if clusters is None else clusters
     frames = []
     for path in sorted(Path(source).glob("*_placements-*.csv")):
         match = _PLACEMENTS.match(path.name)
-        if match is None or match["cluster"] not in SIA_CLUSTERS:
+        if match is None or match["cluster"] not in clusters:
             continue
-        gpu, per_node = SIA_CLUSTERS[match["cluster"]]
+        gpu, per_node = clusters[match["cluster"]]
         raw = pd.read_csv(path, dtype={"placement": str})
         digits = raw["placement"].map(lambda p: [int(c) for c in p])
         frames.append(pd.DataFrame({
@@ -48,7 +51,7 @@ def build_sia_table(source: Path) -> pd.DataFrame:
             "sync_time_s": raw["sync_time"].astype(float).round(7),
         }))
     if not frames:
-        raise ProfileError(f"{source}: no <model>_placements-<cluster>.csv files of clusters {sorted(SIA_CLUSTERS)}")
+        raise ProfileError(f"{source}: no <model>_placements-<cluster>.csv files of clusters {sorted(clusters)}")
     table = pd.concat(frames, ignore_index=True)
     return table.sort_values(["model", "gpu_type", "num_gpus", "placement", "local_bsz"], ignore_index=True)
 

@@ -47,7 +47,9 @@ from hetplan.allocator.stability import Stability
 from hetplan.gangs import GANG_SCALING, gang_speed
 from hetplan.hints import HintSet
 from hetplan.scheduler import ORDERS, Order, Scheduler, StartKind, register_order
+from hetplan.scheduler.elastic import Elastic, ElasticRule
 from hetplan.scheduler.state import JobState
+from hetplan.sim.scaling_truth import ScalingTruth, reference_rate
 from hetplan.sim.truth import TruthCurves
 
 SCHEDULERS = ORDERS
@@ -91,6 +93,11 @@ class SimConfig:
     """Check the cluster's invariants every N events (0: at the end only); tests use 1."""
     stability: Stability = Stability()
     """When a running job may change GPU type under `hint` (`hetplan.allocator.stability`)."""
+    elastic: ElasticRule | None = None
+    """Rounds choose every job's GPU type and count (`hetplan.scheduler.elastic`; needs a `ScalingTruth`); jobs
+    start only at rounds, as in Sia."""
+    trace_restarts: bool = False
+    """A restart (resume, move, count change) costs the trace's per-job `restart_s` instead of `migration_s`."""
 
     def __post_init__(self) -> None:
         if self.scheduler not in SCHEDULERS:
@@ -115,16 +122,23 @@ class _Job(JobState):
     """A job's simulation state: the scheduler's, with the truth it runs by. Work and remaining are in reference
     seconds."""
 
-    __slots__ = ("model", "truth_model", "work", "finish", "version", "gpu_types")
+    __slots__ = ("model", "truth_model", "work", "finish", "version", "gpu_types", "gpu_counts", "batch",
+                 "reference_rate", "paused_from", "restart_waste")
 
-    def __init__(self, idx: int, request: Job, truth_model: str, arrival: float, work: float) -> None:
-        super().__init__(idx, request, arrival, work)
+    def __init__(self, idx: int, request: Job, truth_model: str, arrival: float, work: float,
+                 bounds: tuple[int, int] | None = None, restart_s: float = MIGRATION_S) -> None:
+        super().__init__(idx, request, arrival, work, bounds, restart_s)
         self.model = request.model  # what the allocator is asked for (the trace's model)
         self.truth_model = truth_model  # what the job's speed is read as
         self.work = work
         self.finish = math.nan
         self.version = 0
         self.gpu_types: list[str] = []  # every GPU type it ran on, in order
+        self.gpu_counts: list[int] = []  # every GPU count it ran on, in order
+        self.batch = math.nan  # global batch (a scaling truth reads it)
+        self.reference_rate = math.nan  # samples/s of its reference allocation (a scaling truth's unit of work)
+        self.paused_from = 0.0
+        self.restart_waste = 0.0  # GPU-seconds held while restarting
 
 
 register_scheduler = register_order
@@ -159,8 +173,14 @@ class Simulator:
                 self.frame["job_id"], self.frame["model"], self.frame["sim_model"], self.frame["num_gpus"],
                 self.frame["arrival_s"], self.frame["duration_s"]))
         ]
+        elastic = None
+        if config.elastic is not None:
+            if not isinstance(truth, ScalingTruth):
+                raise SimulationError("elastic scheduling needs a multi-GPU truth (--truth-placements)")
+            elastic = Elastic(truth.rates(), config.elastic)
+        self._elastic_jobs(truth)
         self.scheduler = Scheduler(allocator, config.scheduler, config.round_s, listener=self,
-                                   jobs=dict(enumerate(self.jobs)))
+                                   jobs=dict(enumerate(self.jobs)), elastic=elastic)
         totals = allocator.cluster.totals()
         self.capacity = {"gpus": totals["gpus"], "cpus": totals["cpu_m"] / 1000,
                          "mem_gb": mib_to_gib(totals["mem_mib"])}
@@ -172,6 +192,29 @@ class Simulator:
         self.status = ["pending"] * len(self.jobs)
         # the last allocation changes (time, what, before, after), to explain a failed check
         self.recent: deque[tuple[float, str, tuple[Allocation, ...], tuple[Allocation, ...]]] = deque(maxlen=RECENT)
+
+    def _elastic_jobs(self, truth: TruthCurves | ScalingTruth) -> None:
+        """Bounds and restart costs from the workload's elastic columns (an elastic scheduler reads the bounds;
+        `trace_restarts` the costs); for a scaling truth, each job's global batch and reference rate."""
+        f = self.frame
+        low = f["min_gpus"] if "min_gpus" in f else f["num_gpus"]
+        high = f["max_gpus"] if "max_gpus" in f else f["num_gpus"]
+        restart = f["restart_s"] if "restart_s" in f else pd.Series(self.config.migration_s, index=f.index)
+        scaling = isinstance(truth, ScalingTruth)
+        if scaling and "batch_size" not in f:
+            raise SimulationError("a multi-GPU truth needs the trace's batch_size column (a Sia workload: "
+                                  "hetplan trace import --format sia)")
+        for job, lo, hi, r in zip(self.jobs, low, high, restart):
+            if self.config.elastic is not None and not pd.isna(lo):
+                job.min_gpus, job.max_gpus = int(lo), int(hi)
+            if self.config.trace_restarts and not pd.isna(r):
+                job.restart_s = float(r)
+            else:
+                job.restart_s = self.config.migration_s
+        if scaling:
+            for job, batch in zip(self.jobs, f["batch_size"]):
+                job.batch = float(batch)
+                job.reference_rate = reference_rate(job.truth_model, job.request.num_gpus, job.batch)
 
     # ------------------------------------------------------------------ the main loop
 
@@ -205,7 +248,8 @@ class Simulator:
                 scheduler.round(now)
             else:
                 scheduler.fill(now)
-            if scheduler.queue and not scheduler.running and nxt == len(arrivals) and not scheduler.changed:
+            if scheduler.queue and not scheduler.running and nxt == len(arrivals) and not scheduler.changed \
+                    and (scheduler.elastic is None or now >= t_round - EPS):
                 raise SimulationError(f"{len(scheduler.queue)} jobs wait on an idle cluster that cannot place them")
             self._record(now)
             self.counts["events"] += 1
@@ -232,14 +276,17 @@ class Simulator:
         job.speed = self._speed(job, parts)
         if kind == "resize":
             pause = self.config.resize_s
-        elif kind == "migrate":
-            pause = self.config.migration_s
+        elif kind in ("migrate", "rescale"):
+            pause = job.restart_s
         else:
-            pause = 0.0 if math.isnan(job.start) else self.config.migration_s
-        job.paused_until = now + pause
+            pause = 0.0 if math.isnan(job.start) else job.restart_s
+        job.paused_until, job.paused_from = now + pause, now
         gpu_type = parts[0].gpu_type
         if not job.gpu_types or job.gpu_types[-1] != gpu_type:
             job.gpu_types.append(gpu_type)
+        gpus = sum(a.gpus for a in parts)
+        if not job.gpu_counts or job.gpu_counts[-1] != gpus:
+            job.gpu_counts.append(gpus)
         if math.isnan(job.start):
             self.counts["gangs"] += len(parts) > 1
         job.version += 1
@@ -250,6 +297,7 @@ class Simulator:
 
     def halted(self, job: JobState, now: float) -> None:
         assert isinstance(job, _Job)
+        self._book_pause(job, now)
         for a in job.parts:
             self._use(a, -1)
         job.version += 1
@@ -258,7 +306,18 @@ class Simulator:
     def note(self, now: float, what: str, before: tuple[Allocation, ...], after: tuple[Allocation, ...]) -> None:
         self.recent.append((now, what, before, after))
 
+    def _book_pause(self, job: _Job, now: float) -> None:
+        """GPU-seconds the job held while restarting, up to now."""
+        held = min(now, job.paused_until) - job.paused_from
+        job.restart_waste += max(held, 0.0) * sum(a.gpus for a in job.parts)
+
     def _speed(self, job: _Job, parts: tuple[Allocation, ...]) -> float:
+        if isinstance(self.truth, ScalingTruth):
+            speed = self.truth.job_speed(job.truth_model, parts, job.batch, job.reference_rate)
+            if not speed > 0:
+                raise SimulationError(f"{job.request.job_id}: the truth gives {job.truth_model} no throughput on "
+                                      f"{len(parts)} nodes of {parts[0].gpu_type}")
+            return speed
         speeds = [self.truth.speed(job.truth_model, a.gpu_type, a.gpus, a.cpu_m, a.mem_mib) for a in parts]
         speed = gang_speed(speeds, self.config.gang_scaling)
         if not speed > 0:
@@ -349,7 +408,9 @@ class Simulator:
             "mean_speed": np.divide(f["duration_s"].to_numpy(float), run_s, out=np.full(len(f), np.nan),
                                     where=run_s > 0),
             "preemptions": [j.preemptions for j in self.jobs], "migrations": [j.migrations for j in self.jobs],
-            "resizes": [j.resizes for j in self.jobs], "gpu_type": [j.gpu_type for j in self.jobs],
+            "resizes": [j.resizes for j in self.jobs], "rescales": [j.rescales for j in self.jobs],
+            "gpu_counts": [">".join(map(str, j.gpu_counts)) for j in self.jobs],
+            "restart_waste_gpu_s": [j.restart_waste for j in self.jobs], "gpu_type": [j.gpu_type for j in self.jobs],
             "gpu_types": ["+".join(j.gpu_types) for j in self.jobs], "share": [j.share for j in self.jobs],
         })
 

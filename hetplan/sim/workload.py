@@ -41,6 +41,8 @@ def prepare_workload(trace: pd.DataFrame, truth_models: Collection[str], unknown
                                      f"{', '.join(models)} or {MIX!r}")])
     by_fold = {m.casefold(): m for m in models}
     sim_model = trace["model"].map(lambda m: by_fold.get(str(m).strip().casefold()))
+    if "application" in trace:  # a Sia import keeps Sia's model name: a truth keyed by Sia's names reads it
+        sim_model = sim_model.fillna(trace["application"].map(lambda m: by_fold.get(str(m).strip().casefold())))
     unknown = sim_model.isna()
     report = {"jobs": len(trace), "mapped_unknown_model": int(unknown.sum())}
     warnings = []

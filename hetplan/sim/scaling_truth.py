@@ -1,0 +1,197 @@
+"""Multi-GPU truth for the simulator: a job's speed on any (GPU type, GPU count, nodes) from measured step times.
+
+Where a (model, GPU type, GPU count, node count) was measured (Sia's placements, the most even placement of that
+count), the step time is interpolated in the per-GPU batch between the measured ones (`measured`); elsewhere, and
+outside the measured batches, it is the type's scaling model (`hetplan.scaling`), anchored to the nearest measured
+batch of that placement where there is one (`model`). A GPU type with only 1-GPU steps gets a derived model (another
+type's shape: `derived`); a (model, type) with not even those gets the model of a donor type scaled by the median
+1-GPU step ratio of the models both types have (`derived-ratio`), said in `sources()`. So the truth for a type
+without multi-GPU measurements (Sia's RTX 2080 Ti) is itself derived: figures on it are labelled so.
+
+Work is in reference seconds, as the Sia import defines a job's duration (`hetplan.traces.sia`): its samples over
+`num_gpus` V100s' 1-GPU rate at its per-GPU batch. A job of global batch B on K GPUs trains K * (B / K) / step_time
+samples per second (the global batch fixed: Sia's rigid-batch setting), its speed that over its reference rate.
+The scheduler's belief (`rates`) is the fitted scaling models only: it never reads the measured table.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from hetplan.allocator.spec import Allocation
+from hetplan.contracts.table import ContractError, Problem
+from hetplan.scaling.data import SIA_CLUSTERS, build_sia_table, load_profile, load_single_gpu
+from hetplan.scaling.fit import DEFAULT_DONORS, fit_scaling
+from hetplan.scaling.model import ScalingModel, step_time
+from hetplan.scheduler.elastic import Config
+from hetplan.traces.sia import per_gpu_rate
+
+RATIO = "derived-ratio"
+
+
+class ScalingTruth:
+    """Job speeds from `measured` step times (a `load_profile` table) and scaling `models` (module docstring)."""
+
+    def __init__(self, measured: pd.DataFrame, models: Mapping[tuple[str, str], ScalingModel]) -> None:
+        self.models = dict(models)
+        self.curves: dict[tuple[str, str, int, int], tuple[np.ndarray, np.ndarray]] = {}
+        for (model, gpu, gpus, nodes), rows in measured.groupby(["model", "gpu_type", "num_gpus", "num_nodes"]):
+            even = rows.groupby("placement")["placement"].first().map(lambda p: min(int(c) for c in p))
+            rows = rows[rows["placement"] == even.idxmax()].groupby("local_bsz")["step_time_s"].mean()
+            self.curves[(str(model), str(gpu), int(gpus), int(nodes))] = (rows.index.to_numpy(float),
+                                                                          rows.to_numpy(float))
+        self._cache: dict[tuple, float] = {}
+
+    @classmethod
+    def from_placements(cls, directory: str | Path | None = None,
+                        clusters: Mapping[str, tuple[str, int]] | None = None) -> ScalingTruth:
+        """From a directory of Sia's `<model>_placements-<cluster>.csv` files (None: the shipped table), each
+        cluster mapped to (GPU type, GPUs per node) (`clusters`; default Sia's three), with the shipped 1-GPU steps
+        for types measured only on one GPU."""
+        measured = load_profile() if directory is None else build_sia_table(Path(directory), clusters)
+        fitted = fit_scaling(measured, load_single_gpu()).models
+        return cls(measured, complete(fitted))
+
+    def gpu_types(self) -> list[str]:
+        return sorted({t for _, t in self.models})
+
+    def model_names(self) -> list[str]:
+        return sorted({m for m, _ in self.models})
+
+    def step_time(self, model: str, gpu_type: str, gpus: int, nodes: int, local_bsz: float) -> float:
+        """Seconds per step (module docstring)."""
+        key = (model, gpu_type, gpus, nodes, local_bsz)
+        got = self._cache.get(key)
+        if got is not None:
+            return got
+        fitted = self.models[(model, gpu_type)]
+        predicted = _model_step(fitted, gpus, nodes, local_bsz)
+        curve = self.curves.get((model, gpu_type, gpus, nodes))
+        if curve is None:
+            value = predicted
+        else:
+            batches, steps = curve
+            if batches[0] <= local_bsz <= batches[-1]:
+                value = float(np.interp(local_bsz, batches, steps))
+            else:
+                edge = 0 if local_bsz < batches[0] else -1
+                value = predicted * steps[edge] / _model_step(fitted, gpus, nodes, batches[edge])
+        self._cache[key] = value
+        return value
+
+    def throughput(self, model: str, gpu_type: str, gpus: int, nodes: int, global_batch: float) -> float:
+        """Samples per second of a job of `global_batch` on `gpus` GPUs over `nodes` nodes."""
+        return global_batch / self.step_time(model, gpu_type, gpus, nodes, global_batch / gpus)
+
+    def job_speed(self, model: str, parts: Sequence[Allocation], global_batch: float, reference_rate: float) -> float:
+        """Reference seconds per second of a job running on `parts` (one allocation per node)."""
+        gpus = sum(a.gpus for a in parts)
+        return self.throughput(model, parts[0].gpu_type, gpus, len(parts), global_batch) / reference_rate
+
+    def require(self, models: Iterable[str], gpu_types: Iterable[str]) -> None:
+        """Raise `ContractError` naming the (model, GPU type) pairs the truth has no model for."""
+        missing = sorted((m, g) for m in set(models) for g in set(gpu_types) if (m, g) not in self.models)
+        if missing:
+            pairs = ", ".join(f"{m} on {g}" for m, g in missing)
+            raise ContractError([Problem("<truth placements>", f"no scaling model for {pairs}")])
+
+    def sources(self) -> dict[str, int]:
+        """How many (model, GPU type) models come from each source, and how many measured step curves."""
+        out: dict[str, int] = {"measured-step-curves": len(self.curves)}
+        for m in self.models.values():
+            out[m.source] = out.get(m.source, 0) + 1
+        return out
+
+    def rates(self) -> Rates:
+        """The scheduler's belief: the fitted models' speeds (`hetplan.scheduler.elastic.Rates`)."""
+        return Rates(self.models)
+
+
+class Rates:
+    """Predicted reference seconds per second per configuration, from the scaling models alone."""
+
+    def __init__(self, models: Mapping[tuple[str, str], ScalingModel]) -> None:
+        self.models = models
+        self._cache: dict[tuple, float] = {}
+
+    def __call__(self, job, options: Sequence[Config]) -> dict[Config, float]:
+        out = {}
+        for c in options:
+            key = (job.truth_model, job.batch, job.reference_rate, c)
+            rate = self._cache.get(key)
+            if rate is None:
+                model = self.models.get((job.truth_model, c.gpu_type))
+                rate = 0.0 if model is None else job.batch / _model_step(model, c.gpus, c.nodes, job.batch / c.gpus) \
+                    / job.reference_rate
+                self._cache[key] = rate
+            out[c] = rate
+        return out
+
+
+def _model_step(model: ScalingModel, gpus: int, nodes: int, local_bsz: float) -> float:
+    """The model's seconds per step at any (also fractional) per-GPU batch."""
+    return float(step_time(model.params, np.array(gpus), np.array(nodes), np.array(local_bsz)))
+
+
+def reference_rate(model: str, num_gpus: int, global_batch: float) -> float:
+    """Samples per second of a job's reference allocation: `num_gpus` V100s at its per-GPU batch, linear (the
+    Sia import's definition of its duration)."""
+    rate, _ = per_gpu_rate(model, np.array([global_batch / num_gpus], dtype=float))
+    return float(rate[0]) * num_gpus
+
+
+def complete(models: Mapping[tuple[str, str], ScalingModel]) -> dict[tuple[str, str], ScalingModel]:
+    """`models` plus, for each GPU type and model the type lacks, a donor type's model (`DEFAULT_DONORS` order)
+    scaled by the median ratio of the two types' 1-GPU step times over the models both have (`derived-ratio`)."""
+    out = dict(models)
+    names, types = {m for m, _ in models}, {t for _, t in models}
+    for t in sorted(types):
+        for name in sorted(names):
+            if (name, t) in out:
+                continue
+            for donor in (*DEFAULT_DONORS.get(t, ()), *sorted(types)):
+                if (name, donor) not in models or donor == t:
+                    continue
+                ratios = [_model_step(models[(m, t)], 1, 1, models[(m, t)].local_bsz)
+                          / _model_step(models[(m, donor)], 1, 1, models[(m, t)].local_bsz)
+                          for m in sorted(names) if (m, t) in models and (m, donor) in models]
+                if not ratios:
+                    continue
+                r = float(np.median(ratios))
+                d = models[(name, donor)]
+                out[(name, t)] = replace(d, gpu_type=t, alpha_c=d.alpha_c * r, beta_c=d.beta_c * r,
+                                         alpha_n=d.alpha_n * r, beta_n=d.beta_n * r, alpha_r=d.alpha_r * r,
+                                         beta_r=d.beta_r * r, source=RATIO, shape_from=f"{donor} x {r:.3g}",
+                                         rmsle=math.nan, n_points=0)
+                break
+    return out
+
+
+def placement_types(text: str) -> dict[str, tuple[str, int]]:
+    """`aws=T4,azure=V100` -> Sia's clusters mapped to those GPU types (GPUs per node from Sia's clusters, or
+    `aws=T4:4`). Raises ValueError naming the bad item."""
+    out = {}
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        cluster, sep, spec = item.partition("=")
+        gpu, _, per_node = spec.partition(":")
+        if not sep or not cluster or not gpu:
+            raise ValueError(f"--placement-types: {item!r} is not CLUSTER=GPU_TYPE[:GPUS_PER_NODE]")
+        if per_node:
+            if not per_node.isdigit() or int(per_node) < 1:
+                raise ValueError(f"--placement-types: {item!r}: GPUs per node must be a whole number >= 1")
+            out[cluster] = (gpu, int(per_node))
+        elif cluster in SIA_CLUSTERS:
+            out[cluster] = (gpu, SIA_CLUSTERS[cluster][1])
+        else:
+            raise ValueError(f"--placement-types: {item!r}: give GPUs per node for a cluster Sia does not name "
+                             f"({cluster}=GPU:N)")
+    return out
+
+
+__all__ = ["RATIO", "Rates", "ScalingTruth", "complete", "placement_types", "reference_rate"]
