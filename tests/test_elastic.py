@@ -218,6 +218,12 @@ def test_rigid_jobs_keep_their_count_under_the_elastic_scheduler(truth, sia_jobs
     assert result.counts["rescales"] == 0
 
 
+def test_an_elastic_job_too_big_for_every_type_is_rejected_by_its_least_count(truth, sia_jobs):
+    jobs = sia_jobs.head(6).assign(min_gpus=[1, 1, 1, 1, 1, 32], max_gpus=32, num_gpus=[8, 8, 8, 8, 8, 32])
+    result = simulate(jobs, _sia_nodes(), truth, "first-fit", config=SimConfig(round_s=60, elastic=ElasticRule()))
+    assert list(result.jobs["status"]) == ["completed"] * 5 + ["rejected_too_big"]  # 32 > 24, the largest type
+
+
 def test_elastic_needs_a_multi_gpu_truth(sia_jobs):
     truth = TruthCurves({}, {})
     with pytest.raises(SimulationError, match="multi-GPU truth"):

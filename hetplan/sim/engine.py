@@ -222,11 +222,12 @@ class Simulator:
         scheduler = self.scheduler
         arrivals = sorted((j for j in self.jobs), key=lambda j: (j.arrival, j.idx))
         limit = max(self.allocator.cluster.gpus_by_type()[0].values(), default=0)  # one GPU type's GPUs (gangs)
-        too_big = [j for j in arrivals if j.gpus > limit]
+        too_big = [j for j in arrivals if (j.min_gpus if self.scheduler.elastic else j.gpus) > limit]
         for job in too_big:
             self.status[job.idx] = "rejected_too_big"
         self.counts["rejected_too_big"] = len(too_big)
-        arrivals = [j for j in arrivals if j.gpus <= limit]
+        rejected = {j.idx for j in too_big}
+        arrivals = [j for j in arrivals if j.idx not in rejected]
         self.truth.require({j.truth_model for j in arrivals}, self.allocator.cluster.gpu_types())
         self._record(arrivals[0].arrival if arrivals else 0.0)
         nxt = 0
