@@ -13,7 +13,9 @@ Blox's stages, one loop, driven alike by the simulator (which keeps time, speeds
   picked in order while their GPUs fit (`admission.who_runs`), the others stop (they keep their progress and
   attained service) and the waiting fill, a stopped job first trying its old place. With a co-adaptive policy
   (`hint`) the allocator's `rebalance` decides jointly which jobs run, on which GPU type and node(s), with what
-  cores and RAM, whenever jobs wait or something changed since the last round.
+  cores and RAM, whenever jobs wait or something changed since the last round. With an elastic rule (`elastic`)
+  every round gives every job a GPU type and a GPU count (`elastic.choose`), applied by `Allocator.reconfigure`,
+  and nothing starts between rounds.
 
 Every change reaches a `Listener` (the simulator's speeds and books; nothing for the service, whose journal is the
 allocator's). A step reads only the head of the queue that could start (`Queue.head`).
@@ -31,7 +33,7 @@ from hetplan.allocator.actions import GANG_SEP, Action
 from hetplan.allocator.admission import ClassKey, class_key, who_runs
 from hetplan.allocator.core import Allocator
 from hetplan.allocator.spec import Allocation, Job
-from hetplan.scheduler.elastic import Config, Elastic, ElasticJob, choose, configs, TypeShape
+from hetplan.scheduler.elastic import Config, Elastic, ElasticJob, TypeShape, choose, configs
 from hetplan.scheduler.orders import ORDERS, Order
 from hetplan.scheduler.queue import Queue
 from hetplan.scheduler.state import JobState

@@ -20,6 +20,10 @@ every event; the answer is the one the whole queue gets (tests/test_contenders.p
 Priorities: `fifo` arrival time; `srtf` remaining work in reference seconds (the trace duration is known, as
 in Gavel's SRTF); `las` attained service in GPU-seconds (Tiresias-style least attained service).
 
+With an elastic rule (`SimConfig.elastic`, on a multi-GPU truth: `hetplan.sim.scaling_truth`) every round instead
+gives each job a GPU type and a GPU count within its bounds (`hetplan.scheduler.elastic`); jobs start only at
+rounds, as in Sia, and a count change is a restart.
+
 Placement is `hetplan.allocator.Allocator` with a named policy and hint set: the simulator never decides
 where a job goes or what share it gets. A job's speed is read off the truth curves for the allocation it got;
 a gang (a job over several nodes) runs at its slowest part's per-GPU speed times `gang_scaling`
@@ -125,9 +129,8 @@ class _Job(JobState):
     __slots__ = ("model", "truth_model", "work", "finish", "version", "gpu_types", "gpu_counts", "batch",
                  "reference_rate", "paused_from", "restart_waste")
 
-    def __init__(self, idx: int, request: Job, truth_model: str, arrival: float, work: float,
-                 bounds: tuple[int, int] | None = None, restart_s: float = MIGRATION_S) -> None:
-        super().__init__(idx, request, arrival, work, bounds, restart_s)
+    def __init__(self, idx: int, request: Job, truth_model: str, arrival: float, work: float) -> None:
+        super().__init__(idx, request, arrival, work)
         self.model = request.model  # what the allocator is asked for (the trace's model)
         self.truth_model = truth_model  # what the job's speed is read as
         self.work = work
