@@ -67,3 +67,44 @@ def test_a_pod_being_deleted_is_not_adopted_again(tmp_path):
         assert r.api.evictions[("ml", "p1")] == 1
     finally:
         r.close()
+
+
+OWN_REQUESTS = [  # (case, k8s_pod's cpu/memory, annotations, the allocate body's cpus/mem_gb, or the error's field)
+    ("requests-as-written", ("3", "10Gi"), {}, {"cpus": 3.0, "mem_gb": 10.0}),
+    ("annotations-over-requests", ("3", "10Gi"), {pods.REQUESTED_CPU_KEY: "1500",
+                                                  pods.REQUESTED_MEMORY_KEY: "2048"}, {"cpus": 1.5, "mem_gb": 2.0}),
+    ("asks-none", (None, None), {}, {}),
+    ("empty-annotation-asks-none", ("3", "10Gi"), {pods.REQUESTED_CPU_KEY: "", pods.REQUESTED_MEMORY_KEY: ""}, {}),
+    ("negative", ("3", "10Gi"), {pods.REQUESTED_CPU_KEY: "-1"}, pods.REQUESTED_CPU_KEY),
+    ("spaced", ("3", "10Gi"), {pods.REQUESTED_MEMORY_KEY: " 1"}, pods.REQUESTED_MEMORY_KEY),
+    ("not-ascii-digits", ("3", "10Gi"), {pods.REQUESTED_CPU_KEY: "²"}, pods.REQUESTED_CPU_KEY),
+    ("400-digits", ("3", "10Gi"), {pods.REQUESTED_MEMORY_KEY: "9" * 400}, pods.REQUESTED_MEMORY_KEY),
+    ("5000-digits", ("3", "10Gi"), {pods.REQUESTED_CPU_KEY: "9" * 5000}, pods.REQUESTED_CPU_KEY),
+]
+
+
+@pytest.mark.parametrize("case,shape,notes,expected", OWN_REQUESTS, ids=[c[0] for c in OWN_REQUESTS])
+def test_the_webhook_and_adoption_read_a_pods_own_request_alike(case, shape, notes, expected):
+    """One reading of the own request (`pods.own_request`) for both: the webhook's allocate body and adoption's
+    request carry the same `cpus`/`mem_gb`, and a pod one refuses the other refuses, naming the annotation."""
+    from hetplan.allocator.k8s import adoption, webhook
+
+    pod = k8s_pod("p1", cpu=shape[0], memory=shape[1], namespace="ml", annotations=notes)
+    asked: list[dict] = []
+
+    def allocate(body: dict) -> dict:
+        asked.append(body)
+        return {"status": "rejected", "reason": "test", "message": "stop here"}
+
+    if isinstance(expected, str):
+        with pytest.raises(webhook.Unserved, match=expected):
+            webhook.admit(pod, "ml", allocate, lambda job: None)
+        with pytest.raises(ValueError, match=expected):
+            adoption.request(pod)
+        assert not asked
+        return
+    with pytest.raises(webhook.Unserved):
+        webhook.admit(pod, "ml", allocate, lambda job: None)
+    adopted = adoption.request(pod)
+    assert {k: v for k, v in asked[0].items() if k in ("cpus", "mem_gb")} == expected
+    assert {k: v for k, v in adopted.items() if k in ("cpus", "mem_gb")} == expected

@@ -24,16 +24,10 @@ def request(pod: Mapping[str, Any]) -> dict[str, Any]:
     model = pods.model(pod)
     if model is None:
         raise ValueError(f"no {pods.OPT_IN} label")
-    notes = pods.annotations(pod)
     klass = pod_class(Pod.model_validate(pod))
+    _, _, own = pods.own_request(pods.annotations(pod), klass.cpu_m, klass.mem_mib)
     body: dict[str, Any] = {"job_id": pods.job_id(pod) or pods.owner_job(pod), "model": model,
-                            "num_gpus": klass.gpus}
-    cpu = notes.get(pods.REQUESTED_CPU_KEY, "" if klass.cpu_m is None else str(klass.cpu_m))
-    mem = notes.get(pods.REQUESTED_MEMORY_KEY, "" if klass.mem_mib is None else str(klass.mem_mib))
-    if cpu.isdigit():
-        body["cpus"] = int(cpu) / 1000
-    if mem.isdigit():
-        body["mem_gb"] = int(mem) / 1024
+                            "num_gpus": klass.gpus, **own}
     node = (pod.get("spec") or {}).get("nodeName")
     if node:
         body["node"] = str(node)

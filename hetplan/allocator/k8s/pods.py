@@ -132,6 +132,28 @@ def _part(labels: Mapping[str, str], notes: Mapping[str, str]) -> str:
     return "/" + "-".join(bits) if bits else ""
 
 
+def own_request(notes: Mapping[str, str], cpu_m: int | None, mem_mib: int | None) -> tuple[str, str, dict[str, float]]:
+    """The pod's own cpu/memory request: millicores and MiB as text ("" where it asks none), from the annotations
+    the webhook wrote (a replacement or a re-created pod carries them), else `cpu_m`/`mem_mib` (its requests as
+    written); and the allocator body's `cpus`/`mem_gb` from them. `ValueError` naming the annotation when one is no
+    whole number in range. "" is kept as written: a pod created again after a preemption carries its last
+    allocation as its requests, and must not be taken to ask for that."""
+    own_cpu = notes.get(REQUESTED_CPU_KEY, "" if cpu_m is None else str(cpu_m))
+    own_mem = notes.get(REQUESTED_MEMORY_KEY, "" if mem_mib is None else str(mem_mib))
+    body: dict[str, float] = {}
+    for key, text, field_, unit in ((REQUESTED_CPU_KEY, own_cpu, "cpus", 1000), (REQUESTED_MEMORY_KEY, own_mem,
+                                                                                 "mem_gb", 1024)):
+        if text == "":
+            continue
+        if not (text.isascii() and text.isdigit()):  # int() would take "-1", " 1", "1_0"
+            raise ValueError(f"annotation {key}={text[:40]!r} is no whole number")
+        try:
+            body[field_] = int(text) / unit
+        except (ValueError, OverflowError):  # more digits than int() reads or a float holds
+            raise ValueError(f"annotation {key} ({len(text)} digits) is out of range") from None
+    return own_cpu, own_mem, body
+
+
 def owner_job(pod: Mapping[str, Any], namespace: str | None = None) -> str:
     """The allocator's job id of `pod`, from what owns it, never from an annotation a user could write:
 
