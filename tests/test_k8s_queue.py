@@ -10,7 +10,7 @@ import json
 import logging
 
 import pytest
-from standin_apiserver import CONTROLLER_USER, ApiError, eventually, json_patch, k8s_pod
+from standin_apiserver import CONTROLLER_USER, ApiError, Fault, eventually, json_patch, k8s_pod
 from test_k8s_controller import allocation, no_proxy, requests_of, rig  # noqa: F401 - fixtures
 from test_k8s_strict import leading
 
@@ -233,6 +233,33 @@ def test_a_queued_pod_is_admitted_by_its_start_and_never_before(rig, restart):
     assert pods.queued(rig.api.pod("ml", "q2")) and rig.api.pod("ml", "q2")["status"]["phase"] == "Pending"
     resizes = [m for m, p, _ in rig.api.calls if p.endswith("/pods/q1/resize")]
     assert (a.cpu_m, a.mem_mib) != (1000, 4096) and len(resizes) == 1  # sized while gated, then pinned, ungated
+
+
+@pytest.mark.parametrize("code", [422, 429], ids=["refused", "answered-later"])
+def test_a_gated_pods_resize_is_booked_as_any_pods(rig, code):
+    """Bug: `_admit_queued` had its own copy of the resize: a refusal was counted `queued-resize-refused` but not
+    booked (the next reconcile sent it again), and a 429 failed the whole pass. Now a refused resize is booked as
+    any pod's (not sent again; the pod admitted at its own request) and a 429 is sent again with a backoff, the pod
+    gated meanwhile."""
+    c = leading(rig)
+    rig.api.create_pod("ml", k8s_pod("big", gpus=4))
+    create_queued(rig, "q1", cpu="1", memory="4Gi")
+    rig.api.faults.append(Fault("PATCH", r"/pods/q1/resize$", code))
+    rig.allocator.allocate(Job.request("ml/q1", "res50", 4, 2, 8))  # its `start`: 2 cores, 8 GiB
+    got = allocation(rig.allocator, "ml/q1")
+    a = pods.Target(got.node, got.cpu_m, got.mem_mib)
+    eventually(lambda: not pods.queued(rig.api.pod("ml", "q1")))
+    q1 = rig.api.pod("ml", "q1")
+    resizes = [m for m, p, _ in rig.api.calls if p.endswith("/pods/q1/resize")]
+    if code == 422:
+        assert c._refused[pods.uid(q1)] == a and c.stats.counts["resize-refused"] == 1
+        assert requests_of(q1) == (1000, 4096) and len(resizes) == 1  # admitted at its own request
+        c.converge("ml/q1", a, 0)  # the same target again: not sent again
+        assert len([m for m, p, _ in rig.api.calls if p.endswith("/pods/q1/resize")]) == 1
+    else:
+        assert c.stats.counts["resize-retried"] == 1 and c.stats.counts["resize-refused"] == 0
+        assert requests_of(q1) == (a.cpu_m, a.mem_mib) and len(resizes) == 2  # sized, then ungated
+    assert c.stats.counts["errors"] == 0 and ungated_without_allocation(rig) == []
 
 
 # ------------------------------------------------------------------ preemption

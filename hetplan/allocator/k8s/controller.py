@@ -518,31 +518,21 @@ class Controller:
 
     def _admit_queued(self, job: str, pod: dict, target: pods.Target, seq: int, at: float) -> None:
         """A queued job the allocator admitted: its pod, held by the gate `hetplan.io/queued`, gets `target` as
-        Kubernetes lets a gated pod change: its cores and RAM through the `resize` subresource (a pod not scheduled
-        yet: the scheduler then fits it with them), its node by narrowing its required node affinity (KEP-3838),
-        then the gate is removed (only removal is allowed), in that order, so that the pod is never schedulable
-        before it has all of `target`. A resize the API server refuses is logged; the pod is still admitted with its
-        own request (its node has room for more) and re-sized once it runs, as any pod."""
+        Kubernetes lets a gated pod change: its cores and RAM through the `resize` subresource (`_resize`, with its
+        bookkeeping; a pod not scheduled yet: the scheduler then fits it with them), its node by narrowing its
+        required node affinity (KEP-3838), then the gate is removed (only removal is allowed), in that order, so
+        that the pod is never schedulable before it has all of `target`. A resize to send again (429, 5xx, no
+        answer) keeps it gated until it is sent (`_retry_resizes`); one refused (booked as any pod's) admits it with
+        its own request (its node has room for more)."""
         from kubernetes.client.exceptions import ApiException
 
         ns, name = pods.key(pod)
         if pods.requests(pod) != (target.cpu_m, target.mem_mib):
-            try:
-                plan = plan_resize(pod, target, self.rules)
-                answer = self.core.patch_namespaced_pod_resize(name, ns, plan.body, _content_type=STRATEGIC,
-                                                               _preload_content=False, _request_timeout=self.timeout)
-                pod = json.loads(answer.data)
-            except ValueError as exc:
-                self.stats.count("queued-resize-refused")
-                log.warning("controller: queued %s/%s cannot be sized to %s: %s", ns, name, target, exc)
-            except ApiException as exc:
-                if exc.status == 404:
-                    return
-                if exc.status == 429 or exc.status >= 500:
-                    raise  # the pass retries: it stays gated meanwhile
-                self.stats.count("queued-resize-refused")
-                log.warning("controller: resize of queued %s/%s to %s refused: %s; admitted at its own request",
-                            ns, name, target, one_line(exc))
+            outcome = self._resize(pod, target, at, seq, observe=False)
+            if outcome in ("gone", "retry"):
+                return
+            if outcome == "refused":
+                log.warning("controller: queued %s/%s admitted at its own request, not %s", ns, name, target)
         ops = [{"op": "add", "path": "/spec/affinity", "value": pods.narrowed_affinity(pod["spec"], target.node)}]
         ops += pods.without_gate(pod, pods.QUEUE_GATE)
         try:
@@ -626,39 +616,44 @@ class Controller:
         log.info("controller: preempted %s/%s created again (%s)", *p.pod,
                  "queued" if pods.queued(made) else "placed" if pods.node_of(made) else "not served")
 
-    def _resize(self, pod: dict, target: pods.Target, at: float, seq: int = 0) -> None:
+    def _resize(self, pod: dict, target: pods.Target, at: float, seq: int = 0, observe: bool = True) -> str:
         """PATCH the pod's `resize` subresource by the server's rules (`resize.plan_resize`). A 422 is logged and
         counted once per target and not sent again; a 429, a 5xx or no answer is sent again with a backoff
-        (`_retry_resizes`); a memory shrink the rules leave out is reported once (`resize-memory-kept`)."""
+        (`_retry_resizes`); a memory shrink the rules leave out is reported once (`resize-memory-kept`). The
+        outcome: "done" (sent, or as far as the rules allow), "refused" (now or before), "retry", "gone" (404).
+        `observe`: the delay from the action counts (not when the resize is one step of another call's)."""
         from kubernetes.client.exceptions import ApiException
 
         ns, name = pods.key(pod)
         uid, job = pods.uid(pod), str(pods.job_id(pod))
-        if self._refused.get(uid) == target or self._kept.get(uid) == target:
-            return  # refused already, or applied as far as the rules allow: sending it again changes nothing
+        if self._refused.get(uid) == target:
+            return "refused"  # refused already: sending it again changes nothing
+        if self._kept.get(uid) == target:
+            return "done"  # applied as far as the rules allow
         try:
             plan = plan_resize(pod, target, self.rules)
         except ValueError as exc:
+            self._refused[uid] = target
             self.stats.count("resize-refused")
             log.warning("controller: resize of %s/%s to %s impossible: %s", ns, name, target, exc)
-            return
+            return "refused"
         try:
             answer = self.core.patch_namespaced_pod_resize(name, ns, plan.body, _content_type=STRATEGIC,
                                                            _preload_content=False, _request_timeout=self.timeout)
         except ApiException as exc:
             if exc.status == 404:
-                return
+                return "gone"
             if exc.status == 429 or exc.status >= 500:
                 self._retry_later(job, target, seq, at, exc)
-                return
+                return "retry"
             self._refused[uid] = target
             self.stats.count("resize-refused")
             log.warning("controller: resize of %s/%s to %s refused: %s (not retried)", ns, name, target,
                         one_line(exc))
-            return
+            return "refused"
         except Exception as exc:  # noqa: BLE001 - a timeout or a broken connection: the outcome is unknown
             self._retry_later(job, target, seq, at, exc)
-            return
+            return "retry"
         self._retries.pop(job, None)
         if plan.memory_kept:
             self._kept[uid] = target
@@ -666,11 +661,13 @@ class Controller:
             log.warning("controller: %s/%s is Guaranteed and Kubernetes %d.%d cannot lower a memory limit in place: "
                         "only its cpu was resized to %s (its memory stays until it moves or ends)", ns, name,
                         *self.rules.version, pods.cpu_text(target.cpu_m))
-        self._observe(at, "resize")
+        if observe:
+            self._observe(at, "resize")
         updated = json.loads(answer.data)
         with self._lock:
             if pods.key(updated) in self.pods:
                 self.pods[pods.key(updated)] = updated
+        return "done"
 
     def _retry_later(self, job: str, target: pods.Target, seq: int, at: float, exc: Exception) -> None:
         known = self._retries.get(job)
