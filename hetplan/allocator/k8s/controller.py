@@ -456,7 +456,7 @@ class Controller:
             self._orphans.pop(job, None)
             self._after_move.pop(job, None)
             for pod in self.live(job):
-                if pods.queued(pod) or pods.terminating(pod):
+                if pods.has_gate(pod, pods.QUEUE_GATE) or pods.terminating(pod):
                     continue  # waits in the queue (holds nothing), or on its way out already
                 if action.get("preempted"):
                     self._preempt(job, pod, seq)
@@ -467,7 +467,8 @@ class Controller:
 
     def _waits(self, job: str, pod: dict) -> bool:
         """A pod that holds no room (not bound to a node, not a move's gated replacement): a stop leaves it."""
-        return not (pod.get("spec") or {}).get("nodeName") and not pods.gated(pod) and job not in self._migrations
+        return not (pod.get("spec") or {}).get("nodeName") and not pods.has_gate(pod, pods.MIGRATION_GATE) \
+            and job not in self._migrations
 
     def _requeue(self, job: str, pod: dict, seq: int) -> None:
         """The allocation of a pod not bound yet was taken back (a pod bound first won its room): the pod is kept,
@@ -480,12 +481,13 @@ class Controller:
     def converge(self, job: str, target: pods.Target, seq: int, at: float = 0.0) -> None:
         """Bring the pod of `job` to `target`: nothing if it is there; resize on its node; else migrate."""
         live = self.live(job)
-        holders = [p for p in live if not pods.gated(p) and not pods.terminating(p)]
+        holders = [p for p in live if not pods.has_gate(p, pods.MIGRATION_GATE) and not pods.terminating(p)]
         self._after_move.pop(job, None)
         retry = self._retries.get(job)
         if retry is not None and retry.target != target:
             del self._retries[job]  # a newer action replaces the resize that waited to be sent again
-        if job in self._migrations or job in self._preemptions or any(pods.gated(p) for p in live):
+        if job in self._migrations or job in self._preemptions \
+                or any(pods.has_gate(p, pods.MIGRATION_GATE) for p in live):
             # a move in progress: its replacement was made with the allocation of its time; this target is applied
             # once the replacement is bound (`_converge_after_moves`), not at the next reconcile. A preemption in
             # progress (a round stopped the job and started it again at once, elsewhere or in place): its pod is on
@@ -496,7 +498,7 @@ class Controller:
         if not holders:
             return  # no pod (yet, or any more): reconcile decides
         pod = holders[0]
-        if pods.queued(pod):
+        if pods.has_gate(pod, pods.QUEUE_GATE):
             self._admit_queued(job, pod, target, seq, at)
             return
         if pods.matches(pod, target):
@@ -513,7 +515,7 @@ class Controller:
         ungated, bound or still waiting for room: a pending pod's resize is what the scheduler then fits)."""
         for job, (target, seq, at) in list(self._after_move.items()):
             if job not in self._migrations and job not in self._preemptions and \
-                    not any(pods.gated(p) for p in self.live(job)):
+                    not any(pods.has_gate(p, pods.MIGRATION_GATE) for p in self.live(job)):
                 self.converge(job, target, seq, at)
 
     def _admit_queued(self, job: str, pod: dict, target: pods.Target, seq: int, at: float) -> None:
@@ -614,7 +616,7 @@ class Controller:
         made = json.loads(answer.data)
         self.stats.count("preempted-recreated")
         log.info("controller: preempted %s/%s created again (%s)", *p.pod,
-                 "queued" if pods.queued(made) else "placed" if pods.node_of(made) else "not served")
+                 "queued" if pods.has_gate(made, pods.QUEUE_GATE) else "placed" if pods.node_of(made) else "not served")
 
     def _resize(self, pod: dict, target: pods.Target, at: float, seq: int = 0, observe: bool = True) -> str:
         """PATCH the pod's `resize` subresource by the server's rules (`resize.plan_resize`). A 422 is logged and
@@ -777,7 +779,7 @@ class Controller:
                     if not m.evicted:
                         m.next_try = now + 1.0
                 elif step == "ungate":
-                    ungate = [{"op": "remove", "path": "/spec/schedulingGates"}]
+                    ungate = pods.without_gate(new, pods.MIGRATION_GATE)
                     self.core.patch_namespaced_pod(m.new[1], m.new[0], ungate, _content_type=JSON_PATCH,
                                                    _preload_content=False, _request_timeout=self.timeout)
                     self.stats.count("migrated")
@@ -985,13 +987,14 @@ class Controller:
             job = pods.job_id(pod)
             if pods.terminating(pod):
                 continue  # on its way out: neither a move to resume nor a pod to adopt
-            if job is not None and pods.gated(pod) and job not in self._migrations:
+            if job is not None and pods.has_gate(pod, pods.MIGRATION_GATE) and job not in self._migrations:
                 self._resume(job, pod)
             if job is not None and job not in by_job and self._preempted(job, pod):
                 if job not in self._preemptions:  # begun before a restart: go on from the cluster
                     self._preempt(job, pod, int(pods.annotations(pod).get(pods.PREEMPTED_KEY) or 0))
                 continue  # on its way to the queue: never adopted back
-            if job is None or job in by_job or pods.gated(pod) or self._adopt_tries.get(pods.uid(pod), 0.0) > now:
+            if job is None or job in by_job or pods.has_gate(pod, pods.MIGRATION_GATE) \
+                    or self._adopt_tries.get(pods.uid(pod), 0.0) > now:
                 continue
             self._adopt(job, pod)
         if latest is not None:
@@ -1073,7 +1076,8 @@ class Controller:
         for job, due in list(self._waiting.items()):
             if due > now:
                 continue
-            pod = next((p for p in self.live(job) if not pods.gated(p) and not pods.terminating(p)), None)
+            pod = next((p for p in self.live(job)
+                        if not pods.has_gate(p, pods.MIGRATION_GATE) and not pods.terminating(p)), None)
             if pod is None or self._adopt(job, pod):
                 del self._waiting[job]
             else:

@@ -179,9 +179,10 @@ def owner_job(pod: Mapping[str, Any], namespace: str | None = None) -> str:
     return f"{ns}/{m.get('name') or ''}"
 
 
-def queued(pod: Mapping[str, Any]) -> bool:
-    """The pod waits in the allocator's queue: held by the scheduling gate `hetplan.io/queued`."""
-    return any(g.get("name") == QUEUE_GATE for g in (pod.get("spec") or {}).get("schedulingGates") or [])
+def has_gate(pod: Mapping[str, Any], name: str) -> bool:
+    """The pod is held by the scheduling gate `name`: `QUEUE_GATE` (it waits in the allocator's queue),
+    `MIGRATION_GATE` (a move's replacement, until the pod it replaces is gone)."""
+    return any(g.get("name") == name for g in (pod.get("spec") or {}).get("schedulingGates") or [])
 
 
 def kueue(pod: Mapping[str, Any]) -> bool:
@@ -212,10 +213,6 @@ def disrupted(pod: Mapping[str, Any]) -> bool:
     kubelet), not because its job ended."""
     return any(c.get("type") == "DisruptionTarget" and str(c.get("status", "True")) == "True"
                for c in (pod.get("status") or {}).get("conditions") or [])
-
-
-def gated(pod: Mapping[str, Any]) -> bool:
-    return any(g.get("name") == MIGRATION_GATE for g in (pod.get("spec") or {}).get("schedulingGates") or [])
 
 
 def node_of(pod: Mapping[str, Any]) -> str | None:

@@ -175,7 +175,8 @@ def _queued(pod: Mapping[str, Any], job: str, own_cpu: str, own_mem: str,
 
 def replacement(pod: Mapping[str, Any]) -> bool:
     """What a move's replacement carries (`pods.replacement`): the pod it replaces, a job id, the migration gate."""
-    return bool(pods.annotations(pod).get(pods.MIGRATED_FROM_KEY) and pods.job_id(pod) and pods.gated(pod))
+    return bool(pods.annotations(pod).get(pods.MIGRATED_FROM_KEY) and pods.job_id(pod)
+                and pods.has_gate(pod, pods.MIGRATION_GATE))
 
 
 def review(body: Mapping[str, Any], allocate: Callable[[dict], dict], release: Callable[[str], object],
