@@ -59,6 +59,13 @@ MERGE = "application/merge-patch+json"
 JSON_PATCH = "application/json-patch+json"
 
 
+def job_of(pod: dict) -> str | None:
+    """The pod's job id annotation when it is the pod's own (`pods.adoptable_job`: its owner's, or a bare move
+    replacement's original's); None when it has none, or names another job (a user wrote it)."""
+    job = pods.job_id(pod)
+    return job if job is not None and job == pods.adoptable_job(pod) else None
+
+
 @dataclass
 class RetryResize:
     """A resize the API server answered 429 or 5xx (or never answered): tried again with a backoff (0.5 s doubling
@@ -162,6 +169,7 @@ class Controller:
         self._adopt_tries: dict[str, float] = {}  # pod uid -> when to try adopting it again (after a refusal)
         self._waiting: dict[str, float] = {}  # job -> when to ask again for its unbound pod (`_requeue`)
         self._forged: set[str] = set()  # uids of gated pods naming another job's pod as the one they replace
+        self._misnamed_uids: set[str] = set()  # uids of pods whose job id annotation is not their own (reported)
         self._preemptions: dict[str, Preemption] = {}  # job -> its preemption in progress
 
     # ------------------------------------------------------------------ threads
@@ -418,9 +426,10 @@ class Controller:
     # ------------------------------------------------------------------ applying actions
 
     def live(self, job: str) -> list[dict]:
-        """The pods of `job` that have not ended (the holder, and a migration's replacement)."""
+        """The pods of `job` that have not ended (the holder, and a migration's replacement); a pod whose job id
+        annotation is not its own (`job_of`) is none of them."""
         with self._lock:
-            return [p for p in self.pods.values() if pods.job_id(p) == job and not pods.ended(p)]
+            return [p for p in self.pods.values() if pods.job_id(p) == job and not pods.ended(p) and job_of(p)]
 
     def apply_batch(self, batch: list[Mapping[str, Any]]) -> bool:
         """Apply a batch of actions: one job's in their order, different jobs' at once (`workers` threads), so
@@ -836,7 +845,7 @@ class Controller:
             ended, self._ended = list(self._ended), deque()
         due = []
         for pod in ended:
-            job = pods.job_id(pod)
+            job = job_of(pod)
             if job is None or any(pods.uid(p) != pods.uid(pod) for p in self.live(job)):
                 continue  # not ours, or its job goes on in another pod (a move, or a pod created again by name)
             if self._preempted(job, pod):
@@ -937,6 +946,7 @@ class Controller:
             for uid in [u for u in kept if u not in live]:
                 del kept[uid]
         self._forged &= live
+        self._misnamed_uids &= live
 
     def _annotate(self, pod: dict, value: str | None) -> None:
         """Set (None: remove) the annotation `hetplan.io/resize-pending` on `pod`; a pod gone meanwhile is fine."""
@@ -965,7 +975,7 @@ class Controller:
             by_job.setdefault(a.get("part_of") or a["job_id"], []).append(a)
         with self._lock:
             snapshot = [p for p in self.pods.values() if not pods.ended(p)]
-        live_jobs = {pods.job_id(p) for p in snapshot} - {None}
+        live_jobs = {job_of(p) for p in snapshot} - {None}
         now = time.monotonic()
         for job, parts in by_job.items():
             if job in live_jobs:
@@ -984,9 +994,15 @@ class Controller:
         for job in set(self._orphans) - set(by_job):
             self._orphans.pop(job, None)
         for pod in snapshot:
-            job = pods.job_id(pod)
+            job = job_of(pod)
             if pods.terminating(pod):
                 continue  # on its way out: neither a move to resume nor a pod to adopt
+            if job is None and pods.job_id(pod) is not None:  # names a job not its own: never acted on as that
+                job = self._misnamed(pod)                     # job's; adopted under its own id
+                if job not in by_job and not pods.has_gate(pod, pods.MIGRATION_GATE) \
+                        and self._adopt_tries.get(pods.uid(pod), 0.0) <= now:
+                    self._adopt(job, pod)
+                continue
             if job is not None and pods.has_gate(pod, pods.MIGRATION_GATE) and job not in self._migrations:
                 self._resume(job, pod)
             if job is not None and job not in by_job and self._preempted(job, pod):
@@ -1029,7 +1045,7 @@ class Controller:
                 self.service.release(job)
             return self._adopt_refused(pod, f"the allocator refuses it ({answer.get('reason') or 'a gang'}: "
                                             f"{answer.get('message')})")
-        if pods.job_id(pod) is None:
+        if pods.job_id(pod) != body["job_id"]:  # a default-path pod, or one whose job id was not its own
             ns, name = pods.key(pod)
             try:
                 self.core.patch_namespaced_pod(name, ns, {"metadata": {"annotations": adoption.annotations(body)}},
@@ -1056,6 +1072,16 @@ class Controller:
                  why)
         return False
 
+    def _misnamed(self, pod: dict) -> str:
+        """The id to adopt a pod under whose job id annotation is not its own (`job_of`: a user wrote it, the
+        webhook down or since): its own (`pods.adoptable_job`), never the one it names; reported once."""
+        if pods.uid(pod) not in self._misnamed_uids:
+            self._misnamed_uids.add(pods.uid(pod))
+            self.stats.count("job-id-forged")
+            log.warning("controller: %s/%s names job %s, not its own (%s): adopted as its own", *pods.key(pod),
+                        pods.job_id(pod), pods.adoptable_job(pod))
+        return pods.adoptable_job(pod)
+
     def _adopt_default_path(self) -> None:
         """Opted-in pods the webhook left to the default path, now running: adopted (`adoption`), each tried again
         no sooner than `adopt_every` seconds after a refusal (the allocator had no room for it there)."""
@@ -1063,8 +1089,8 @@ class Controller:
         with self._lock:
             due = [p for p in self.pods.values() if adoption.default_path(p)
                    and self._adopt_tries.get(pods.uid(p), 0.0) <= now]
-        for pod in due:
-            self._adopt(pods.owner_job(pod), pod)  # the id the allocator is asked for; a refusal sets its next try
+        for pod in due:  # under the id the allocator is asked for; a refusal sets its next try
+            self._adopt(pods.adoptable_job(pod) if pods.job_id(pod) is None else self._misnamed(pod), pod)
         live = {pods.uid(p) for p in due}
         for uid in [u for u, t in self._adopt_tries.items() if t < now and u not in live]:
             del self._adopt_tries[uid]

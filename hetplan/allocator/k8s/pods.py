@@ -179,6 +179,30 @@ def owner_job(pod: Mapping[str, Any], namespace: str | None = None) -> str:
     return f"{ns}/{m.get('name') or ''}"
 
 
+def move_base(name: str) -> str:
+    """A pod's name without one move's suffix (`-m<seq>`, `replacement`), cut to 240 characters: what a bare
+    pod's replacements are named after."""
+    if "-m" in name and name.rsplit("-m", 1)[1].isdigit():
+        name = name.rsplit("-m", 1)[0]
+    return name[:240]
+
+
+def adoptable_job(pod: Mapping[str, Any]) -> str:
+    """The job id the controller acts on for `pod`, by the webhook's rule: its owner's (`owner_job`), never an
+    annotation a user could write (the webhook down, or a patch since). The annotation `hetplan.io/job-id` counts
+    only where hetplan writes one that differs: a bare pod's move replacement (`<name>-m<seq>`) carries its
+    original's `<namespace>/<name>` (within one namespace such a name can still be chosen by a user)."""
+    owner, claimed = owner_job(pod), job_id(pod)
+    if claimed is None or claimed == owner:
+        return owner
+    ns, name = key(pod)
+    moved = "-m" in name and name.rsplit("-m", 1)[1].isdigit()  # named as a move's replacement
+    if owner == f"{ns}/{name}" and moved and claimed.startswith(f"{ns}/") \
+            and move_base(claimed[len(ns) + 1:]) == move_base(name):
+        return claimed
+    return owner
+
+
 def has_gate(pod: Mapping[str, Any], name: str) -> bool:
     """The pod is held by the scheduling gate `name`: `QUEUE_GATE` (it waits in the allocator's queue),
     `MIGRATION_GATE` (a move's replacement, until the pod it replaces is gone)."""
@@ -385,10 +409,7 @@ def replacement(pod: Mapping[str, Any], target: Target, seq: int) -> dict[str, A
     """The pod that replaces `pod` on `target.node` (migrate): same labels, annotations (job id, own request),
     spec, with the target's resources, pinned, gated by `hetplan.io/migration` until the old pod is gone."""
     old = meta(pod)
-    base = str(old.get("name"))
-    if "-m" in base and base.rsplit("-m", 1)[1].isdigit():
-        base = base.rsplit("-m", 1)[0]
-    name = f"{base[:240]}-m{seq}"
+    name = f"{move_base(str(old.get('name')))}-m{seq}"
     notes = {k: v for k, v in (old.get("annotations") or {}).items() if k not in (CHECKPOINT_KEY, CHECKPOINTED_KEY)}
     notes[MIGRATED_FROM_KEY] = str(old.get("name"))
     spec = copy.deepcopy(pod.get("spec") or {})
