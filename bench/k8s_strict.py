@@ -147,7 +147,8 @@ class Run:
         """The trainers: answer checkpoint requests; end the jobs whose time is up; note job ids."""
         api, now = self.rig.api, time.monotonic()
         with api.lock:
-            snapshot = [(pods.key(p), dict(pods.annotations(p)), pods.gated(p), p["status"].get("phase"),
+            snapshot = [(pods.key(p), dict(pods.annotations(p)), pods.has_gate(p, pods.MIGRATION_GATE),
+                         p["status"].get("phase"),
                          bool(p["metadata"].get("deletionTimestamp"))) for p in api.pods.values()]
         for key, notes, gated, phase, deleting in snapshot:
             job = notes.get(pods.JOB_ID_KEY)
@@ -178,7 +179,8 @@ class Run:
         self.gangs |= {a["part_of"] for a in allocations if a.get("part_of")}
         by_job = {a["job_id"]: a for a in allocations}
         for pod in self.rig.managed():
-            if pods.gated(pod) or pod["status"].get("phase") != "Running" or pods.terminating(pod):
+            if pods.has_gate(pod, pods.MIGRATION_GATE) or pod["status"].get("phase") != "Running" \
+                    or pods.terminating(pod):
                 continue
             a = by_job.get(pods.job_id(pod))
             held = actuated_requests(pod)

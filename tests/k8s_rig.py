@@ -161,9 +161,10 @@ class Rig:
         differs (a few)."""
         allocations = self.allocations()
         live = {pods.job_id(p): p for p in self.managed()}
-        if set(allocations) != set(live) or any(pods.gated(p) for p in live.values()):
+        if set(allocations) != set(live) or any(pods.has_gate(p, pods.MIGRATION_GATE) for p in live.values()):
             return (f"allocations without pods {sorted(set(allocations) - set(live))[:5]}, pods without allocations "
-                    f"{sorted(set(live) - set(allocations))[:5]}, gated {[j for j, p in live.items() if pods.gated(p)]}")
+                    f"{sorted(set(live) - set(allocations))[:5]}, "
+                    f"gated {[j for j, p in live.items() if pods.has_gate(p, pods.MIGRATION_GATE)]}")
         differ = [(j, pods.node_of(live[j]), pods.requests(live[j]), live[j]["status"]["phase"], a["node"], a["cpus"],
                    a["mem_gb"]) for j, a in allocations.items()
                   if not (pods.matches(live[j], pods.Target.of(a)) and live[j]["spec"].get("nodeName") == a["node"])]
@@ -242,7 +243,7 @@ def run_pods(rig: Rig, count: int, seed: int, kill_at: dict[int, str], gap: floa
         now = time.monotonic()
         for pod in rig.managed():
             job = pods.job_id(pod)
-            if job in ends and ends[job] <= now and not pods.gated(pod):
+            if job in ends and ends[job] <= now and not pods.has_gate(pod, pods.MIGRATION_GATE):
                 try:
                     rig.api.finish(*pods.key(pod))
                 except ApiError:
@@ -326,7 +327,7 @@ def replay_events(rig: Rig, events: list, seconds: float, namespace: str = "defa
         if event.release:
             with rig.api.lock:
                 mine = [copy.deepcopy(p) for p in rig.api.pods.values()
-                        if pods.job_id(p) == job and not pods.ended(p) and not pods.gated(p)]
+                        if pods.job_id(p) == job and not pods.ended(p) and not pods.has_gate(p, pods.MIGRATION_GATE)]
             for pod in mine:
                 why = below_own_request(pod)
                 if why:
@@ -422,12 +423,12 @@ class ClusterPath:
         pod = self.api.create_pod(self.namespace, k8s_pod(name, model=model, gpus=gpus, cpu=None, memory=None,
                                                           annotations={pods.GRACE_KEY: "0"}))
         assert pods.job_id(pod) == job_id, f"{job_id}: the webhook left it to the default path"
-        return "queued" if pods.queued(pod) else "allocated"
+        return "queued" if pods.has_gate(pod, pods.QUEUE_GATE) else "allocated"
 
     def finish(self, job_id: str) -> None:
         """The job's running pod ends (Succeeded); the controller releases it."""
-        running = [p for p in self.api.live_pods() if pods.job_id(p) == job_id and not pods.queued(p)
-                   and not pods.gated(p) and p["spec"].get("nodeName")]
+        running = [p for p in self.api.live_pods() if pods.job_id(p) == job_id and not pods.has_gate(p, pods.QUEUE_GATE)
+                   and not pods.has_gate(p, pods.MIGRATION_GATE) and p["spec"].get("nodeName")]
         mine = [(pods.key(p), p["status"].get("phase"), p["spec"].get("schedulingGates"))
                 for p in self.api.live_pods() if pods.job_id(p) == job_id]
         assert len(running) == 1, (f"{job_id} finishes but runs in {len(running)} pods: {mine}, allocation "
@@ -464,16 +465,16 @@ class ClusterPath:
             elif pods.model(p):
                 return f"{pods.key(p)}: left to the default path"
         for job, held in live.items():
-            if len(held) != 1 or pods.terminating(held[0]) or pods.gated(held[0]):
+            if len(held) != 1 or pods.terminating(held[0]) or pods.has_gate(held[0], pods.MIGRATION_GATE):
                 return f"{job}: {len(held)} pods, terminating or moving"
             pod = held[0]
             if job in waiting:
-                if not pods.queued(pod):
+                if not pods.has_gate(pod, pods.QUEUE_GATE):
                     return f"{job} waits but its pod is not gated"
                 continue
             if job not in running:
                 return f"{job}: a pod without an allocation"
-            if pods.queued(pod) or pods.resize_pending(pod) is not None:
+            if pods.has_gate(pod, pods.QUEUE_GATE) or pods.resize_pending(pod) is not None:
                 return f"{job}: still gated, or a resize pending"
             a = running[job][0]
             target = pods.Target(a.node, a.cpu_m, a.mem_mib)

@@ -16,8 +16,8 @@ from hetplan.allocator.k8s import pods
 from hetplan.allocator.actions import Action
 
 BAD_PODS = [  # (case, k8s_pod's arguments, annotations): each one a 4xx from the allocator, or unreadable
-    ("job-id-over-253-chars", {}, {pods.JOB_ID_KEY: "ml/" + "j" * 260}),
-    ("job-id-not-printable", {}, {pods.JOB_ID_KEY: "ml/a\tb"}),
+    ("job-id-over-253-chars", {"labels": {pods.JOB_LABEL: "j" * 260}}, {}),  # a job id is its owner's (label)
+    ("job-id-not-printable", {"labels": {pods.JOB_LABEL: "a\tb"}}, {}),
     ("requested-cpu-out-of-range", {}, {pods.REQUESTED_CPU_KEY: "2000000000"}),
     ("requested-cpu-400-digits", {}, {pods.REQUESTED_CPU_KEY: "9" * 400}),
     ("over-1024-gpus", {"gpus": 2000}, {pods.JOB_ID_KEY: "ml/huge"}),
@@ -48,6 +48,33 @@ def test_a_pod_the_allocator_refuses_stalls_nothing_else(rig, caplog, case, shap
         and len(lines[0].splitlines()) == 1, lines
 
 
+@pytest.mark.parametrize("victim", ["running", "gone"])
+def test_a_forged_job_id_annotation_claims_no_other_jobs_allocation(rig, victim):
+    """Bug: adoption took `hetplan.io/job-id` from the pod where the webhook does not: a pod created with the
+    webhook down (or patched since) naming another job was adopted as that job (its allocation given to the forged
+    pod, or its pod's target applied to it) and its end released that job. Now it is adopted under its own id (its
+    owner's, `pods.adoptable_job`), its annotation rewritten, reported once; the named job is untouched."""
+    rig.api.create_pod("ml", k8s_pod("p1", gpus=2, cpu="3", memory="10Gi"))
+    mine = allocation(rig.allocator, "ml/p1")
+    if victim == "gone":  # its pod deleted and its allocation released: the id is free to take
+        rig.api.pod_call("DELETE", "ml", "p1", None, {"gracePeriodSeconds": 0}, "")
+        rig.service.release("ml/p1")
+    rig.api.webhook_url = None  # the webhook is down: the pod is created as written
+    rig.api.create_pod("ml", k8s_pod("evil", gpus=2, cpu="1", memory="2Gi", annotations={pods.JOB_ID_KEY: "ml/p1"}))
+    c = leading(rig)
+    eventually(lambda: "ml/evil" in rig.allocator.running())
+    evil = eventually(lambda: (p := rig.api.pod("ml", "evil")) and pods.job_id(p) == "ml/evil" and p)
+    assert pods.node_of(evil) == allocation(rig.allocator, "ml/evil").node
+    if victim == "running":
+        assert allocation(rig.allocator, "ml/p1") == mine and c.live("ml/p1") == [rig.api.pod("ml", "p1")]
+    else:
+        assert "ml/p1" not in rig.allocator.running()
+    assert c.stats.counts["job-id-forged"] == 1 and c.stats.counts["errors"] == 0
+    rig.api.finish("ml", "evil")  # its end releases its own job only
+    eventually(lambda: "ml/evil" not in rig.allocator.running())
+    assert ("ml/p1" in rig.allocator.running()) == (victim == "running"), [a for a in rig.allocator.log.since(0)]
+
+
 def test_a_pod_being_deleted_is_not_adopted_again(tmp_path):
     """Bug: a reconcile adopted a terminating pod whose allocation was gone (a `stop` evicted it): its room was
     allocated again to a pod on its way out."""
@@ -67,3 +94,72 @@ def test_a_pod_being_deleted_is_not_adopted_again(tmp_path):
         assert r.api.evictions[("ml", "p1")] == 1
     finally:
         r.close()
+
+
+OWN_REQUESTS = [  # (case, k8s_pod's cpu/memory, annotations, the allocate body's cpus/mem_gb, or the error's field)
+    ("requests-as-written", ("3", "10Gi"), {}, {"cpus": 3.0, "mem_gb": 10.0}),
+    ("annotations-over-requests", ("3", "10Gi"), {pods.REQUESTED_CPU_KEY: "1500",
+                                                  pods.REQUESTED_MEMORY_KEY: "2048"}, {"cpus": 1.5, "mem_gb": 2.0}),
+    ("asks-none", (None, None), {}, {}),
+    ("empty-annotation-asks-none", ("3", "10Gi"), {pods.REQUESTED_CPU_KEY: "", pods.REQUESTED_MEMORY_KEY: ""}, {}),
+    ("negative", ("3", "10Gi"), {pods.REQUESTED_CPU_KEY: "-1"}, pods.REQUESTED_CPU_KEY),
+    ("spaced", ("3", "10Gi"), {pods.REQUESTED_MEMORY_KEY: " 1"}, pods.REQUESTED_MEMORY_KEY),
+    ("not-ascii-digits", ("3", "10Gi"), {pods.REQUESTED_CPU_KEY: "²"}, pods.REQUESTED_CPU_KEY),
+    ("400-digits", ("3", "10Gi"), {pods.REQUESTED_MEMORY_KEY: "9" * 400}, pods.REQUESTED_MEMORY_KEY),
+    ("5000-digits", ("3", "10Gi"), {pods.REQUESTED_CPU_KEY: "9" * 5000}, pods.REQUESTED_CPU_KEY),
+]
+
+
+@pytest.mark.parametrize("case,shape,notes,expected", OWN_REQUESTS, ids=[c[0] for c in OWN_REQUESTS])
+def test_the_webhook_and_adoption_read_a_pods_own_request_alike(case, shape, notes, expected):
+    """One reading of the own request (`pods.own_request`) for both: the webhook's allocate body and adoption's
+    request carry the same `cpus`/`mem_gb`, and a pod one refuses the other refuses, naming the annotation."""
+    from hetplan.allocator.k8s import adoption, webhook
+
+    pod = k8s_pod("p1", cpu=shape[0], memory=shape[1], namespace="ml", annotations=notes)
+    asked: list[dict] = []
+
+    def allocate(body: dict) -> dict:
+        asked.append(body)
+        return {"status": "rejected", "reason": "test", "message": "stop here"}
+
+    if isinstance(expected, str):
+        with pytest.raises(webhook.Unserved, match=expected):
+            webhook.admit(pod, "ml", allocate, lambda job: None)
+        with pytest.raises(ValueError, match=expected):
+            adoption.request(pod)
+        assert not asked
+        return
+    with pytest.raises(webhook.Unserved):
+        webhook.admit(pod, "ml", allocate, lambda job: None)
+    adopted = adoption.request(pod)
+    assert {k: v for k, v in asked[0].items() if k in ("cpus", "mem_gb")} == expected
+    assert {k: v for k, v in adopted.items() if k in ("cpus", "mem_gb")} == expected
+
+
+def _owned(name: str, job_id: str) -> dict:
+    pod = k8s_pod(name, namespace="ml", annotations={pods.JOB_ID_KEY: job_id})
+    pod["metadata"]["ownerReferences"] = [{"kind": "Job", "name": "t", "uid": "u-1", "controller": True}]
+    return pod
+
+
+ADOPTABLE = [  # (case, pod, the job id adoption acts on)
+    ("own-annotation", k8s_pod("p1", namespace="ml", annotations={pods.JOB_ID_KEY: "ml/p1"}), "ml/p1"),
+    ("no-annotation", k8s_pod("p1", namespace="ml"), "ml/p1"),
+    ("forged", k8s_pod("evil", namespace="ml", annotations={pods.JOB_ID_KEY: "ml/p1"}), "ml/evil"),
+    ("bare-replacement", k8s_pod("p1-m7", namespace="ml", annotations={pods.JOB_ID_KEY: "ml/p1"}), "ml/p1"),
+    ("replacement-of-an-m-name", k8s_pod("t-m7", namespace="ml", annotations={pods.JOB_ID_KEY: "ml/t-m2"}),
+     "ml/t-m2"),
+    ("replacement-name-of-another", k8s_pod("p2-m7", namespace="ml", annotations={pods.JOB_ID_KEY: "ml/p1"}),
+     "ml/p2-m7"),
+    ("other-namespace", k8s_pod("p1-m7", namespace="ml", annotations={pods.JOB_ID_KEY: "team/p1"}), "ml/p1-m7"),
+    ("owned-forged", _owned("w-0", "ml/p1"), "ml/Job/u-1"),
+    ("owned-replacement-like-name", _owned("p1-m7", "ml/p1"), "ml/Job/u-1"),
+]
+
+
+@pytest.mark.parametrize("case,pod,job", ADOPTABLE, ids=[c[0] for c in ADOPTABLE])
+def test_adoption_takes_a_job_id_by_the_webhooks_rule(case, pod, job):
+    from hetplan.allocator.k8s import adoption
+
+    assert pods.adoptable_job(pod) == job == adoption.request(pod)["job_id"]

@@ -122,7 +122,8 @@ def test_resize_goes_through_the_subresource_migrate_through_eviction_and_the_cu
     new = f"p1-m{seq}"
     eventually(lambda: pods.annotations(rig.api.pod("ml", "p1")).get(pods.CHECKPOINT_KEY) == str(seq))
     replacement = rig.api.pod("ml", new)
-    assert pods.gated(replacement) and replacement["status"]["phase"] == "Pending"  # waits for the checkpoint
+    # waits for the checkpoint
+    assert pods.has_gate(replacement, pods.MIGRATION_GATE) and replacement["status"]["phase"] == "Pending"
     rig.api.pod_call("PATCH", "ml", "p1", None, {"metadata": {"annotations": {pods.CHECKPOINTED_KEY: str(seq)}}},
                      "application/merge-patch+json")  # the trainer wrote its checkpoint
     eventually(lambda: rig.api.pod("ml", "p1") is None and rig.api.pod("ml", new)["status"]["phase"] == "Running")

@@ -10,7 +10,7 @@ import json
 import logging
 
 import pytest
-from standin_apiserver import CONTROLLER_USER, ApiError, eventually, json_patch, k8s_pod
+from standin_apiserver import CONTROLLER_USER, ApiError, Fault, eventually, json_patch, k8s_pod
 from test_k8s_controller import allocation, no_proxy, requests_of, rig  # noqa: F401 - fixtures
 from test_k8s_strict import leading
 
@@ -47,6 +47,25 @@ OWNERS = [  # (case, pod, the job id)
 @pytest.mark.parametrize("case,pod,job", OWNERS, ids=[o[0] for o in OWNERS])
 def test_a_job_id_is_its_owners_never_an_annotation(case, pod, job):
     assert pods.owner_job(pod, "ml") == job
+
+
+GATES = [  # (the pod's scheduling gates, held by the queue's, held by a move's)
+    ([], False, False), ([pods.QUEUE_GATE], True, False), ([pods.MIGRATION_GATE], False, True),
+    ([pods.KUEUE_GATE, pods.QUEUE_GATE], True, False), ([pods.KUEUE_GATE], False, False),
+    (["hetplan.io/queued-not"], False, False),
+]
+
+
+@pytest.mark.parametrize("names,queued,moving", GATES)
+def test_has_gate_names_exactly_one_gate_and_without_gate_removes_only_it(names, queued, moving):
+    pod = k8s_pod("g")
+    if names:
+        pod["spec"]["schedulingGates"] = [{"name": n} for n in names]
+    assert (pods.has_gate(pod, pods.QUEUE_GATE), pods.has_gate(pod, pods.MIGRATION_GATE)) == (queued, moving)
+    for gate in (pods.QUEUE_GATE, pods.MIGRATION_GATE):
+        if pods.has_gate(pod, gate):
+            rest = json_patch(pod, pods.without_gate(pod, gate))["spec"].get("schedulingGates") or []
+            assert [g["name"] for g in rest] == [n for n in names if n != gate]
 
 
 def test_a_user_set_job_id_annotation_claims_no_other_jobs_allocation(rig):
@@ -164,7 +183,7 @@ def admitted(pod: dict, answer: dict, user: str = "system:serviceaccount:default
 
 def test_the_webhook_holds_a_queued_pod_behind_the_gate_with_its_place_never_the_default_path():
     pod, released = admitted(k8s_pod("q1", cpu="3", memory="10Gi"), queued_answer("ml/q1"))
-    assert pods.queued(pod) and not released and pods.node_of(pod) is None
+    assert pods.has_gate(pod, pods.QUEUE_GATE) and not released and pods.node_of(pod) is None
     notes = pods.annotations(pod)
     assert (pods.job_id(pod), notes[pods.QUEUE_POSITION_KEY], notes[pods.QUEUE_WHY_KEY]) == ("ml/q1", "3", "no-room")
     assert requests_of(pod) == (3000, 10240) and pod["spec"]["containers"][0]["resizePolicy"]
@@ -208,7 +227,7 @@ def create_queued(rig, name: str, cpu: str = "2", memory: str = "8Gi", gpus: int
 def ungated_without_allocation(rig) -> list[str]:
     """The invariant: pods that lost the queue's gate although the allocator does not run their job."""
     running = set(rig.allocator.running())
-    return [pods.key(p)[1] for p in rig.api.live_pods() if pods.job_id(p) and not pods.queued(p)
+    return [pods.key(p)[1] for p in rig.api.live_pods() if pods.job_id(p) and not pods.has_gate(p, pods.QUEUE_GATE)
             and pods.job_id(p) not in running and not pods.terminating(p)]
 
 
@@ -228,11 +247,40 @@ def test_a_queued_pod_is_admitted_by_its_start_and_never_before(rig, restart):
         c = leading(rig, "c2")
     eventually(lambda: rig.api.pod("ml", "q1")["status"]["phase"] == "Running")
     q1, a = rig.api.pod("ml", "q1"), allocation(rig.allocator, "ml/q1")
-    assert not pods.queued(q1) and q1["spec"]["nodeName"] == a.node and requests_of(q1) == (a.cpu_m, a.mem_mib)
+    assert not pods.has_gate(q1, pods.QUEUE_GATE) and q1["spec"]["nodeName"] == a.node
+    assert requests_of(q1) == (a.cpu_m, a.mem_mib)
     assert ungated_without_allocation(rig) == [] and rig.api.overcommits == []
-    assert pods.queued(rig.api.pod("ml", "q2")) and rig.api.pod("ml", "q2")["status"]["phase"] == "Pending"
+    q2 = rig.api.pod("ml", "q2")
+    assert pods.has_gate(q2, pods.QUEUE_GATE) and q2["status"]["phase"] == "Pending"
     resizes = [m for m, p, _ in rig.api.calls if p.endswith("/pods/q1/resize")]
     assert (a.cpu_m, a.mem_mib) != (1000, 4096) and len(resizes) == 1  # sized while gated, then pinned, ungated
+
+
+@pytest.mark.parametrize("code", [422, 429], ids=["refused", "answered-later"])
+def test_a_gated_pods_resize_is_booked_as_any_pods(rig, code):
+    """Bug: `_admit_queued` had its own copy of the resize: a refusal was counted `queued-resize-refused` but not
+    booked (the next reconcile sent it again), and a 429 failed the whole pass. Now a refused resize is booked as
+    any pod's (not sent again; the pod admitted at its own request) and a 429 is sent again with a backoff, the pod
+    gated meanwhile."""
+    c = leading(rig)
+    rig.api.create_pod("ml", k8s_pod("big", gpus=4))
+    create_queued(rig, "q1", cpu="1", memory="4Gi")
+    rig.api.faults.append(Fault("PATCH", r"/pods/q1/resize$", code))
+    rig.allocator.allocate(Job.request("ml/q1", "res50", 4, 2, 8))  # its `start`: 2 cores, 8 GiB
+    got = allocation(rig.allocator, "ml/q1")
+    a = pods.Target(got.node, got.cpu_m, got.mem_mib)
+    eventually(lambda: not pods.has_gate(rig.api.pod("ml", "q1"), pods.QUEUE_GATE))
+    q1 = rig.api.pod("ml", "q1")
+    resizes = [m for m, p, _ in rig.api.calls if p.endswith("/pods/q1/resize")]
+    if code == 422:
+        assert c._refused[pods.uid(q1)] == a and c.stats.counts["resize-refused"] == 1
+        assert requests_of(q1) == (1000, 4096) and len(resizes) == 1  # admitted at its own request
+        c.converge("ml/q1", a, 0)  # the same target again: not sent again
+        assert len([m for m, p, _ in rig.api.calls if p.endswith("/pods/q1/resize")]) == 1
+    else:
+        assert c.stats.counts["resize-retried"] == 1 and c.stats.counts["resize-refused"] == 0
+        assert requests_of(q1) == (a.cpu_m, a.mem_mib) and len(resizes) == 2  # sized, then ungated
+    assert c.stats.counts["errors"] == 0 and ungated_without_allocation(rig) == []
 
 
 # ------------------------------------------------------------------ preemption
@@ -258,7 +306,8 @@ def test_a_preempted_bare_pod_checkpoints_is_evicted_and_waits_again_under_its_j
     patch(rig, "p1", {"metadata": {"annotations": {pods.CHECKPOINTED_KEY: str(10**6)}}})
     again = eventually(lambda: (p := rig.api.pod("ml", "p1")) and pods.uid(p) != pods.uid(first) and p)
     assert rig.api.evictions[("ml", "p1")] == 1 and pods.job_id(again) == "ml/p1"
-    assert pods.node_of(again) is not None or pods.queued(again)  # placed where room is, or queued (gated)
+    # placed where room is, or queued (gated)
+    assert pods.node_of(again) is not None or pods.has_gate(again, pods.QUEUE_GATE)
     assert c.stats.counts["releases"] == 0 and c.stats.counts["preempted-recreated"] == 1
     assert c.stats.counts["preempted-without-checkpoint"] == 0
 
@@ -291,7 +340,7 @@ def test_a_queued_pod_that_asks_no_cores_or_ram_can_be_sized_and_comes_back_as_t
     out = webhook.review({"request": {"uid": "u1", "kind": {"kind": "Pod"}, "operation": "CREATE", "namespace": "ml",
                                       "object": pod, "userInfo": {"username": "u"}}}, allocate, lambda job: None)
     held = json_patch(pod, json.loads(base64.b64decode(out["response"]["patch"])))
-    assert requests_of(held) == (1, 1) and pods.queued(held)  # Burstable, resizable at its start
+    assert requests_of(held) == (1, 1) and pods.has_gate(held, pods.QUEUE_GATE)  # Burstable, resizable at its start
     notes = pods.annotations(held)
     assert (notes[pods.REQUESTED_CPU_KEY], notes[pods.REQUESTED_MEMORY_KEY]) == ("", "")
     last_run = pods.with_target(held, pods.Target("gpu-a", 8000, 62464))  # as it ran before its preemption

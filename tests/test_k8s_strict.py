@@ -69,7 +69,8 @@ def test_a_terminating_pod_is_evicted_once_and_waited_for(tmp_path):
         rig.api.create_pod("ml", k8s_pod("p1", annotations={pods.GRACE_KEY: "0"}))
         _, _, new = start_move(rig)
         eventually(lambda: (rig.api.pod("ml", "p1") or {}).get("metadata", {}).get("deletionTimestamp"))
-        assert pods.gated(rig.api.pod("ml", new))  # its containers are stopping: the replacement still waits
+        # its containers are stopping: the replacement still waits
+        assert pods.has_gate(rig.api.pod("ml", new), pods.MIGRATION_GATE)
         eventually(lambda: (rig.api.pod("ml", new) or {}).get("status", {}).get("phase") == "Running", 10)
         assert rig.api.evictions[("ml", "p1")] == 1, rig.api.evictions
         rig.allocator.apply_actions([Action("stop", "ml/p1", rig.allocator.running(["ml/p1"])["ml/p1"], ())])
@@ -411,14 +412,16 @@ def test_a_pod_posing_as_a_moves_replacement_neither_bypasses_the_webhook_nor_mo
     time.sleep(0.5)
     assert rig.api.evictions[("ml", "p1")] == 0 and rig.api.pod("ml", "p1")["status"]["phase"] == "Running"
     assert not [p for m, p, _ in rig.api.calls if m == "PATCH" and p.endswith("/pods/p1")]  # no checkpoint asked
-    assert c.stats.counts["replacement-refused"] == (case == "webhook-down-another-job")
+    # the webhook down: its job id is not its own (`pods.adoptable_job`), so it is no replacement of anything
+    assert (c.stats.counts["job-id-forged"], c.stats.counts["replacement-refused"]) == \
+        (case == "webhook-down-another-job", 0)
 
 
 def test_the_controllers_own_replacement_is_admitted_as_it_made_it(rig):
     rig.api.create_pod("ml", k8s_pod("p1"))
     new = pods.replacement(rig.api.pod("ml", "p1"), pods.Target("gpu-b", 3000, 9216), 7)
     made = rig.api.create_pod("ml", new, CONTROLLER_USER)
-    assert made["spec"]["containers"] == new["spec"]["containers"] and pods.gated(made)
+    assert made["spec"]["containers"] == new["spec"]["containers"] and pods.has_gate(made, pods.MIGRATION_GATE)
     assert pods.annotations(made) == new["metadata"]["annotations"] and rig.api.admission_warnings == []
 
 

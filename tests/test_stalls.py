@@ -211,6 +211,37 @@ def test_the_cheap_pass_agrees_with_the_path_walk(value, finite):
     assert (middleware.non_finite(value) is None) is finite
 
 
+def test_the_old_generation_pause_holds_while_any_body_is_in_flight_across_threads():
+    """Several event loops (threads) handle large bodies at once: the oldest generation stays paused while any one
+    is in flight, and the thresholds come back exactly once the last is done (a count changed without the lock
+    could restore them early, or never)."""
+    import gc
+    import sys
+    import threading
+
+    before, broken = gc.get_threshold(), []
+    start = threading.Barrier(8)
+
+    def body() -> None:
+        start.wait()
+        for _ in range(1000):
+            with middleware.old_generation_paused():
+                if gc.get_threshold()[2] <= 10**6:
+                    broken.append(gc.get_threshold())
+
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # switch threads as often as possible: a race shows
+    try:
+        threads = [threading.Thread(target=body) for _ in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        sys.setswitchinterval(interval)
+    assert broken == [] and middleware._paused == 0 and gc.get_threshold() == before
+
+
 def test_the_old_generation_pause_nests_and_gives_the_thresholds_back():
     import gc
     before = gc.get_threshold()

@@ -18,22 +18,16 @@ from hetplan.allocator.k8s.extender import Pod, pod_class
 
 
 def request(pod: Mapping[str, Any]) -> dict[str, Any]:
-    """The allocator request that adopts `pod`: its job id (annotation, else its owner's: `pods.owner_job`), model, GPUs, its
-    own cpu/memory request (the annotations the webhook wrote, else the pod's requests as written), and its node when
-    bound. `ValueError` when the pod cannot be read."""
+    """The allocator request that adopts `pod`: its job id (`pods.adoptable_job`: its owner's, as the webhook
+    derives it), model, GPUs, its own cpu/memory request (`pods.own_request`), and its node when bound.
+    `ValueError` when the pod cannot be read."""
     model = pods.model(pod)
     if model is None:
         raise ValueError(f"no {pods.OPT_IN} label")
-    notes = pods.annotations(pod)
     klass = pod_class(Pod.model_validate(pod))
-    body: dict[str, Any] = {"job_id": pods.job_id(pod) or pods.owner_job(pod), "model": model,
-                            "num_gpus": klass.gpus}
-    cpu = notes.get(pods.REQUESTED_CPU_KEY, "" if klass.cpu_m is None else str(klass.cpu_m))
-    mem = notes.get(pods.REQUESTED_MEMORY_KEY, "" if klass.mem_mib is None else str(klass.mem_mib))
-    if cpu.isdigit():
-        body["cpus"] = int(cpu) / 1000
-    if mem.isdigit():
-        body["mem_gb"] = int(mem) / 1024
+    _, _, own = pods.own_request(pods.annotations(pod), klass.cpu_m, klass.mem_mib)
+    body: dict[str, Any] = {"job_id": pods.adoptable_job(pod), "model": model,
+                            "num_gpus": klass.gpus, **own}
     node = (pod.get("spec") or {}).get("nodeName")
     if node:
         body["node"] = str(node)
@@ -49,6 +43,8 @@ def annotations(body: Mapping[str, Any]) -> dict[str, str]:
 
 
 def default_path(pod: Mapping[str, Any]) -> bool:
-    """An opted-in pod the webhook did not serve (no job id) that Kubernetes runs: one to adopt."""
-    return pods.model(pod) is not None and pods.job_id(pod) is None and pods.phase(pod) == "Running" \
-        and not pods.terminating(pod) and bool((pod.get("spec") or {}).get("nodeName"))
+    """An opted-in pod the webhook did not serve that Kubernetes runs: one to adopt. It has no job id annotation,
+    or one naming a job not its own (`pods.adoptable_job`: a user wrote it; the webhook would have replaced it)."""
+    job = pods.job_id(pod)
+    return pods.model(pod) is not None and (job is None or job != pods.adoptable_job(pod)) \
+        and pods.phase(pod) == "Running" and not pods.terminating(pod) and bool((pod.get("spec") or {}).get("nodeName"))

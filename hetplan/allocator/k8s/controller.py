@@ -59,6 +59,13 @@ MERGE = "application/merge-patch+json"
 JSON_PATCH = "application/json-patch+json"
 
 
+def job_of(pod: dict) -> str | None:
+    """The pod's job id annotation when it is the pod's own (`pods.adoptable_job`: its owner's, or a bare move
+    replacement's original's); None when it has none, or names another job (a user wrote it)."""
+    job = pods.job_id(pod)
+    return job if job is not None and job == pods.adoptable_job(pod) else None
+
+
 @dataclass
 class RetryResize:
     """A resize the API server answered 429 or 5xx (or never answered): tried again with a backoff (0.5 s doubling
@@ -162,6 +169,7 @@ class Controller:
         self._adopt_tries: dict[str, float] = {}  # pod uid -> when to try adopting it again (after a refusal)
         self._waiting: dict[str, float] = {}  # job -> when to ask again for its unbound pod (`_requeue`)
         self._forged: set[str] = set()  # uids of gated pods naming another job's pod as the one they replace
+        self._misnamed_uids: set[str] = set()  # uids of pods whose job id annotation is not their own (reported)
         self._preemptions: dict[str, Preemption] = {}  # job -> its preemption in progress
 
     # ------------------------------------------------------------------ threads
@@ -418,9 +426,10 @@ class Controller:
     # ------------------------------------------------------------------ applying actions
 
     def live(self, job: str) -> list[dict]:
-        """The pods of `job` that have not ended (the holder, and a migration's replacement)."""
+        """The pods of `job` that have not ended (the holder, and a migration's replacement); a pod whose job id
+        annotation is not its own (`job_of`) is none of them."""
         with self._lock:
-            return [p for p in self.pods.values() if pods.job_id(p) == job and not pods.ended(p)]
+            return [p for p in self.pods.values() if pods.job_id(p) == job and not pods.ended(p) and job_of(p)]
 
     def apply_batch(self, batch: list[Mapping[str, Any]]) -> bool:
         """Apply a batch of actions: one job's in their order, different jobs' at once (`workers` threads), so
@@ -456,7 +465,7 @@ class Controller:
             self._orphans.pop(job, None)
             self._after_move.pop(job, None)
             for pod in self.live(job):
-                if pods.queued(pod) or pods.terminating(pod):
+                if pods.has_gate(pod, pods.QUEUE_GATE) or pods.terminating(pod):
                     continue  # waits in the queue (holds nothing), or on its way out already
                 if action.get("preempted"):
                     self._preempt(job, pod, seq)
@@ -467,7 +476,8 @@ class Controller:
 
     def _waits(self, job: str, pod: dict) -> bool:
         """A pod that holds no room (not bound to a node, not a move's gated replacement): a stop leaves it."""
-        return not (pod.get("spec") or {}).get("nodeName") and not pods.gated(pod) and job not in self._migrations
+        return not (pod.get("spec") or {}).get("nodeName") and not pods.has_gate(pod, pods.MIGRATION_GATE) \
+            and job not in self._migrations
 
     def _requeue(self, job: str, pod: dict, seq: int) -> None:
         """The allocation of a pod not bound yet was taken back (a pod bound first won its room): the pod is kept,
@@ -480,12 +490,13 @@ class Controller:
     def converge(self, job: str, target: pods.Target, seq: int, at: float = 0.0) -> None:
         """Bring the pod of `job` to `target`: nothing if it is there; resize on its node; else migrate."""
         live = self.live(job)
-        holders = [p for p in live if not pods.gated(p) and not pods.terminating(p)]
+        holders = [p for p in live if not pods.has_gate(p, pods.MIGRATION_GATE) and not pods.terminating(p)]
         self._after_move.pop(job, None)
         retry = self._retries.get(job)
         if retry is not None and retry.target != target:
             del self._retries[job]  # a newer action replaces the resize that waited to be sent again
-        if job in self._migrations or job in self._preemptions or any(pods.gated(p) for p in live):
+        if job in self._migrations or job in self._preemptions \
+                or any(pods.has_gate(p, pods.MIGRATION_GATE) for p in live):
             # a move in progress: its replacement was made with the allocation of its time; this target is applied
             # once the replacement is bound (`_converge_after_moves`), not at the next reconcile. A preemption in
             # progress (a round stopped the job and started it again at once, elsewhere or in place): its pod is on
@@ -496,7 +507,7 @@ class Controller:
         if not holders:
             return  # no pod (yet, or any more): reconcile decides
         pod = holders[0]
-        if pods.queued(pod):
+        if pods.has_gate(pod, pods.QUEUE_GATE):
             self._admit_queued(job, pod, target, seq, at)
             return
         if pods.matches(pod, target):
@@ -513,36 +524,26 @@ class Controller:
         ungated, bound or still waiting for room: a pending pod's resize is what the scheduler then fits)."""
         for job, (target, seq, at) in list(self._after_move.items()):
             if job not in self._migrations and job not in self._preemptions and \
-                    not any(pods.gated(p) for p in self.live(job)):
+                    not any(pods.has_gate(p, pods.MIGRATION_GATE) for p in self.live(job)):
                 self.converge(job, target, seq, at)
 
     def _admit_queued(self, job: str, pod: dict, target: pods.Target, seq: int, at: float) -> None:
         """A queued job the allocator admitted: its pod, held by the gate `hetplan.io/queued`, gets `target` as
-        Kubernetes lets a gated pod change: its cores and RAM through the `resize` subresource (a pod not scheduled
-        yet: the scheduler then fits it with them), its node by narrowing its required node affinity (KEP-3838),
-        then the gate is removed (only removal is allowed), in that order, so that the pod is never schedulable
-        before it has all of `target`. A resize the API server refuses is logged; the pod is still admitted with its
-        own request (its node has room for more) and re-sized once it runs, as any pod."""
+        Kubernetes lets a gated pod change: its cores and RAM through the `resize` subresource (`_resize`, with its
+        bookkeeping; a pod not scheduled yet: the scheduler then fits it with them), its node by narrowing its
+        required node affinity (KEP-3838), then the gate is removed (only removal is allowed), in that order, so
+        that the pod is never schedulable before it has all of `target`. A resize to send again (429, 5xx, no
+        answer) keeps it gated until it is sent (`_retry_resizes`); one refused (booked as any pod's) admits it with
+        its own request (its node has room for more)."""
         from kubernetes.client.exceptions import ApiException
 
         ns, name = pods.key(pod)
         if pods.requests(pod) != (target.cpu_m, target.mem_mib):
-            try:
-                plan = plan_resize(pod, target, self.rules)
-                answer = self.core.patch_namespaced_pod_resize(name, ns, plan.body, _content_type=STRATEGIC,
-                                                               _preload_content=False, _request_timeout=self.timeout)
-                pod = json.loads(answer.data)
-            except ValueError as exc:
-                self.stats.count("queued-resize-refused")
-                log.warning("controller: queued %s/%s cannot be sized to %s: %s", ns, name, target, exc)
-            except ApiException as exc:
-                if exc.status == 404:
-                    return
-                if exc.status == 429 or exc.status >= 500:
-                    raise  # the pass retries: it stays gated meanwhile
-                self.stats.count("queued-resize-refused")
-                log.warning("controller: resize of queued %s/%s to %s refused: %s; admitted at its own request",
-                            ns, name, target, one_line(exc))
+            outcome = self._resize(pod, target, at, seq, observe=False)
+            if outcome in ("gone", "retry"):
+                return
+            if outcome == "refused":
+                log.warning("controller: queued %s/%s admitted at its own request, not %s", ns, name, target)
         ops = [{"op": "add", "path": "/spec/affinity", "value": pods.narrowed_affinity(pod["spec"], target.node)}]
         ops += pods.without_gate(pod, pods.QUEUE_GATE)
         try:
@@ -624,41 +625,46 @@ class Controller:
         made = json.loads(answer.data)
         self.stats.count("preempted-recreated")
         log.info("controller: preempted %s/%s created again (%s)", *p.pod,
-                 "queued" if pods.queued(made) else "placed" if pods.node_of(made) else "not served")
+                 "queued" if pods.has_gate(made, pods.QUEUE_GATE) else "placed" if pods.node_of(made) else "not served")
 
-    def _resize(self, pod: dict, target: pods.Target, at: float, seq: int = 0) -> None:
+    def _resize(self, pod: dict, target: pods.Target, at: float, seq: int = 0, observe: bool = True) -> str:
         """PATCH the pod's `resize` subresource by the server's rules (`resize.plan_resize`). A 422 is logged and
         counted once per target and not sent again; a 429, a 5xx or no answer is sent again with a backoff
-        (`_retry_resizes`); a memory shrink the rules leave out is reported once (`resize-memory-kept`)."""
+        (`_retry_resizes`); a memory shrink the rules leave out is reported once (`resize-memory-kept`). The
+        outcome: "done" (sent, or as far as the rules allow), "refused" (now or before), "retry", "gone" (404).
+        `observe`: the delay from the action counts (not when the resize is one step of another call's)."""
         from kubernetes.client.exceptions import ApiException
 
         ns, name = pods.key(pod)
         uid, job = pods.uid(pod), str(pods.job_id(pod))
-        if self._refused.get(uid) == target or self._kept.get(uid) == target:
-            return  # refused already, or applied as far as the rules allow: sending it again changes nothing
+        if self._refused.get(uid) == target:
+            return "refused"  # refused already: sending it again changes nothing
+        if self._kept.get(uid) == target:
+            return "done"  # applied as far as the rules allow
         try:
             plan = plan_resize(pod, target, self.rules)
         except ValueError as exc:
+            self._refused[uid] = target
             self.stats.count("resize-refused")
             log.warning("controller: resize of %s/%s to %s impossible: %s", ns, name, target, exc)
-            return
+            return "refused"
         try:
             answer = self.core.patch_namespaced_pod_resize(name, ns, plan.body, _content_type=STRATEGIC,
                                                            _preload_content=False, _request_timeout=self.timeout)
         except ApiException as exc:
             if exc.status == 404:
-                return
+                return "gone"
             if exc.status == 429 or exc.status >= 500:
                 self._retry_later(job, target, seq, at, exc)
-                return
+                return "retry"
             self._refused[uid] = target
             self.stats.count("resize-refused")
             log.warning("controller: resize of %s/%s to %s refused: %s (not retried)", ns, name, target,
                         one_line(exc))
-            return
+            return "refused"
         except Exception as exc:  # noqa: BLE001 - a timeout or a broken connection: the outcome is unknown
             self._retry_later(job, target, seq, at, exc)
-            return
+            return "retry"
         self._retries.pop(job, None)
         if plan.memory_kept:
             self._kept[uid] = target
@@ -666,11 +672,13 @@ class Controller:
             log.warning("controller: %s/%s is Guaranteed and Kubernetes %d.%d cannot lower a memory limit in place: "
                         "only its cpu was resized to %s (its memory stays until it moves or ends)", ns, name,
                         *self.rules.version, pods.cpu_text(target.cpu_m))
-        self._observe(at, "resize")
+        if observe:
+            self._observe(at, "resize")
         updated = json.loads(answer.data)
         with self._lock:
             if pods.key(updated) in self.pods:
                 self.pods[pods.key(updated)] = updated
+        return "done"
 
     def _retry_later(self, job: str, target: pods.Target, seq: int, at: float, exc: Exception) -> None:
         known = self._retries.get(job)
@@ -780,7 +788,7 @@ class Controller:
                     if not m.evicted:
                         m.next_try = now + 1.0
                 elif step == "ungate":
-                    ungate = [{"op": "remove", "path": "/spec/schedulingGates"}]
+                    ungate = pods.without_gate(new, pods.MIGRATION_GATE)
                     self.core.patch_namespaced_pod(m.new[1], m.new[0], ungate, _content_type=JSON_PATCH,
                                                    _preload_content=False, _request_timeout=self.timeout)
                     self.stats.count("migrated")
@@ -837,7 +845,7 @@ class Controller:
             ended, self._ended = list(self._ended), deque()
         due = []
         for pod in ended:
-            job = pods.job_id(pod)
+            job = job_of(pod)
             if job is None or any(pods.uid(p) != pods.uid(pod) for p in self.live(job)):
                 continue  # not ours, or its job goes on in another pod (a move, or a pod created again by name)
             if self._preempted(job, pod):
@@ -938,6 +946,7 @@ class Controller:
             for uid in [u for u in kept if u not in live]:
                 del kept[uid]
         self._forged &= live
+        self._misnamed_uids &= live
 
     def _annotate(self, pod: dict, value: str | None) -> None:
         """Set (None: remove) the annotation `hetplan.io/resize-pending` on `pod`; a pod gone meanwhile is fine."""
@@ -966,7 +975,7 @@ class Controller:
             by_job.setdefault(a.get("part_of") or a["job_id"], []).append(a)
         with self._lock:
             snapshot = [p for p in self.pods.values() if not pods.ended(p)]
-        live_jobs = {pods.job_id(p) for p in snapshot} - {None}
+        live_jobs = {job_of(p) for p in snapshot} - {None}
         now = time.monotonic()
         for job, parts in by_job.items():
             if job in live_jobs:
@@ -985,16 +994,23 @@ class Controller:
         for job in set(self._orphans) - set(by_job):
             self._orphans.pop(job, None)
         for pod in snapshot:
-            job = pods.job_id(pod)
+            job = job_of(pod)
             if pods.terminating(pod):
                 continue  # on its way out: neither a move to resume nor a pod to adopt
-            if job is not None and pods.gated(pod) and job not in self._migrations:
+            if job is None and pods.job_id(pod) is not None:  # names a job not its own: never acted on as that
+                job = self._misnamed(pod)                     # job's; adopted under its own id
+                if job not in by_job and not pods.has_gate(pod, pods.MIGRATION_GATE) \
+                        and self._adopt_tries.get(pods.uid(pod), 0.0) <= now:
+                    self._adopt(job, pod)
+                continue
+            if job is not None and pods.has_gate(pod, pods.MIGRATION_GATE) and job not in self._migrations:
                 self._resume(job, pod)
             if job is not None and job not in by_job and self._preempted(job, pod):
                 if job not in self._preemptions:  # begun before a restart: go on from the cluster
                     self._preempt(job, pod, int(pods.annotations(pod).get(pods.PREEMPTED_KEY) or 0))
                 continue  # on its way to the queue: never adopted back
-            if job is None or job in by_job or pods.gated(pod) or self._adopt_tries.get(pods.uid(pod), 0.0) > now:
+            if job is None or job in by_job or pods.has_gate(pod, pods.MIGRATION_GATE) \
+                    or self._adopt_tries.get(pods.uid(pod), 0.0) > now:
                 continue
             self._adopt(job, pod)
         if latest is not None:
@@ -1029,7 +1045,7 @@ class Controller:
                 self.service.release(job)
             return self._adopt_refused(pod, f"the allocator refuses it ({answer.get('reason') or 'a gang'}: "
                                             f"{answer.get('message')})")
-        if pods.job_id(pod) is None:
+        if pods.job_id(pod) != body["job_id"]:  # a default-path pod, or one whose job id was not its own
             ns, name = pods.key(pod)
             try:
                 self.core.patch_namespaced_pod(name, ns, {"metadata": {"annotations": adoption.annotations(body)}},
@@ -1056,6 +1072,16 @@ class Controller:
                  why)
         return False
 
+    def _misnamed(self, pod: dict) -> str:
+        """The id to adopt a pod under whose job id annotation is not its own (`job_of`: a user wrote it, the
+        webhook down or since): its own (`pods.adoptable_job`), never the one it names; reported once."""
+        if pods.uid(pod) not in self._misnamed_uids:
+            self._misnamed_uids.add(pods.uid(pod))
+            self.stats.count("job-id-forged")
+            log.warning("controller: %s/%s names job %s, not its own (%s): adopted as its own", *pods.key(pod),
+                        pods.job_id(pod), pods.adoptable_job(pod))
+        return pods.adoptable_job(pod)
+
     def _adopt_default_path(self) -> None:
         """Opted-in pods the webhook left to the default path, now running: adopted (`adoption`), each tried again
         no sooner than `adopt_every` seconds after a refusal (the allocator had no room for it there)."""
@@ -1063,8 +1089,8 @@ class Controller:
         with self._lock:
             due = [p for p in self.pods.values() if adoption.default_path(p)
                    and self._adopt_tries.get(pods.uid(p), 0.0) <= now]
-        for pod in due:
-            self._adopt(pods.owner_job(pod), pod)  # the id the allocator is asked for; a refusal sets its next try
+        for pod in due:  # under the id the allocator is asked for; a refusal sets its next try
+            self._adopt(pods.adoptable_job(pod) if pods.job_id(pod) is None else self._misnamed(pod), pod)
         live = {pods.uid(p) for p in due}
         for uid in [u for u, t in self._adopt_tries.items() if t < now and u not in live]:
             del self._adopt_tries[uid]
@@ -1076,7 +1102,8 @@ class Controller:
         for job, due in list(self._waiting.items()):
             if due > now:
                 continue
-            pod = next((p for p in self.live(job) if not pods.gated(p) and not pods.terminating(p)), None)
+            pod = next((p for p in self.live(job)
+                        if not pods.has_gate(p, pods.MIGRATION_GATE) and not pods.terminating(p)), None)
             if pod is None or self._adopt(job, pod):
                 del self._waiting[job]
             else:

@@ -52,7 +52,7 @@ def next_step(m: Migration, old: Mapping[str, Any] | None, new: Mapping[str, Any
               gone: bool = False) -> Step:
     """What to do next for `m`, given the old pod and the replacement as the cache has them (None: never seen);
     `gone`: `old` is the last state the watch showed before the pod was removed."""
-    if new is None or not pods.gated(new):
+    if new is None or not pods.has_gate(new, pods.MIGRATION_GATE):
         return "done"
     if gone or old is None:  # removed: its containers have stopped; evicted (or disrupted) it moved, else it ended
         seen = old is not None and (pods.disrupted(old) or answered(old, m.seq))

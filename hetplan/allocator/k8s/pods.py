@@ -132,6 +132,28 @@ def _part(labels: Mapping[str, str], notes: Mapping[str, str]) -> str:
     return "/" + "-".join(bits) if bits else ""
 
 
+def own_request(notes: Mapping[str, str], cpu_m: int | None, mem_mib: int | None) -> tuple[str, str, dict[str, float]]:
+    """The pod's own cpu/memory request: millicores and MiB as text ("" where it asks none), from the annotations
+    the webhook wrote (a replacement or a re-created pod carries them), else `cpu_m`/`mem_mib` (its requests as
+    written); and the allocator body's `cpus`/`mem_gb` from them. `ValueError` naming the annotation when one is no
+    whole number in range. "" is kept as written: a pod created again after a preemption carries its last
+    allocation as its requests, and must not be taken to ask for that."""
+    own_cpu = notes.get(REQUESTED_CPU_KEY, "" if cpu_m is None else str(cpu_m))
+    own_mem = notes.get(REQUESTED_MEMORY_KEY, "" if mem_mib is None else str(mem_mib))
+    body: dict[str, float] = {}
+    for key, text, field_, unit in ((REQUESTED_CPU_KEY, own_cpu, "cpus", 1000), (REQUESTED_MEMORY_KEY, own_mem,
+                                                                                 "mem_gb", 1024)):
+        if text == "":
+            continue
+        if not (text.isascii() and text.isdigit()):  # int() would take "-1", " 1", "1_0"
+            raise ValueError(f"annotation {key}={text[:40]!r} is no whole number")
+        try:
+            body[field_] = int(text) / unit
+        except (ValueError, OverflowError):  # more digits than int() reads or a float holds
+            raise ValueError(f"annotation {key} ({len(text)} digits) is out of range") from None
+    return own_cpu, own_mem, body
+
+
 def owner_job(pod: Mapping[str, Any], namespace: str | None = None) -> str:
     """The allocator's job id of `pod`, from what owns it, never from an annotation a user could write:
 
@@ -157,9 +179,34 @@ def owner_job(pod: Mapping[str, Any], namespace: str | None = None) -> str:
     return f"{ns}/{m.get('name') or ''}"
 
 
-def queued(pod: Mapping[str, Any]) -> bool:
-    """The pod waits in the allocator's queue: held by the scheduling gate `hetplan.io/queued`."""
-    return any(g.get("name") == QUEUE_GATE for g in (pod.get("spec") or {}).get("schedulingGates") or [])
+def move_base(name: str) -> str:
+    """A pod's name without one move's suffix (`-m<seq>`, `replacement`), cut to 240 characters: what a bare
+    pod's replacements are named after."""
+    if "-m" in name and name.rsplit("-m", 1)[1].isdigit():
+        name = name.rsplit("-m", 1)[0]
+    return name[:240]
+
+
+def adoptable_job(pod: Mapping[str, Any]) -> str:
+    """The job id the controller acts on for `pod`, by the webhook's rule: its owner's (`owner_job`), never an
+    annotation a user could write (the webhook down, or a patch since). The annotation `hetplan.io/job-id` counts
+    only where hetplan writes one that differs: a bare pod's move replacement (`<name>-m<seq>`) carries its
+    original's `<namespace>/<name>` (within one namespace such a name can still be chosen by a user)."""
+    owner, claimed = owner_job(pod), job_id(pod)
+    if claimed is None or claimed == owner:
+        return owner
+    ns, name = key(pod)
+    moved = "-m" in name and name.rsplit("-m", 1)[1].isdigit()  # named as a move's replacement
+    if owner == f"{ns}/{name}" and moved and claimed.startswith(f"{ns}/") \
+            and move_base(claimed[len(ns) + 1:]) == move_base(name):
+        return claimed
+    return owner
+
+
+def has_gate(pod: Mapping[str, Any], name: str) -> bool:
+    """The pod is held by the scheduling gate `name`: `QUEUE_GATE` (it waits in the allocator's queue),
+    `MIGRATION_GATE` (a move's replacement, until the pod it replaces is gone)."""
+    return any(g.get("name") == name for g in (pod.get("spec") or {}).get("schedulingGates") or [])
 
 
 def kueue(pod: Mapping[str, Any]) -> bool:
@@ -190,10 +237,6 @@ def disrupted(pod: Mapping[str, Any]) -> bool:
     kubelet), not because its job ended."""
     return any(c.get("type") == "DisruptionTarget" and str(c.get("status", "True")) == "True"
                for c in (pod.get("status") or {}).get("conditions") or [])
-
-
-def gated(pod: Mapping[str, Any]) -> bool:
-    return any(g.get("name") == MIGRATION_GATE for g in (pod.get("spec") or {}).get("schedulingGates") or [])
 
 
 def node_of(pod: Mapping[str, Any]) -> str | None:
@@ -366,10 +409,7 @@ def replacement(pod: Mapping[str, Any], target: Target, seq: int) -> dict[str, A
     """The pod that replaces `pod` on `target.node` (migrate): same labels, annotations (job id, own request),
     spec, with the target's resources, pinned, gated by `hetplan.io/migration` until the old pod is gone."""
     old = meta(pod)
-    base = str(old.get("name"))
-    if "-m" in base and base.rsplit("-m", 1)[1].isdigit():
-        base = base.rsplit("-m", 1)[0]
-    name = f"{base[:240]}-m{seq}"
+    name = f"{move_base(str(old.get('name')))}-m{seq}"
     notes = {k: v for k, v in (old.get("annotations") or {}).items() if k not in (CHECKPOINT_KEY, CHECKPOINTED_KEY)}
     notes[MIGRATED_FROM_KEY] = str(old.get("name"))
     spec = copy.deepcopy(pod.get("spec") or {})

@@ -61,25 +61,6 @@ def _escape(key: str) -> str:
     return key.replace("~", "~0").replace("/", "~1")
 
 
-def _own_request(klass: Any, notes: Mapping[str, str]) -> tuple[str, str, dict[str, Any]]:
-    """The pod's own cpu/memory request (millicores, MiB, as text; "" where it asks none: the annotations a
-    replacement or a re-created pod carries, else the pod's requests) and the allocate body's `cpus`/`mem_gb`;
-    `Unserved` when unreadable. "" is written too, so that a pod created again after a preemption, which carries its
-    last allocation as its requests, is not taken to ask for that (its job would differ from the one queued: 409)."""
-    own_cpu = notes.get(pods.REQUESTED_CPU_KEY, "" if klass.cpu_m is None else str(klass.cpu_m))
-    own_mem = notes.get(pods.REQUESTED_MEMORY_KEY, "" if klass.mem_mib is None else str(klass.mem_mib))
-    body: dict[str, Any] = {}
-    try:
-        if own_cpu != "":
-            body["cpus"] = int(own_cpu) / 1000
-        if own_mem != "":
-            body["mem_gb"] = int(own_mem) / 1024
-    except (ValueError, OverflowError):  # OverflowError: more digits than a float holds
-        raise Unserved(f"annotation {pods.REQUESTED_CPU_KEY}/{pods.REQUESTED_MEMORY_KEY} is no whole number in "
-                       "range") from None
-    return own_cpu, own_mem, body
-
-
 def job_of(pod: Mapping[str, Any], namespace: str, name: str, trusted: bool) -> str:
     """The pod's job id: its owner's (`pods.owner_job`); the annotation `hetplan.io/job-id` only from the
     controller (`trusted`: a pod it created again after a preemption), never from anybody else, so that no pod
@@ -105,7 +86,10 @@ def admit(pod: Mapping[str, Any], namespace: str, allocate: Callable[[dict], dic
         raise Unserved(f"no {MODEL_KEY} label")
     name = meta.get("name") or f"{meta.get('generateName') or 'pod-'}{uuid.uuid4().hex[:8]}"
     job = job_of(pod, namespace, name, trusted)
-    own_cpu, own_mem, floor = _own_request(klass, notes)
+    try:
+        own_cpu, own_mem, floor = pods.own_request(notes, klass.cpu_m, klass.mem_mib)
+    except ValueError as exc:
+        raise Unserved(str(exc)) from None
     body: dict[str, Any] = {"job_id": job, "model": klass.model, "num_gpus": klass.gpus, **floor}
     try:
         answer = allocate(body)
@@ -191,7 +175,8 @@ def _queued(pod: Mapping[str, Any], job: str, own_cpu: str, own_mem: str,
 
 def replacement(pod: Mapping[str, Any]) -> bool:
     """What a move's replacement carries (`pods.replacement`): the pod it replaces, a job id, the migration gate."""
-    return bool(pods.annotations(pod).get(pods.MIGRATED_FROM_KEY) and pods.job_id(pod) and pods.gated(pod))
+    return bool(pods.annotations(pod).get(pods.MIGRATED_FROM_KEY) and pods.job_id(pod)
+                and pods.has_gate(pod, pods.MIGRATION_GATE))
 
 
 def review(body: Mapping[str, Any], allocate: Callable[[dict], dict], release: Callable[[str], object],

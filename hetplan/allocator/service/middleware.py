@@ -7,6 +7,7 @@ import gc
 import json
 import math
 import re
+import threading
 import time
 from collections.abc import Callable, Coroutine, Iterator
 from contextlib import contextmanager
@@ -169,7 +170,8 @@ class JSONRequest(Request):
         return self._json
 
 
-_paused = 0
+_paused = 0  # large bodies being handled (`old_generation_paused`), under `_paused_lock`
+_paused_lock = threading.Lock()  # each event loop is one thread, but a process may run several (test clients)
 _thresholds = gc.get_threshold()
 
 
@@ -180,21 +182,25 @@ def old_generation_paused() -> Iterator[None]:
     A 32 MiB body parses into about a million objects; each full collection then walks them all, 0.1-0.3 s with
     every thread stopped, several times a request. Young collections go on (cycles among new objects are still
     freed); the parsed body itself is freed by reference counting when the request ends, and the thresholds come
-    back when the last large body is done."""
+    back when the last large body is done: the count of bodies in flight and the threshold change together under
+    a lock, so that concurrent bodies (on one event loop, or several) neither restore it early nor keep it."""
     global _paused, _thresholds
-    if _paused == 0:
-        _thresholds = gc.get_threshold()
-        gc.set_threshold(_thresholds[0], _thresholds[1], 1 << 30)
-    _paused += 1
+    with _paused_lock:
+        if _paused == 0:
+            _thresholds = gc.get_threshold()
+            gc.set_threshold(_thresholds[0], _thresholds[1], 1 << 30)
+        _paused += 1
     try:
         yield
     finally:
-        _paused -= 1
-        if _paused == 0:
-            gc.set_threshold(*_thresholds)
+        with _paused_lock:
+            _paused -= 1
+            if _paused == 0:
+                gc.set_threshold(*_thresholds)
 
 
 _SCALARS = frozenset({str, int, bool, type(None)})
+_SCALARS_FLOAT = _SCALARS | {float}
 
 
 def all_finite(value: Any) -> bool:
@@ -235,12 +241,9 @@ def non_finite(value: Any) -> list[str | int] | None:
             keys, values = range(len(item)), item
         else:
             continue
-        kinds = set(map(type, values))
-        if kinds <= _SCALARS:
-            continue
-        if kinds <= _SCALARS | {float}:
-            if all(map(math.isfinite, (v for v in values if type(v) is float))):
-                continue
+        if set(map(type, values)) <= _SCALARS_FLOAT and all(map(math.isfinite, (v for v in values
+                                                                  if type(v) is float))):
+            continue  # scalars and finite floats only (at C speed): nothing under it to look at
         stack.extend((v, (*path, k)) for k, v in reversed(list(zip(keys, values))) if type(v) not in _SCALARS)
     return None
 
