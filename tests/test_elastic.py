@@ -4,13 +4,14 @@ the multi-GPU truth (`sim.scaling_truth`) and the simulator and CLI running them
 from __future__ import annotations
 
 import random
+from types import SimpleNamespace
 
 import pandas as pd
 import pytest
 from typer.testing import CliRunner
 
 from hetplan.allocator import Allocator
-from hetplan.allocator.spec import Job, Node
+from hetplan.allocator.spec import Allocation, Job, Node
 from hetplan.cli import app
 from hetplan.scaling.data import load_profile
 from hetplan.scheduler.elastic import (
@@ -270,3 +271,17 @@ def test_cli_elastic_without_placements_is_refused(tmp_path):
                                       "--truth", str(nodes), "--elastic", "--no-mlflow", "--out-dir",
                                       str(tmp_path / "out")])
     assert result.exit_code != 0 and "--elastic" in result.output and not (tmp_path / "out").exists()
+
+
+def test_a_starving_host_slows_compute_in_truth_and_in_the_priced_belief(truth):
+    starve = {("cifar10", "T4"): lambda cores, mem: min(1.0, cores / 8)}  # a synthetic curve: 8 cores feed a GPU
+    fed = truth.with_hosts(starve)
+    parts = lambda cores: (Allocation("j", "cifar10", "n", "T4", 1, cores * 1000, 16 * 1024, None,  # noqa: E731
+                                      "first-fit", "proportional"),)
+    speeds = [fed.job_speed("cifar10", parts(c), 512, 1000.0) for c in (2, 4, 8, 16)]
+    assert speeds[0] < speeds[1] < speeds[2] == speeds[3]  # slower while starved; all-reduce unchanged
+    assert truth.job_speed("cifar10", parts(2), 512, 1000.0) == speeds[3]  # no host factors: every host feeds
+    job = SimpleNamespace(truth_model="cifar10", batch=512.0, reference_rate=1000.0)
+    option = [Config("T4", 1, 1)]
+    blind, priced = fed.rates()(job, option), fed.rates({"T4": (2.0, 16.0)})(job, option)
+    assert priced[option[0]] < blind[option[0]]
