@@ -15,6 +15,11 @@ Blox's stages, one loop, driven alike by the simulator (which keeps time, speeds
   (`hint`) the allocator's `rebalance` decides jointly which jobs run, on which GPU type and node(s), with what
   cores and RAM, whenever jobs wait or something changed since the last round.
 
+One job's fault never fails the others: an exception raised while placing one job (a policy raising for its
+model, hints that make its need NaN) skips that job this time (it stays queued; a running job keeps its place),
+logged once per job and fault with its id (`Scheduler.faults`), and the pass goes on. The co-adaptive step has
+the same barrier inside (`hetplan.allocator.step`).
+
 Every change reaches a `Listener` (the simulator's speeds and books; nothing for the service, whose journal is the
 allocator's). A step reads only the head of the queue that could start (`Queue.head`).
 """
@@ -22,9 +27,10 @@ allocator's). A step reads only the head of the queue that could start (`Queue.h
 from __future__ import annotations
 
 import heapq
+import logging
 import math
-from collections.abc import Iterable, Mapping
-from typing import Literal, Protocol
+from collections.abc import Callable, Iterable, Mapping
+from typing import Literal, Protocol, TypeVar
 
 from hetplan.allocator.actions import GANG_SEP, Action
 from hetplan.allocator.admission import ClassKey, class_key, who_runs
@@ -33,6 +39,10 @@ from hetplan.allocator.spec import Allocation, Job
 from hetplan.scheduler.orders import ORDERS, Order
 from hetplan.scheduler.queue import Queue
 from hetplan.scheduler.state import JobState
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 StartKind = Literal["start", "migrate", "resize"]
 """Why a job (re)starts on parts: placed from the queue, moved to other node(s), or re-sized in place."""
@@ -88,6 +98,7 @@ class Scheduler:
         self.changed = False  # something started or stopped since the last round (co-adaptive rounds only)
         self.off_best = 0  # running jobs not on their fastest GPU type (co-adaptive rounds only)
         self.counts = dict.fromkeys(COUNTS, 0)
+        self.faults: dict[str, str] = {}  # job id -> the fault that last skipped it (logged once), until it starts
 
     # ------------------------------------------------------------------ the stages
 
@@ -112,6 +123,7 @@ class Scheduler:
             return None
         self.queue.remove(job.idx)
         del self.jobs[job.idx], self.by_id[job_id]
+        self.faults.pop(job_id, None)
         return job
 
     def finish(self, job_id: str, now: float) -> JobState:
@@ -119,6 +131,7 @@ class Scheduler:
         job = self.by_id[job_id]
         self._stop(job, now, final=True)
         del self.jobs[job.idx], self.by_id[job_id]
+        self.faults.pop(job_id, None)
         return job
 
     def wants_round(self) -> bool:
@@ -159,24 +172,45 @@ class Scheduler:
                 continue
             if free == 0 or job.gpus > free:
                 continue
-            old = previous.get(job.idx)
-            if old is not None and len(old) == 1 and self.allocator.restore(old[0]):
-                self.queue.remove(job.idx)
-                self._start(job, old, now, "start")
-                self.counts["kept"] += 1
+            placed = self.guarded(job, "placing", self._place_one, job, previous.get(job.idx), failed, now)
+            if placed:
                 free -= job.gpus
-                continue
-            if class_key(job.request) in failed:
-                continue
-            decision = self.allocator.allocate(job.request)
-            if isinstance(decision, Allocation):
-                self.queue.remove(job.idx)
-                self._start(job, (decision,), now, "start")
-                free -= job.gpus
-            else:
-                failed.add(class_key(job.request))
         if gangs and free >= min(job.num_gpus for job in gangs):
             self.take(self.allocator.place_gangs(gangs), now)
+
+    def _place_one(self, job: JobState, old: tuple[Allocation, ...] | None, failed: set[ClassKey],
+                   now: float) -> bool:
+        """Start one waiting job of a placement-only `fill`: its old place back (`old`, when this round preempted
+        it) if that node has room, else where `allocate` puts it unless its class found no place this pass
+        (`failed`, which a failure adds to). Whether it started."""
+        if old is not None and len(old) == 1 and self.allocator.restore(old[0]):
+            self.queue.remove(job.idx)
+            self._start(job, old, now, "start")
+            self.counts["kept"] += 1
+            return True
+        if class_key(job.request) in failed:
+            return False
+        decision = self.allocator.allocate(job.request)
+        if not isinstance(decision, Allocation):
+            failed.add(class_key(job.request))
+            return False
+        self.queue.remove(job.idx)
+        self._start(job, (decision,), now, "start")
+        return True
+
+    def guarded(self, job: JobState, what: str, step: Callable[..., T], *args: object) -> T | None:
+        """`step(*args)`, or None when it raises: the per-job barrier (the module docstring). The fault is logged
+        once per job and fault (`faults`); the job is left as the step found it (a placement-only policy changes
+        nothing before it commits, and the allocator's commit is all or nothing)."""
+        try:
+            return step(*args)
+        except Exception as exc:  # noqa: BLE001 - one job's fault must not fail the others
+            said = f"{type(exc).__name__}: {exc}"
+            if self.faults.get(job.job_id) != said:
+                self.faults[job.job_id] = said
+                log.warning("scheduler: %s job %s (%s, %d GPUs) failed; it is skipped this time: %s", what,
+                            job.job_id, job.request.model, job.gpus, said)
+            return None
 
     def round(self, now: float) -> None:
         """A round boundary: a co-adaptive step, or (placement-only policies) a reschedule when a waiting job
@@ -193,7 +227,9 @@ class Scheduler:
             self.fill(now)
             return
         gpus = self.capacity()
-        run, _ = who_runs((self.jobs[entry[-1]].request for entry in heapq.merge(ranked, self.queue.head(gpus))),
+        # a waiting job whose placement faulted takes no room from the others (`fill` still tries it)
+        contending = (self.jobs[entry[-1]].request for entry in heapq.merge(ranked, self.queue.head(gpus)))
+        run, _ = who_runs((job for job in contending if job.job_id not in self.faults) if self.faults else contending,
                           gpus, gpus)
         chosen = {self.by_id[job.job_id].idx for job in run}
         before = {entry[-1]: self.jobs[entry[-1]].parts for entry in ranked if entry[-1] not in chosen}
@@ -302,6 +338,7 @@ class Scheduler:
         self.running[job.idx] = job
         self.counts["starts"] += 1
         self.changed = True
+        self.faults.pop(job.job_id, None)
 
     def _placed(self, job: JobState, parts: tuple[Allocation, ...]) -> None:
         """Book where a job runs now: its GPU type and share, and whether that type is its fastest."""
