@@ -172,36 +172,37 @@ class Scheduler:
                 continue
             if free == 0 or job.gpus > free:
                 continue
-            placed = self.guarded(job, "placing", self._place_one, job, previous.get(job.idx), failed, now)
-            if placed:
+            placed = self.guarded(job, "placing", self._place_one, job, previous.get(job.idx), failed)
+            if placed is not None:  # booked outside the barrier: a listener's error is no job's fault
+                parts, kept = placed
+                self.queue.remove(job.idx)
+                self._start(job, parts, now, "start")
+                self.counts["kept"] += kept
                 free -= job.gpus
         if gangs and free >= min(job.num_gpus for job in gangs):
             self.take(self.allocator.place_gangs(gangs), now)
 
-    def _place_one(self, job: JobState, old: tuple[Allocation, ...] | None, failed: set[ClassKey],
-                   now: float) -> bool:
-        """Start one waiting job of a placement-only `fill`: its old place back (`old`, when this round preempted
-        it) if that node has room, else where `allocate` puts it unless its class found no place this pass
-        (`failed`, which a failure adds to). Whether it started."""
+    def _place_one(self, job: JobState, old: tuple[Allocation, ...] | None, failed: set[ClassKey]
+                   ) -> tuple[tuple[Allocation, ...], bool] | None:
+        """Where one waiting job of a placement-only `fill` starts, committed to the allocator (the caller books
+        it): its old place back (`old`, when this round preempted it) if that node has room, else where `allocate`
+        puts it unless its class found no place this pass (`failed`, which a failure adds to). (parts, whether it
+        is its old place), or None."""
         if old is not None and len(old) == 1 and self.allocator.restore(old[0]):
-            self.queue.remove(job.idx)
-            self._start(job, old, now, "start")
-            self.counts["kept"] += 1
-            return True
+            return old, True
         if class_key(job.request) in failed:
-            return False
+            return None
         decision = self.allocator.allocate(job.request)
         if not isinstance(decision, Allocation):
             failed.add(class_key(job.request))
-            return False
-        self.queue.remove(job.idx)
-        self._start(job, (decision,), now, "start")
-        return True
+            return None
+        return (decision,), False
 
     def guarded(self, job: JobState, what: str, step: Callable[..., T], *args: object) -> T | None:
         """`step(*args)`, or None when it raises: the per-job barrier (the module docstring). The fault is logged
         once per job and fault (`faults`); the job is left as the step found it (a placement-only policy changes
-        nothing before it commits, and the allocator's commit is all or nothing)."""
+        nothing before it commits, and the allocator's commit is all or nothing). `step` only decides and commits to
+        the allocator: the books and the listener are the caller's, outside the barrier."""
         try:
             return step(*args)
         except Exception as exc:  # noqa: BLE001 - one job's fault must not fail the others
