@@ -153,7 +153,7 @@ def _run(alloc, ops, policy: str, check: bool) -> list:
                 log.append(("refused", str(exc)))
         elif kind == "allocate":
             job = Job.request(*op[1:])
-            fresh = alloc.cluster.allocation(job.job_id) is None
+            fresh = not alloc.running([job.job_id])  # a gang's id names no allocation, only its parts
             if check and fresh:
                 before = Cluster()  # a copy of the state the policy saw, for the brute-force check
                 for n in alloc.cluster.nodes():
