@@ -96,6 +96,25 @@ def test_las_rounds_preempt_the_job_that_has_had_most_and_keep_what_it_attained(
         [("stop", "old", True), ("start", "new", False)]
 
 
+@pytest.mark.parametrize("policy", ["first-fit", "proportional", "hint-static"])
+def test_a_reschedule_stops_only_the_jobs_whose_room_a_job_ahead_of_them_takes(policy):
+    """A 3-GPU job outranks the running ones: `who_runs` leaves two of them out by counting GPUs, but no node
+    could hold it (a gang over 2-GPU nodes, placed after): nobody is stopped, nothing is logged."""
+    clock = Clock()
+    s = OnlineScheduler(Allocator([Node("a", "V100", 2, 16, 128), Node("b", "V100", 2, 16, 128)], policy,
+                                  clock=clock), "las")
+    for name in ("r1", "r3", "r2"):
+        assert s.submit(Job(name, "m", 1)).status == "allocated"
+    where = {job: parts[0].node for job, parts in s.allocator.running().items()}
+    logged = len(s.allocator.log.entries())
+    clock.now = 100.0
+    s.submit(Job("w", "m", 3))
+    s.round()
+    assert {job: parts[0].node for job, parts in s.allocator.running().items()} == where
+    assert len(s.allocator.log.entries()) == logged and [w.job_id for w in s.queue()] == ["w"]
+    assert (s.loop.counts["kept"], s.loop.counts["preemptions"]) == (2, 0)
+
+
 def test_a_restart_resumes_the_same_queue_in_the_same_order_with_the_same_attained_service(tmp_path):
     clock = Clock()
     db = tmp_path / "a.db"

@@ -10,8 +10,9 @@ Blox's stages, one loop, driven alike by the simulator (which keeps time, speeds
 - `finish(job_id, now)`: a running job releases its resources (the caller fills after, once per instant);
 - `round(now)`: at a round boundary, preemptive. With a placement-only policy (`hint-static`, `proportional`,
   `first-fit`) a waiting job that outranks a running one triggers a reschedule: the jobs that should run are
-  picked in order while their GPUs fit (`admission.who_runs`), the others stop (they keep their progress and
-  attained service) and the waiting fill, a stopped job first trying its old place. With a co-adaptive policy
+  picked in order while their GPUs fit (`admission.who_runs`); of the others only those whose room a job ahead
+  of them takes stop (they keep their progress and attained service): planned on a trial, the left-out first
+  trying their old place, and applied as the difference (`Scheduler._reschedule`). With a co-adaptive policy
   (`hint`) the allocator's `rebalance` decides jointly which jobs run, on which GPU type and node(s), with what
   cores and RAM, whenever jobs wait or something changed since the last round.
 
@@ -32,10 +33,12 @@ import math
 from collections.abc import Callable, Iterable, Mapping
 from typing import Literal, Protocol, TypeVar
 
-from hetplan.allocator.actions import GANG_SEP, Action
+from hetplan.allocator.actions import GANG_SEP, Action, diff
 from hetplan.allocator.admission import ClassKey, class_key, who_runs
+from hetplan.allocator.cluster import OvercommitError
 from hetplan.allocator.core import Allocator
 from hetplan.allocator.spec import Allocation, Job
+from hetplan.hints import HintSet
 from hetplan.scheduler.orders import ORDERS, Order
 from hetplan.scheduler.queue import Queue
 from hetplan.scheduler.state import JobState
@@ -237,21 +240,78 @@ class Scheduler:
         if not before:
             self.fill(now)
             return
+        self._reschedule(before, now)
+
+    def _reschedule(self, before: dict[int, tuple[Allocation, ...]], now: float) -> None:
+        """A placement-only reschedule: the running jobs of `before` (left out by `who_runs`) give up their room
+        only where a job of higher priority takes it. Planned on a trial of the cluster as `fill` would run after
+        stopping them all (each of them its old place first, in priority order), then applied as the difference
+        (`actions.diff`, journaled as preemptions): a job that gets its old place back is never stopped (`kept`),
+        one placed elsewhere migrates, one placed nowhere stops and waits. Gangs are placed after, as `fill` does."""
+        cluster = self.allocator.cluster
+        hints = self.allocator.hints
         for idx in before:
-            self._stop(self.jobs[idx], now, final=False)
-            self.queue.add((*self.priority(self.jobs[idx], 0.0), idx))
-        self.fill(now, previous=before)
-        preempted = 0
-        for idx, old in before.items():
-            job = self.jobs[idx]
-            if not job.parts:
-                job.preemptions += 1
-                preempted += 1
-            elif job.parts[0].node != old[0].node:
-                job.migrations += 1
-                self.counts["migrations"] += 1
-        self.counts["preemptions"] += preempted
-        self.counts["reschedules"] += preempted > 0  # a round whose stopped jobs all got their place back is none
+            self.jobs[idx].advance(now)  # their priority as if stopped now
+        victims = [(*self.priority(self.jobs[idx], 0.0), idx) for idx in before]
+        with cluster.trial():
+            for parts in before.values():
+                for a in parts:
+                    cluster.release(a.job_id)
+            free = cluster.free_gpus_total()
+            largest = cluster.max_gpus()
+            failed: set[ClassKey] = set()
+            gangs: list[Job] = []
+            placed: dict[int, tuple[Allocation, ...]] = {}
+            for entry in sorted(set(self.queue.head(free)).union(victims)):
+                job = self.jobs[entry[-1]]
+                if job.gpus > largest:  # a gang: its old place back, else placed after, as `fill` places gangs
+                    if job.idx in before and job.gpus <= free and self._restore_on_trial(before[job.idx]):
+                        placed[job.idx] = before[job.idx]
+                        free -= job.gpus
+                    else:
+                        gangs.append(job.request)
+                    continue
+                if free == 0 or job.gpus > free:
+                    continue
+                parts = self.guarded(job, "placing", self._plan_one, job, before.get(job.idx), failed, hints)
+                if parts:
+                    placed[job.idx] = parts
+                    free -= job.gpus
+        current = {self.jobs[idx].job_id: parts for idx, parts in before.items()}
+        actions = diff(current, {self.jobs[idx].job_id: parts for idx, parts in placed.items()})
+        self.allocator.apply_actions(actions, clear_touched=False, preempting=True)
+        self.counts["kept"] += len(before) - sum(a.job_id in current for a in actions)
+        self.take(actions, now)
+        if gangs and cluster.free_gpus_total() >= min(job.num_gpus for job in gangs):
+            self.take(self.allocator.place_gangs(gangs), now)
+
+    def _restore_on_trial(self, parts: tuple[Allocation, ...]) -> bool:
+        """Apply a job's old parts to the reschedule's trial, all or nothing; whether they fit."""
+        cluster = self.allocator.cluster
+        mark = cluster.mark()
+        try:
+            for a in parts:
+                cluster.apply(a)
+        except OvercommitError:
+            cluster.undo_to(mark)
+            return False
+        return True
+
+    def _plan_one(self, job: JobState, old: tuple[Allocation, ...] | None, failed: set[ClassKey],
+                  hints: HintSet) -> tuple[Allocation, ...] | None:
+        """`_place_one` on the reschedule's trial: where the job would run (`old` itself when it gets its old place
+        back: no change), applied to the trial; None where it would not run."""
+        cluster = self.allocator.cluster
+        if old is not None and len(old) == 1 and self._restore_on_trial(old):
+            return old
+        if class_key(job.request) in failed:
+            return None
+        decision = self.allocator.policy.place(job.request, cluster, hints)
+        if not isinstance(decision, Allocation):
+            failed.add(class_key(job.request))
+            return None
+        cluster.apply(decision)
+        return (decision,)
 
     @property
     def gpu_type_names(self) -> list[str]:
