@@ -11,7 +11,10 @@ import pytest
 from hetplan.allocator import Allocator, Node
 from hetplan.allocator.core import NodeChanges
 from hetplan.allocator.durable import DurableAllocator
+from hetplan.allocator.policies import POLICIES, FirstFitPolicy, register_policy
 from hetplan.allocator.spec import Job
+from hetplan.hints import HintSet
+from hetplan.hints.index import HintEntry, class_key
 from hetplan.scheduler import ORDERS, JobState, Queue
 from hetplan.scheduler.online import Conflict, OnlineScheduler
 
@@ -93,6 +96,25 @@ def test_las_rounds_preempt_the_job_that_has_had_most_and_keep_what_it_attained(
         [("stop", "old", True), ("start", "new", False)]
 
 
+@pytest.mark.parametrize("policy", ["first-fit", "proportional", "hint-static"])
+def test_a_reschedule_stops_only_the_jobs_whose_room_a_job_ahead_of_them_takes(policy):
+    """A 3-GPU job outranks the running ones: `who_runs` leaves two of them out by counting GPUs, but no node
+    could hold it (a gang over 2-GPU nodes, placed after): nobody is stopped, nothing is logged."""
+    clock = Clock()
+    s = OnlineScheduler(Allocator([Node("a", "V100", 2, 16, 128), Node("b", "V100", 2, 16, 128)], policy,
+                                  clock=clock), "las")
+    for name in ("r1", "r3", "r2"):
+        assert s.submit(Job(name, "m", 1)).status == "allocated"
+    where = {job: parts[0].node for job, parts in s.allocator.running().items()}
+    logged = len(s.allocator.log.entries())
+    clock.now = 100.0
+    s.submit(Job("w", "m", 3))
+    s.round()
+    assert {job: parts[0].node for job, parts in s.allocator.running().items()} == where
+    assert len(s.allocator.log.entries()) == logged and [w.job_id for w in s.queue()] == ["w"]
+    assert (s.loop.counts["kept"], s.loop.counts["preemptions"]) == (2, 0)
+
+
 def test_a_restart_resumes_the_same_queue_in_the_same_order_with_the_same_attained_service(tmp_path):
     clock = Clock()
     db = tmp_path / "a.db"
@@ -151,3 +173,51 @@ def test_a_round_that_raises_changes_nothing_and_the_next_one_runs():
     s.allocator.rebalance = real
     s.round()
     assert list(s.allocator.running()) == ["new"] and [w.job_id for w in s.queue()] == ["old"]
+
+
+# ---------------------------------------------------------------------- one job's fault never fails the others
+
+class Cursed(FirstFitPolicy):
+    """first-fit, except that placing a job of model `cursed` raises: a policy's own bug for one class."""
+
+    name = "first-fit-cursed"
+
+    def place(self, job, state, hints):
+        if job.model == "cursed":
+            raise RuntimeError(f"no rule for model {job.model}")
+        return super().place(job, state, hints)
+
+
+if Cursed.name not in POLICIES:
+    register_policy(Cursed.name, Cursed)
+
+# "broken"'s hinted cores are NaN: its need cannot be worked out (hint-static's `place`, hint's class view raise)
+BROKEN = HintSet("h1", {class_key(model, 1): (HintEntry("V100", 1, cores, 4.0, 1.0),)
+                        for model, cores in [("ok", 1.0), ("broken", float("nan"))]})
+
+
+@pytest.mark.parametrize("policy, bad_model", [("hint-static", "broken"), ("hint", "broken"),
+                                               ("first-fit-cursed", "cursed")])
+def test_a_job_whose_placement_raises_is_skipped_and_logged_once_and_the_others_run(caplog, policy, bad_model):
+    clock = Clock()
+    s = OnlineScheduler(Allocator([Node("a", "V100", 2, 16, 128)], policy, BROKEN, clock=clock), "las")
+    with caplog.at_level("DEBUG"):
+        assert s.submit(Job("j0", "ok", 1)).status == "allocated"
+        clock.now = 100.0
+        bad = s.submit(Job("bad", bad_model, 1))  # ahead of j2 in the order, its placement raises
+        assert (bad.status, bad.position) == ("queued", 1)
+        assert s.submit(Job("j2", "ok", 1)).status == "allocated"  # it starts though bad is ahead of it
+        for now in (300.0, 600.0, 900.0):  # bad outranks both: rounds try it, never stop a job for it
+            clock.now = now
+            s.round()
+        clock.now = 1000.0
+        assert s.release("j0")[0]  # the freed GPU: bad is tried again, fails again, waits on
+    assert sorted(s.allocator.running()) == ["j2"] and [w.job_id for w in s.queue()] == ["bad"]
+    assert [x.action.kind for x in s.allocator.log.entries()] == ["start", "start", "stop"]  # j0, j2; j0 released
+    assert not s.allocator.cluster.check()
+    warned = [(r.name, r.getMessage()) for r in caplog.records if r.levelname == "WARNING" and "job bad" in r.message]
+    assert warned and len({name for name, _ in warned}) == len(warned), warned  # once per layer that saw it
+    assert all(f"job {j}" not in r.getMessage() for r in caplog.records for j in ("j0", "j2"))
+    assert s.loop.faults.keys() == {"bad"}
+    s.release("bad")  # out of the queue: out of the faults
+    assert s.loop.faults == {} and s.queue() == []

@@ -419,10 +419,11 @@ class Allocator:
                 self._commit(actions, clear_touched=nodes is None, preempting=True)
             return actions
 
-    def apply_actions(self, actions: Sequence[Action], clear_touched: bool = True) -> None:
-        """Release everything the actions take away, then apply what they give; all or nothing."""
+    def apply_actions(self, actions: Sequence[Action], clear_touched: bool = True, preempting: bool = False) -> None:
+        """Release everything the actions take away, then apply what they give; all or nothing. `preempting`: their
+        stops are preemptions (the jobs wait to run again), as the action log says."""
         with self.lock:
-            self._commit(actions, clear_touched, apply=True)
+            self._commit(actions, clear_touched, apply=True, preempting=preempting)
 
     # ------------------------------------------------------------------ the one apply point
 

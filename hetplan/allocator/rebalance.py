@@ -66,6 +66,9 @@ class CoAdaptive:
     name: str = "hint"
     strict: bool = False  # only the GPU types a class's hints list (classes without hints: any)
     stability: Stability = Stability()
+    faults: dict[str, str] = field(default_factory=dict, repr=False, compare=False)
+    """What failed in a step (a job's reading or placing, a node's re-sizing) -> how, so that a fault that goes on
+    from step to step is logged once (`StepState.fault`); dropped when that work succeeds again."""
     _views: dict[tuple[str, int, str | None, tuple[str, ...]], ClassView] = field(default_factory=dict, repr=False)
     _step_views: tuple[object, dict[tuple[str, int], ClassView], dict[str, tuple[Job, ClassView]]] | None = \
         field(default=None, repr=False)

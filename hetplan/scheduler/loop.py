@@ -10,12 +10,18 @@ Blox's stages, one loop, driven alike by the simulator (which keeps time, speeds
 - `finish(job_id, now)`: a running job releases its resources (the caller fills after, once per instant);
 - `round(now)`: at a round boundary, preemptive. With a placement-only policy (`hint-static`, `proportional`,
   `first-fit`) a waiting job that outranks a running one triggers a reschedule: the jobs that should run are
-  picked in order while their GPUs fit (`admission.who_runs`), the others stop (they keep their progress and
-  attained service) and the waiting fill, a stopped job first trying its old place. With a co-adaptive policy
+  picked in order while their GPUs fit (`admission.who_runs`); of the others only those whose room a job ahead
+  of them takes stop (they keep their progress and attained service): planned on a trial, the left-out first
+  trying their old place, and applied as the difference (`Scheduler._reschedule`). With a co-adaptive policy
   (`hint`) the allocator's `rebalance` decides jointly which jobs run, on which GPU type and node(s), with what
   cores and RAM, whenever jobs wait or something changed since the last round. With an elastic rule (`elastic`)
   every round gives every job a GPU type and a GPU count (`elastic.choose`), applied by `Allocator.reconfigure`,
   and nothing starts between rounds.
+
+One job's fault never fails the others: an exception raised while placing one job (a policy raising for its
+model, hints that make its need NaN) skips that job this time (it stays queued; a running job keeps its place),
+logged once per job and fault with its id (`Scheduler.faults`), and the pass goes on. The co-adaptive step has
+the same barrier inside (`hetplan.allocator.step`).
 
 Every change reaches a `Listener` (the simulator's speeds and books; nothing for the service, whose journal is the
 allocator's). A step reads only the head of the queue that could start (`Queue.head`).
@@ -24,19 +30,26 @@ allocator's). A step reads only the head of the queue that could start (`Queue.h
 from __future__ import annotations
 
 import heapq
+import logging
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import replace
-from typing import Literal, Protocol
+from typing import Literal, Protocol, TypeVar
 
-from hetplan.allocator.actions import GANG_SEP, Action
+from hetplan.allocator.actions import GANG_SEP, Action, diff
 from hetplan.allocator.admission import ClassKey, class_key, who_runs
+from hetplan.allocator.cluster import OvercommitError
 from hetplan.allocator.core import Allocator
 from hetplan.allocator.spec import Allocation, Job
+from hetplan.hints import HintSet
 from hetplan.scheduler.elastic import Config, Elastic, ElasticJob, TypeShape, choose, configs
 from hetplan.scheduler.orders import ORDERS, Order
 from hetplan.scheduler.queue import Queue
 from hetplan.scheduler.state import JobState
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 StartKind = Literal["start", "migrate", "resize", "rescale"]
 """Why a job (re)starts on parts: placed from the queue, moved to other node(s), re-sized in place, or given
@@ -95,6 +108,7 @@ class Scheduler:
         self.changed = False  # something started or stopped since the last round (co-adaptive rounds only)
         self.off_best = 0  # running jobs not on their fastest GPU type (co-adaptive rounds only)
         self.counts = dict.fromkeys(COUNTS, 0)
+        self.faults: dict[str, str] = {}  # job id -> the fault that last skipped it (logged once), until it starts
 
     # ------------------------------------------------------------------ the stages
 
@@ -119,6 +133,7 @@ class Scheduler:
             return None
         self.queue.remove(job.idx)
         del self.jobs[job.idx], self.by_id[job_id]
+        self.faults.pop(job_id, None)
         return job
 
     def finish(self, job_id: str, now: float) -> JobState:
@@ -126,6 +141,7 @@ class Scheduler:
         job = self.by_id[job_id]
         self._stop(job, now, final=True)
         del self.jobs[job.idx], self.by_id[job_id]
+        self.faults.pop(job_id, None)
         return job
 
     def wants_round(self) -> bool:
@@ -168,24 +184,46 @@ class Scheduler:
                 continue
             if free == 0 or job.gpus > free:
                 continue
-            old = previous.get(job.idx)
-            if old is not None and len(old) == 1 and self.allocator.restore(old[0]):
+            placed = self.guarded(job, "placing", self._place_one, job, previous.get(job.idx), failed)
+            if placed is not None:  # booked outside the barrier: a listener's error is no job's fault
+                parts, kept = placed
                 self.queue.remove(job.idx)
-                self._start(job, old, now, "start")
-                self.counts["kept"] += 1
+                self._start(job, parts, now, "start")
+                self.counts["kept"] += kept
                 free -= job.gpus
-                continue
-            if class_key(job.request) in failed:
-                continue
-            decision = self.allocator.allocate(job.request)
-            if isinstance(decision, Allocation):
-                self.queue.remove(job.idx)
-                self._start(job, (decision,), now, "start")
-                free -= job.gpus
-            else:
-                failed.add(class_key(job.request))
         if gangs and free >= min(job.num_gpus for job in gangs):
             self.take(self.allocator.place_gangs(gangs), now)
+
+    def _place_one(self, job: JobState, old: tuple[Allocation, ...] | None, failed: set[ClassKey]
+                   ) -> tuple[tuple[Allocation, ...], bool] | None:
+        """Where one waiting job of a placement-only `fill` starts, committed to the allocator (the caller books
+        it): its old place back (`old`, when this round preempted it) if that node has room, else where `allocate`
+        puts it unless its class found no place this pass (`failed`, which a failure adds to). (parts, whether it
+        is its old place), or None."""
+        if old is not None and len(old) == 1 and self.allocator.restore(old[0]):
+            return old, True
+        if class_key(job.request) in failed:
+            return None
+        decision = self.allocator.allocate(job.request)
+        if not isinstance(decision, Allocation):
+            failed.add(class_key(job.request))
+            return None
+        return (decision,), False
+
+    def guarded(self, job: JobState, what: str, step: Callable[..., T], *args: object) -> T | None:
+        """`step(*args)`, or None when it raises: the per-job barrier (the module docstring). The fault is logged
+        once per job and fault (`faults`); the job is left as the step found it (a placement-only policy changes
+        nothing before it commits, and the allocator's commit is all or nothing). `step` only decides and commits to
+        the allocator: the books and the listener are the caller's, outside the barrier."""
+        try:
+            return step(*args)
+        except Exception as exc:  # noqa: BLE001 - one job's fault must not fail the others
+            said = f"{type(exc).__name__}: {exc}"
+            if self.faults.get(job.job_id) != said:
+                self.faults[job.job_id] = said
+                log.warning("scheduler: %s job %s (%s, %d GPUs) failed; it is skipped this time: %s", what,
+                            job.job_id, job.request.model, job.gpus, said)
+            return None
 
     def round(self, now: float) -> None:
         """A round boundary: a co-adaptive step, or (placement-only policies) a reschedule when a waiting job
@@ -205,28 +243,87 @@ class Scheduler:
             self.fill(now)
             return
         gpus = self.capacity()
-        run, _ = who_runs((self.jobs[entry[-1]].request for entry in heapq.merge(ranked, self.queue.head(gpus))),
+        # a waiting job whose placement faulted takes no room from the others (`fill` still tries it)
+        contending = (self.jobs[entry[-1]].request for entry in heapq.merge(ranked, self.queue.head(gpus)))
+        run, _ = who_runs((job for job in contending if job.job_id not in self.faults) if self.faults else contending,
                           gpus, gpus)
         chosen = {self.by_id[job.job_id].idx for job in run}
         before = {entry[-1]: self.jobs[entry[-1]].parts for entry in ranked if entry[-1] not in chosen}
         if not before:
             self.fill(now)
             return
+        self._reschedule(before, now)
+
+    def _reschedule(self, before: dict[int, tuple[Allocation, ...]], now: float) -> None:
+        """A placement-only reschedule: the running jobs of `before` (left out by `who_runs`) give up their room
+        only where a job of higher priority takes it. Planned on a trial of the cluster as `fill` would run after
+        stopping them all (each of them its old place first, in priority order), then applied as the difference
+        (`actions.diff`, journaled as preemptions): a job that gets its old place back is never stopped (`kept`),
+        one placed elsewhere migrates, one placed nowhere stops and waits. Gangs are placed after, as `fill` does."""
+        cluster = self.allocator.cluster
+        hints = self.allocator.hints
         for idx in before:
-            self._stop(self.jobs[idx], now, final=False)
-            self.queue.add((*self.priority(self.jobs[idx], 0.0), idx))
-        self.fill(now, previous=before)
-        preempted = 0
-        for idx, old in before.items():
-            job = self.jobs[idx]
-            if not job.parts:
-                job.preemptions += 1
-                preempted += 1
-            elif job.parts[0].node != old[0].node:
-                job.migrations += 1
-                self.counts["migrations"] += 1
-        self.counts["preemptions"] += preempted
-        self.counts["reschedules"] += preempted > 0  # a round whose stopped jobs all got their place back is none
+            self.jobs[idx].advance(now)  # their priority as if stopped now
+        victims = [(*self.priority(self.jobs[idx], 0.0), idx) for idx in before]
+        with cluster.trial():
+            for parts in before.values():
+                for a in parts:
+                    cluster.release(a.job_id)
+            free = cluster.free_gpus_total()
+            largest = cluster.max_gpus()
+            failed: set[ClassKey] = set()
+            gangs: list[Job] = []
+            placed: dict[int, tuple[Allocation, ...]] = {}
+            for entry in sorted(set(self.queue.head(free)).union(victims)):
+                job = self.jobs[entry[-1]]
+                if job.gpus > largest:  # a gang: its old place back, else placed after, as `fill` places gangs
+                    if job.idx in before and job.gpus <= free and self._restore_on_trial(before[job.idx]):
+                        placed[job.idx] = before[job.idx]
+                        free -= job.gpus
+                    else:
+                        gangs.append(job.request)
+                    continue
+                if free == 0 or job.gpus > free:
+                    continue
+                parts = self.guarded(job, "placing", self._plan_one, job, before.get(job.idx), failed, hints)
+                if parts:
+                    placed[job.idx] = parts
+                    free -= job.gpus
+        current = {self.jobs[idx].job_id: parts for idx, parts in before.items()}
+        actions = diff(current, {self.jobs[idx].job_id: parts for idx, parts in placed.items()})
+        self.allocator.apply_actions(actions, clear_touched=False, preempting=True)
+        self.counts["kept"] += len(before) - sum(a.job_id in current for a in actions)
+        self.take(actions, now)
+        if gangs and cluster.free_gpus_total() >= min(job.num_gpus for job in gangs):
+            self.take(self.allocator.place_gangs(gangs), now)
+
+    def _restore_on_trial(self, parts: tuple[Allocation, ...]) -> bool:
+        """Apply a job's old parts to the reschedule's trial, all or nothing; whether they fit."""
+        cluster = self.allocator.cluster
+        mark = cluster.mark()
+        try:
+            for a in parts:
+                cluster.apply(a)
+        except OvercommitError:
+            cluster.undo_to(mark)
+            return False
+        return True
+
+    def _plan_one(self, job: JobState, old: tuple[Allocation, ...] | None, failed: set[ClassKey],
+                  hints: HintSet) -> tuple[Allocation, ...] | None:
+        """`_place_one` on the reschedule's trial: where the job would run (`old` itself when it gets its old place
+        back: no change), applied to the trial; None where it would not run."""
+        cluster = self.allocator.cluster
+        if old is not None and len(old) == 1 and self._restore_on_trial(old):
+            return old
+        if class_key(job.request) in failed:
+            return None
+        decision = self.allocator.policy.place(job.request, cluster, hints)
+        if not isinstance(decision, Allocation):
+            failed.add(class_key(job.request))
+            return None
+        cluster.apply(decision)
+        return (decision,)
 
     @property
     def gpu_type_names(self) -> list[str]:
@@ -344,6 +441,7 @@ class Scheduler:
         self.running[job.idx] = job
         self.counts["starts"] += 1
         self.changed = True
+        self.faults.pop(job.job_id, None)
 
     def _placed(self, job: JobState, parts: tuple[Allocation, ...]) -> None:
         """Book where a job runs now: its GPU type and share, and whether that type is its fastest."""

@@ -119,7 +119,7 @@ class OnlineScheduler:
             self.loop.fill(now)
             self._seen = a.log.latest
             if not state.parts:
-                never = self._never(job)
+                never = self.loop.guarded(state, "judging", self._never, job)  # a fault: it waits, logged
                 if never is not None:  # no node of any type could ever hold its floor: refused, not queued
                     self.loop.forget(job.job_id)
                     a.record_jobs({job.job_id: None})

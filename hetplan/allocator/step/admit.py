@@ -7,20 +7,23 @@ from itertools import chain
 
 from hetplan.allocator.admission import who_runs
 from hetplan.allocator.spec import Job
-from hetplan.allocator.step.state import StepState, log
+from hetplan.allocator.step.state import StepState
 
 
 def drop_unreadable(s: StepState) -> list[str]:
     """Jobs whose class cannot be read (its hints make no sense) sit this step out: as they are if running.
     Returns their ids."""
     faulty = []
+    faults = s.policy.faults
     for job in s.order:
         try:
             s.view(job)
         except Exception as exc:  # noqa: BLE001 - one job's fault must not stop the step
-            log.warning("rebalance: job %s (%s, %d GPUs) left as it is this step: %s: %s", job.job_id,
-                        job.model, job.num_gpus, type(exc).__name__, exc)
+            s.fault(f"reading job {job.job_id} ({job.model}, {job.num_gpus} GPUs)", exc, "left as it is this step")
             faulty.append(job.job_id)
+        else:
+            if faults:
+                faults.pop(f"reading job {job.job_id} ({job.model}, {job.num_gpus} GPUs)", None)
     if faulty:
         s.leave_out(faulty)
     return faulty

@@ -104,14 +104,28 @@ class StepState:
 
     def guarded(self, what: str, step: Callable[..., object], *args: object) -> object:
         """`step(*args)`, or, when it raises, its part of the trial undone (cluster and `placed`), one line
-        logged, and None: a job's placement or a node's re-sizing never fails the whole step."""
+        logged (`fault`), and None: a job's placement or a node's re-sizing never fails the whole step."""
         mark = self.mark()
         try:
-            return step(*args)
+            result = step(*args)
         except Exception as exc:  # noqa: BLE001 - the barrier
             self.undo_to(mark)
-            log.warning("rebalance: %s failed, left out of this step: %s: %s", what, type(exc).__name__, exc)
+            self.fault(what, exc, "left out of this step")
             return None
+        if self.policy.faults:
+            self.policy.faults.pop(what, None)  # it works again: a new fault is news
+        return result
+
+    def fault(self, what: str, exc: Exception, then: str) -> None:
+        """Log one fault: a warning the first time `what` fails so, a debug line while it goes on failing so in
+        later steps (`CoAdaptive.faults`: once per job or node and fault, not once per step)."""
+        said = f"{type(exc).__name__}: {exc}"
+        faults = self.policy.faults
+        level = logging.DEBUG if faults.get(what) == said else logging.WARNING
+        if len(faults) > 10_000:
+            faults.clear()
+        faults[what] = said
+        log.log(level, "rebalance: %s failed, %s: %s", what, then, said)
 
     def mark(self) -> Mark:
         """A point to undo back to: the trial's and `placed`'s (`undo_to`)."""
