@@ -89,6 +89,10 @@ class ElasticRule:
     restart cost on it: restart waste at most 1 / (1 + hold) of its time (0: only `pay` holds it). 20 was chosen on
     Sia's Philly workloads 2, 4 and 6 (bench/sia_setting.py; waste 8-10 % -> 2-3 %, avg JCT within noise)."""
     round_s: float = 60.0
+    price_host: bool = False
+    """Value each GPU type at the cores and RAM its nodes give a GPU, where the truth has the job's sensitivity
+    curve (a data-hungry job is worth less on a type whose hosts starve it). Off by default: on Sia's setting with
+    derived host curves it was no consistent gain (bench/RESULTS.md, "Issue 31: elastic counts")."""
     time_limit_s: float = 2.0
     mip_gap: float = 0.01
 

@@ -45,6 +45,7 @@ import numpy as np
 import pandas as pd
 
 from hetplan.allocator import Allocator
+from hetplan.allocator.cluster import Cluster
 from hetplan.allocator.policies import Policy, get_policy
 from hetplan.allocator.spec import MIB_PER_GIB, Allocation, Job, Node, mib_to_gib
 from hetplan.allocator.stability import Stability
@@ -180,7 +181,8 @@ class Simulator:
         if config.elastic is not None:
             if not isinstance(truth, ScalingTruth):
                 raise SimulationError("elastic scheduling needs a multi-GPU truth (--truth-placements)")
-            elastic = Elastic(truth.rates(), config.elastic)
+            elastic = Elastic(truth.rates(host_shares(allocator.cluster) if config.elastic.price_host else None),
+                              config.elastic)
         self._elastic_jobs(truth)
         self.scheduler = Scheduler(allocator, config.scheduler, config.round_s, listener=self,
                                    jobs=dict(enumerate(self.jobs)), elastic=elastic)
@@ -431,6 +433,17 @@ def _change(change: tuple[float, str, tuple[Allocation, ...], tuple[Allocation, 
     parts = [", ".join(f"{a.job_id}@{a.node} ({a.gpus} GPUs, {a.cpu_m}m, {a.mem_mib} MiB)" for a in side) or "-"
              for side in (before, after)]
     return f"t={t:g} s {what}: {parts[0]} -> {parts[1]}"
+
+
+def host_shares(cluster: Cluster) -> dict[str, tuple[float, float]]:
+    """Per GPU type, the cores and GiB per GPU its nodes give (the GPU-proportional share, the least of its
+    node shapes): what an elastic round prices a type's hosts at."""
+    out: dict[str, tuple[float, float]] = {}
+    for node in cluster.nodes():
+        share = (node.cpus / node.gpus, node.mem_gb / node.gpus)
+        old = out.get(node.gpu_type, share)
+        out[node.gpu_type] = (min(old[0], share[0]), min(old[1], share[1]))
+    return out
 
 
 def simulate(jobs: pd.DataFrame, nodes: Iterable[Node], truth: TruthCurves, policy: Policy | str = "hint",

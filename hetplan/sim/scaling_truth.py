@@ -12,12 +12,18 @@ Work is in reference seconds, as the Sia import defines a job's duration (`hetpl
 `num_gpus` V100s' 1-GPU rate at its per-GPU batch. A job of global batch B on K GPUs trains K * (B / K) / step_time
 samples per second (the global batch fixed: Sia's rigid-batch setting), its speed that over its reference rate.
 The scheduler's belief (`rates`) is the fitted scaling models only: it never reads the measured table.
+
+Hosts: with `host` factors (per (model, GPU type), the fraction of its compute speed a job keeps at a share of
+cores and RAM per GPU, from a profile grid: `host_factors`), a job's compute time is divided by the factor at the
+share its allocation gives (Pollux's form joined with hetplan's CPU/RAM curves, as `ScalingModel.with_cpu_ram`); the
+all-reduce does not change. Without them every host feeds its GPUs.
 """
 
 from __future__ import annotations
 
+import copy
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 
@@ -30,16 +36,23 @@ from hetplan.scaling.data import SIA_CLUSTERS, build_sia_table, load_profile, lo
 from hetplan.scaling.fit import DEFAULT_DONORS, fit_scaling
 from hetplan.scaling.model import ScalingModel, step_time
 from hetplan.scheduler.elastic import Config
-from hetplan.traces.sia import per_gpu_rate
+from hetplan.sim.truth import TruthCurves
+from hetplan.traces.sia import MODELS, per_gpu_rate
 
 RATIO = "derived-ratio"
+HostFactor = Callable[[float, float], float]
+"""(cores per GPU, GiB per GPU) -> the fraction of its compute speed a job keeps there, in (0, 1]."""
+Share = tuple[float, float]
+"""Cores and GiB per GPU."""
 
 
 class ScalingTruth:
     """Job speeds from `measured` step times (a `load_profile` table) and scaling `models` (module docstring)."""
 
-    def __init__(self, measured: pd.DataFrame, models: Mapping[tuple[str, str], ScalingModel]) -> None:
+    def __init__(self, measured: pd.DataFrame, models: Mapping[tuple[str, str], ScalingModel],
+                 host: Mapping[tuple[str, str], HostFactor] | None = None) -> None:
         self.models = dict(models)
+        self.host = dict(host or {})
         self.curves: dict[tuple[str, str, int, int], tuple[np.ndarray, np.ndarray]] = {}
         for (model, gpu, gpus, nodes), rows in measured.groupby(["model", "gpu_type", "num_gpus", "num_nodes"]):
             even = rows.groupby("placement")["placement"].first().map(lambda p: min(int(c) for c in p))
@@ -47,6 +60,12 @@ class ScalingTruth:
             self.curves[(str(model), str(gpu), int(gpus), int(nodes))] = (rows.index.to_numpy(float),
                                                                           rows.to_numpy(float))
         self._cache: dict[tuple, float] = {}
+
+    def with_hosts(self, host: Mapping[tuple[str, str], HostFactor]) -> ScalingTruth:
+        """This truth with host factors (`host_factors`)."""
+        truth = copy.copy(self)
+        truth.host, truth._cache = dict(host), {}
+        return truth
 
     @classmethod
     def from_placements(cls, directory: str | Path | None = None,
@@ -64,35 +83,42 @@ class ScalingTruth:
     def model_names(self) -> list[str]:
         return sorted({m for m, _ in self.models})
 
-    def step_time(self, model: str, gpu_type: str, gpus: int, nodes: int, local_bsz: float) -> float:
-        """Seconds per step (module docstring)."""
-        key = (model, gpu_type, gpus, nodes, local_bsz)
+    def step_time(self, model: str, gpu_type: str, gpus: int, nodes: int, local_bsz: float,
+                  compute_scale: float = 1.0) -> float:
+        """Seconds per step (module docstring); `compute_scale` the host factor its share gives."""
+        key = (model, gpu_type, gpus, nodes, local_bsz, compute_scale)
         got = self._cache.get(key)
         if got is not None:
             return got
         fitted = self.models[(model, gpu_type)]
-        predicted = _model_step(fitted, gpus, nodes, local_bsz)
+        predicted = _model_step(fitted, gpus, nodes, local_bsz, compute_scale)
         curve = self.curves.get((model, gpu_type, gpus, nodes))
         if curve is None:
             value = predicted
         else:
             batches, steps = curve
             if batches[0] <= local_bsz <= batches[-1]:
-                value = float(np.interp(local_bsz, batches, steps))
+                value = float(np.interp(local_bsz, batches, steps)) * predicted \
+                    / _model_step(fitted, gpus, nodes, local_bsz)  # the host's share of it (1 without hosts)
             else:
                 edge = 0 if local_bsz < batches[0] else -1
                 value = predicted * steps[edge] / _model_step(fitted, gpus, nodes, batches[edge])
         self._cache[key] = value
         return value
 
-    def throughput(self, model: str, gpu_type: str, gpus: int, nodes: int, global_batch: float) -> float:
+    def throughput(self, model: str, gpu_type: str, gpus: int, nodes: int, global_batch: float,
+                   compute_scale: float = 1.0) -> float:
         """Samples per second of a job of `global_batch` on `gpus` GPUs over `nodes` nodes."""
-        return global_batch / self.step_time(model, gpu_type, gpus, nodes, global_batch / gpus)
+        return global_batch / self.step_time(model, gpu_type, gpus, nodes, global_batch / gpus, compute_scale)
 
     def job_speed(self, model: str, parts: Sequence[Allocation], global_batch: float, reference_rate: float) -> float:
-        """Reference seconds per second of a job running on `parts` (one allocation per node)."""
+        """Reference seconds per second of a job running on `parts` (one allocation per node; the slowest-fed
+        part's host factor)."""
         gpus = sum(a.gpus for a in parts)
-        return self.throughput(model, parts[0].gpu_type, gpus, len(parts), global_batch) / reference_rate
+        factor = self.host.get((model, parts[0].gpu_type))
+        scale = 1.0 if factor is None else min(factor(a.cpu_m / 1000 / a.gpus, a.mem_mib / 1024 / a.gpus)
+                                               for a in parts)
+        return self.throughput(model, parts[0].gpu_type, gpus, len(parts), global_batch, scale) / reference_rate
 
     def require(self, models: Iterable[str], gpu_types: Iterable[str]) -> None:
         """Raise `ContractError` naming the (model, GPU type) pairs the truth has no model for."""
@@ -108,16 +134,22 @@ class ScalingTruth:
             out[m.source] = out.get(m.source, 0) + 1
         return out
 
-    def rates(self) -> Rates:
-        """The scheduler's belief: the fitted models' speeds (`hetplan.scheduler.elastic.Rates`)."""
-        return Rates(self.models)
+    def rates(self, shares: Mapping[str, Share] | None = None) -> Rates:
+        """The scheduler's belief: the fitted models' speeds (`hetplan.scheduler.elastic.Rates`); with `shares`
+        (per GPU type, what its nodes give a GPU) each type priced at its host factor there."""
+        return Rates(self.models, self.host if shares else {}, shares or {})
 
 
 class Rates:
-    """Predicted reference seconds per second per configuration, from the scaling models alone."""
+    """Predicted reference seconds per second per configuration, from the scaling models (and host factors at
+    each type's share, where given)."""
 
-    def __init__(self, models: Mapping[tuple[str, str], ScalingModel]) -> None:
+    def __init__(self, models: Mapping[tuple[str, str], ScalingModel],
+                 host: Mapping[tuple[str, str], HostFactor] | None = None,
+                 shares: Mapping[str, Share] | None = None) -> None:
         self.models = models
+        self.scale = {(m, t): max(f(*shares[t]), 1e-9) for (m, t), f in (host or {}).items()
+                      if t in (shares or {})}
         self._cache: dict[tuple, float] = {}
 
     def __call__(self, job, options: Sequence[Config]) -> dict[Config, float]:
@@ -127,16 +159,30 @@ class Rates:
             rate = self._cache.get(key)
             if rate is None:
                 model = self.models.get((job.truth_model, c.gpu_type))
-                rate = 0.0 if model is None else job.batch / _model_step(model, c.gpus, c.nodes, job.batch / c.gpus) \
-                    / job.reference_rate
+                scale = self.scale.get((job.truth_model, c.gpu_type), 1.0)
+                rate = 0.0 if model is None else job.batch / _model_step(
+                    model, c.gpus, c.nodes, job.batch / c.gpus, scale) / job.reference_rate
                 self._cache[key] = rate
             out[c] = rate
         return out
 
 
-def _model_step(model: ScalingModel, gpus: int, nodes: int, local_bsz: float) -> float:
+def _model_step(model: ScalingModel, gpus: int, nodes: int, local_bsz: float, compute_scale: float = 1.0) -> float:
     """The model's seconds per step at any (also fractional) per-GPU batch."""
-    return float(step_time(model.params, np.array(gpus), np.array(nodes), np.array(local_bsz)))
+    return float(step_time(model.params, np.array(gpus), np.array(nodes), np.array(local_bsz), compute_scale))
+
+
+def host_factors(curves: TruthCurves, names: Mapping[str, str] = MODELS) -> dict[tuple[str, str], HostFactor]:
+    """Per (Sia model, GPU type) with a profile grid of the network it is (`names`: Sia's name -> hetplan's;
+    `hetplan.traces.sia.MODELS`): the grid's throughput at a share over the grid's best. Models without one
+    (ncf, yolov3) are fed whatever their host."""
+    out: dict[tuple[str, str], HostFactor] = {}
+    for sia, ours in names.items():
+        for (model, gpu), grid in curves.grids.items():
+            if model == ours and grid.values.max() > 0:
+                out[(sia, gpu)] = lambda cores, mem, g=grid, best=float(grid.values.max()): \
+                    min(1.0, max(g.at(cores, mem) / best, 1e-9))
+    return out
 
 
 def reference_rate(model: str, num_gpus: int, global_batch: float) -> float:
@@ -194,4 +240,4 @@ def placement_types(text: str) -> dict[str, tuple[str, int]]:
     return out
 
 
-__all__ = ["RATIO", "Rates", "ScalingTruth", "complete", "placement_types", "reference_rate"]
+__all__ = ["HostFactor", "RATIO", "Share", "host_factors", "Rates", "ScalingTruth", "complete", "placement_types", "reference_rate"]
