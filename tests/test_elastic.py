@@ -17,7 +17,7 @@ from hetplan.scaling.data import load_profile
 from hetplan.scheduler.elastic import (
     Config, ElasticJob, ElasticRule, RoundStats, TypeShape, allowed, choose, configs, counts, value,
 )
-from hetplan.sim.engine import SimConfig, SimulationError, simulate
+from hetplan.sim.engine import SimConfig, SimulationError, host_shares, simulate
 from hetplan.sim.scaling_truth import RATIO, ScalingTruth, placement_types
 from hetplan.sim.truth import TruthCurves
 from hetplan.sim.workload import prepare_workload
@@ -285,3 +285,16 @@ def test_a_starving_host_slows_compute_in_truth_and_in_the_priced_belief(truth):
     option = [Config("T4", 1, 1)]
     blind, priced = fed.rates()(job, option), fed.rates({"T4": (2.0, 16.0)})(job, option)
     assert priced[option[0]] < blind[option[0]]
+
+
+def test_host_shares_are_each_types_least_node_share():
+    cluster = Allocator([Node("a", "T4", 4, 48, 192), Node("b", "T4", 4, 16, 256), Node("c", "A100", 8, 128, 1024)],
+                        "first-fit").cluster
+    assert host_shares(cluster) == {"T4": (4.0, 48.0), "A100": (16.0, 128.0)}
+
+
+def test_a_priced_elastic_simulation_runs_on_a_truth_with_hosts(truth, sia_jobs):
+    fed = truth.with_hosts({("cifar10", "T4"): lambda cores, mem: min(1.0, cores / 16)})
+    result = simulate(sia_jobs.head(20), _sia_nodes(), fed, "first-fit",
+                      config=SimConfig(round_s=60, elastic=ElasticRule(price_host=True), check_every=5))
+    assert (result.jobs["status"] == "completed").all()
