@@ -13,10 +13,15 @@ Setups, all on the one scheduling loop:
 - `elastic-rigid`: the same rounds with each job's count fixed at Sia's `num_replicas` (type still chosen);
 - `hint-las`: hetplan's co-adaptive allocator with fixed counts, LAS, 60 s rounds (the fixed-count baseline).
 
+With `--hosts`, hetplan's own edge is tried on top: the truth gets host factors (hetplan's **derived** CPU/RAM
+profiles of the network each Sia model is: cifar10 = ResNet-18 etc.; ncf and yolov3 have none) at the share each
+allocation gives on Sia's node shapes, and `elastic` prices each type's hosts (`ElasticRule.price_host`) against
+`elastic-blind`, which does not.
+
 The solve part times `choose` alone at 2,048 GPUs with 1,000 active jobs (synthetic: Sia's six models at random
 batches and counts on a cluster 32x Sia's), and reads the simulated rounds' own solve times at 64 GPUs.
 
-    PYTHONPATH=.:bench python bench/sia_setting.py [--workloads 2,3,4,5,6,7,8] [--solve-rounds 20]
+    PYTHONPATH=.:bench python bench/sia_setting.py [--workloads 2,3,4,5,6,7,8] [--solve-rounds 20] [--hosts]
 """
 
 from __future__ import annotations
@@ -36,9 +41,12 @@ import pandas as pd
 
 from hetplan.allocator import Allocator
 from hetplan.allocator.spec import Node
+from hetplan.contracts import PROFILES
+from hetplan.resources import data_path
 from hetplan.scheduler.elastic import ElasticJob, ElasticRule, RoundStats, TypeShape, choose, configs
 from hetplan.sim.engine import SimConfig, Simulator
-from hetplan.sim.scaling_truth import ScalingTruth, reference_rate
+from hetplan.sim.scaling_truth import ScalingTruth, host_factors, reference_rate
+from hetplan.sim.truth import TruthCurves
 from hetplan.sim.workload import prepare_workload
 from hetplan.traces.sia import import_sia
 
@@ -105,19 +113,26 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workloads", default="2,3,4,5,6,7,8")
     parser.add_argument("--solve-rounds", type=int, default=20)
+    parser.add_argument("--hosts", action="store_true", help="priced vs blind hosts on a truth with host factors")
     args = parser.parse_args()
     truth = ScalingTruth.from_placements()
+    setups: dict[str, tuple[str, ElasticRule]] = {
+        "elastic": ("elastic", ElasticRule()), "elastic-rigid": ("elastic-rigid", ElasticRule()),
+        "hint-las": ("hint-las", ElasticRule())}
+    if args.hosts:
+        profiles = PROFILES.load(data_path("profiles", "derived_multi_gpu.csv"))
+        truth = truth.with_hosts(host_factors(TruthCurves.from_profiles(profiles)))
+        setups = {"elastic": ("elastic", ElasticRule(price_host=True)),
+                  "elastic-blind": ("elastic", ElasticRule(price_host=False))}
     rows = []
     for w in args.workloads.split(","):
         trace = import_sia(WORKLOADS / f"workload-{w}.csv").trace
         jobs = prepare_workload(trace, truth.model_names()).jobs
-        for setup in ("elastic", "elastic-rigid", "hint-las"):
-            rows.append({"workload": w, "setup": setup, **run(jobs, truth, setup)})
+        for name, (setup, rule) in setups.items():
+            rows.append({"workload": w, "setup": name, **run(jobs, truth, setup, rule)})
             print(rows[-1], flush=True)
     table = pd.DataFrame(rows)
     pivot = table.pivot(index="workload", columns="setup", values="avg_jct_h")
-    cut = 1 - pivot["elastic"] / pivot["hint-las"]
-    cut_rigid = 1 - pivot["elastic"] / pivot["elastic-rigid"]
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
     print(f"\n{datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC, commit {commit}, {platform.processor() or 'cpu'}, "
           f"nproc {os.cpu_count()}\n")
@@ -128,9 +143,10 @@ def main() -> None:
         print(f"| {r['workload']} | {r['setup']} | {r['avg_jct_h']:.3f} | {r['p99_jct_h']:.2f} | "
               f"{r['restarts_per_job']:.2f} ({r['max_restarts']}) | {r['waste_pct']:.1f} | {r['gpu_h_per_job']:.2f} | "
               f"{r['solve_p95_s']:.3f} |")
-    print(f"\nelastic vs hint-las avg JCT cut per workload: {', '.join(f'{c:.0%}' for c in cut)}; "
-          f"median {np.median(cut):.0%}")
-    print(f"elastic vs elastic-rigid: {', '.join(f'{c:.0%}' for c in cut_rigid)}; median {np.median(cut_rigid):.0%}")
+    for other in (s for s in setups if s != "elastic"):
+        cut = 1 - pivot["elastic"] / pivot[other]
+        print(f"\nelastic vs {other}, avg JCT cut per workload: {', '.join(f'{c:.0%}' for c in cut)}; "
+              f"median {np.median(cut):.0%}")
     for setup, g in table.groupby("setup"):
         print(f"{setup}: mean avg JCT {g['avg_jct_h'].mean():.3f} h, restarts/job {g['restarts_per_job'].mean():.2f},"
               f" waste {g['waste_pct'].mean():.1f} %")
