@@ -13,6 +13,8 @@ from test_k8s_controller import no_proxy, requests_of, rig  # noqa: F401 - fixtu
 from test_k8s_strict import leading
 
 from hetplan.allocator.k8s import pods
+from hetplan.allocator.k8s.room import PodLedger, Usage
+from hetplan.allocator.spec import Allocation
 
 UID1 = "6f1c2a9e-0000-4000-8000-0000000000a1"
 UID2 = "6f1c2a9e-0000-4000-8000-0000000000a2"
@@ -96,3 +98,21 @@ def test_an_indexed_job_gang_is_admitted_whole_or_not_at_all(rig):
     eventually(lambda: all(p["status"]["phase"] == "Running" for p in (rig.api.pod("ml", n) for n in gang2)))
     never_half(rig, job2, gang2)
     assert job1 not in rig.allocator.running() and rig.api.overcommits == []
+
+
+@pytest.mark.parametrize("count, expected", [
+    (2, Usage()),  # each pod of the gang on the node is one of its parts there: nothing foreign
+    (3, Usage(2, 2000, 8192)),  # a pod more than its parts there is foreign, whole
+])
+def test_a_gangs_pods_on_one_node_are_its_parts_there_not_foreign_room(count, expected):
+    ledger = PodLedger()
+    members = []
+    for k in range(count):
+        pod = pods.with_target(indexed(f"t-{k}", k, UID1, gpus=2), pods.Target("gpu-a", 2000, 8192))
+        pod["spec"]["nodeName"] = "gpu-a"
+        pod["metadata"]["annotations"][pods.JOB_ID_KEY] = f"ml/Job/{UID1}"
+        members.append(pod)
+    ledger.replace(members)
+    parts = [Allocation(f"ml/Job/{UID1}#{k}", "res50", "gpu-a", "T4", 2, 2000, 8192, None, "first-fit",
+                        "proportional", part_gpus=2) for k in range(2)]
+    assert ledger.foreign("gpu-a", lambda job: parts if job == f"ml/Job/{UID1}" else []) == expected
