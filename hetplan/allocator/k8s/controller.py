@@ -27,6 +27,9 @@ only serve the webhook), woken every `poll` seconds and by every pod event:
 5. **Adoption** (every pass): an opted-in pod the webhook left to the default path, once running, is adopted where
    it runs (`adoption`); a pod bound first wins its room over an allocation whose pod is not bound yet. A `stop`
    for a pod not bound (it holds no room) leaves it Pending and asks for its job again every `adopt_every` s.
+6. **Gangs** (every pass): the pods of a gang (`pods.gang`, gated by the webhook under the gang's job id) are asked
+   for as one job of fixed parts once all exist, and admitted together by its allocation, part k to the k-th pod
+   by index (`_submit_gangs`, `_admit_gang`); a part stays held until no pod of the gang is left.
 
 What the API server or the kubelet refuses (a 422 on the resize, `PodResizePending` Infeasible) is logged once,
 counted and (the kubelet's) annotated on the pod, never retried in a loop; a Deferred resize is reported the same
