@@ -137,7 +137,7 @@ def test_a_schema_1_database_in_1000_mb_units_is_refused_in_one_line_and_left_as
         DurableAllocator(db, "hint")
     message = str(caught.value)
     assert "\n" not in message and message.startswith(f"{db}: allocator database schema 1 (memory in 1000-MB")
-    assert "move the file aside" in message and "schema 5" in message
+    assert "move the file aside" in message and "schema 6" in message
     with pytest.raises(StateError, match="schema 1"):
         check_database(db)
     assert db.read_bytes() == before and not (tmp_path / "old.db-wal").exists()
@@ -154,14 +154,14 @@ def test_serve_refuses_an_old_database_in_one_line_before_starting(tmp_path):
     assert len(lines) == 1 and lines[0].startswith(f"error: {db}: allocator database schema 1"), done.stderr
 
 
-def test_a_new_database_records_schema_5_and_memory_in_mib(tmp_path):
+def test_a_new_database_records_schema_6_and_memory_in_mib(tmp_path):
     db = tmp_path / "new.db"
     with DurableAllocator(db, "proportional") as alloc:
         alloc.upsert_node(v100("v1"))  # 488 GiB, 8 GPUs: 61 GiB per GPU
         a = allocated(alloc.allocate(Job("a", "res50", 1)))
     check_database(db)
     with sqlite3.connect(db) as raw:
-        assert raw.execute("SELECT value FROM meta WHERE key='schema'").fetchone() == ("5",)
+        assert raw.execute("SELECT value FROM meta WHERE key='schema'").fetchone() == ("6",)
         assert raw.execute("SELECT cpu_m, mem_mib FROM allocations").fetchone() == (8000, 61 * 1024)
     assert a.mem_gb == 61.0
 
@@ -180,7 +180,7 @@ def test_a_schema_2_database_is_upgraded_in_place_and_keeps_its_allocations(tmp_
         share = allocated(alloc.allocate(Job.request("s", "bert", 0.25, cpus=2)))
         assert (share.gpu_milli, share.request_cpu_m) == (250, 2000)
     with sqlite3.connect(db) as raw:
-        assert raw.execute("SELECT value FROM meta WHERE key='schema'").fetchone() == ("5",)
+        assert raw.execute("SELECT value FROM meta WHERE key='schema'").fetchone() == ("6",)
     with DurableAllocator(db, "hint") as again:  # the share and its request survive a restart
         assert again.cluster.allocation("s") == share and again.cluster.check() == []
 

@@ -220,6 +220,32 @@ def test_a_gang_takes_the_fullest_nodes_first_all_or_nothing(running, gpus, expe
             assert ok and [(a.job_id, a.node, a.gpus, a.cpu_m) for a in s.placed["big"]] == expected
 
 
+@pytest.mark.parametrize("running, gpus, part, expected", [
+    # 2 parts of 4: the fullest nodes, one part each (as the free gang would)
+    ([held("x", "flat", "n1", "V100", 2, 1000, 4096)], 8, 4, [("big#0", "n0", 4, 16000), ("big#1", "n2", 4, 16000)]),
+    # 2 parts of 2 fit one node: still 2 parts (one pod each), both on the fullest node, the second part's floor
+    # made by shrinking the first (it is the same job's)
+    ([], 4, 2, [("big#0", "n0", 2, 8000), ("big#1", "n0", 2, 8000)]),
+    # 3 parts of 3: one a node (no node has 6 free), n1's 3 free GPUs last; no hint for 9 GPUs of m: each part
+    # the GPU-proportional share of 3 GPUs (12 cores)
+    ([held("x", "flat", "n1", "V100", 1, 1000, 4096)], 9, 3, [("big#0", "n0", 3, 12000), ("big#1", "n2", 3, 12000),
+                                                               ("big#2", "n1", 3, 12000)]),
+    # 10 GPUs are free, but as 4 + 4 + 2: 3 parts of 3 do not fit (a free gang of 9 would): nothing
+    ([held("x", "flat", "n1", "V100", 2, 1000, 4096)], 9, 3, None),
+    # more GPUs than are free: nothing
+    ([held("x", "flat", "n1", "V100", 2, 1000, 4096)], 12, 4, None),
+])
+def test_a_gang_of_fixed_parts_puts_each_part_whole_on_one_node_all_or_nothing(running, gpus, part, expected):
+    with step(THREE_V4, running, [Job("big", "m", gpus, part_gpus=part)]) as s:
+        before = s.cluster.snapshot()
+        ok = gangs.place_fixed_gang(s, s.order[0], "V100")
+        if expected is None:
+            assert not ok and "big" not in s.placed and s.cluster.snapshot() == before
+        else:
+            assert ok and [(a.job_id, a.node, a.gpus, a.cpu_m) for a in s.placed["big"]] == expected
+            assert all(a.part_gpus == part for a in s.placed["big"])  # kept, so the job can be rebuilt
+
+
 # ---------------------------------------------------------------------- re-sizing
 
 @pytest.mark.parametrize("running, order, expected", [

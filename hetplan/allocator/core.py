@@ -19,7 +19,8 @@ from hetplan.allocator.actions import Action, diff
 from hetplan.allocator.rebalance import CoAdaptive
 from hetplan.allocator.sources import HintSource, StaticHints
 from hetplan.allocator.journal import RETAIN, ActionLog, Change, Journal, MemoryJournal, Restored, Synchronous
-from hetplan.allocator.spec import GANG_SEP, Allocation, Decision, Job, Node, Reason, Rejection, check_job_id
+from hetplan.allocator.spec import (GANG_SEP, Allocation, Decision, Job, Node, Reason, Rejection, check_job_id,
+                                     mib_to_gib)
 from hetplan.allocator.stability import MoveHistory, record
 from hetplan.allocator.step.reconfigure import reconfigure
 from hetplan.allocator.step.state import StepState
@@ -103,6 +104,10 @@ class Allocator:
                 return decision
             if self.policy.rounds is not None and job.whole:
                 self.admit([job])
+            elif job.part_gpus is not None:  # fixed parts: a gang even where one node could hold it all
+                decision = None
+                if self._gang_sized(job):
+                    self.place_gangs([job])
             else:
                 decision = self.policy.place(job, self.cluster, self.hint_source.current())
                 if isinstance(decision, Allocation):
@@ -217,9 +222,11 @@ class Allocator:
                          f"request: {'; '.join(differences)}", first.hint_version, self.policy.name)
 
     def _gang_sized(self, job: Job) -> bool:
-        """Larger than any node, yet no larger than all the GPUs of some GPU type: a gang could hold it."""
-        return job.whole and self.cluster.max_gpus() < job.num_gpus <= max(self.cluster.gpus_by_type()[0].values(),
-                                                                           default=0)
+        """Larger than any node (or of fixed parts no larger than some node), yet no larger than all the GPUs of
+        some GPU type: a gang could hold it."""
+        largest = self.cluster.max_gpus()
+        bigger = job.num_gpus > largest if job.part_gpus is None else job.part_gpus <= largest
+        return job.whole and bigger and job.num_gpus <= max(self.cluster.gpus_by_type()[0].values(), default=0)
 
     def why_not(self, job: Job) -> Rejection:
         """Why `job` cannot start now, as `allocate` would say it (`too-big`: never, on these nodes)."""
@@ -232,6 +239,11 @@ class Allocator:
         if decision is None:
             decision = self.policy.place(job, self.cluster, hints)
         gang = self._gang_sized(job)
+        if job.part_gpus is not None and gang and not self.cluster.could_hold(
+                job.part_gpus, -(-(job.cpu_m or 0) // job.parts), -(-(job.mem_mib or 0) // job.parts)):
+            return Rejection(job.job_id, Reason.TOO_BIG, f"asks {(job.cpu_m or 0) / 1000 / job.parts:g} cores and "
+                             f"{mib_to_gib(job.mem_mib or 0) / job.parts:g} GiB with each part of {job.part_gpus} "
+                             "GPUs; no node has that much", hints.version, self.policy.name)
         if isinstance(decision, Rejection) and not (gang and decision.reason is Reason.TOO_BIG):
             return decision
         if gang:

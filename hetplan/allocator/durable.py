@@ -37,19 +37,22 @@ log = logging.getLogger(__name__)
 RESTART = "restart"  # the `kind` an action log row has for a restart (`LoggedAction.restart`), else the action's
 PREEMPT = "preempt"  # the `kind` an action log row has for a preemption (`LoggedAction.preempted`)
 
-SCHEMA_VERSION = "5"  # 5: + the scheduler's submissions, preemptions marked; 4: + gangs, the action log, re-size marks, move histories; 3: + GPU shares and own requests;
+SCHEMA_VERSION = "6"  # 6: + gangs of fixed parts (`part_gpus`); 5: + the scheduler's submissions, preemptions marked; 4: + gangs, the action log, re-size marks, move histories; 3: + GPU shares and own requests;
 # 2: memory in MiB, nodes' mem_gb in GiB; 1: 1000-MB units
-_TO_4 = ["ALTER TABLE allocations ADD COLUMN owner TEXT"]
+_ADD = "ALTER TABLE allocations ADD COLUMN "  # an upgrade skips a column the table has (`SqliteJournal`)
+_TO_6 = ["ALTER TABLE allocations ADD COLUMN part_gpus INTEGER"]
+_TO_4 = ["ALTER TABLE allocations ADD COLUMN owner TEXT", *_TO_6]
 _UPGRADES = {  # from schema -> the statements that take it to SCHEMA_VERSION
     "2": ["ALTER TABLE allocations ADD COLUMN gpu_milli INTEGER NOT NULL DEFAULT 0",
           "ALTER TABLE allocations ADD COLUMN device INTEGER",
           "ALTER TABLE allocations ADD COLUMN request_cpu_m INTEGER",
           "ALTER TABLE allocations ADD COLUMN request_mem_mib INTEGER", *_TO_4],
     "3": _TO_4,
-    "4": [],  # the `jobs` table is created with the others
+    "4": _TO_6,  # the `jobs` table is created with the others
+    "5": _TO_6,
 }
 _COLUMNS = ("job_id, model, node, gpu_type, gpus, cpu_m, mem_mib, hint_version, policy, share, rank, gpu_milli, "
-            "device, request_cpu_m, request_mem_mib")
+            "device, request_cpu_m, request_mem_mib, part_gpus")
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS nodes (
@@ -79,7 +82,8 @@ CREATE TABLE IF NOT EXISTS allocations (
     device INTEGER,
     request_cpu_m INTEGER,
     request_mem_mib INTEGER,
-    owner TEXT
+    owner TEXT,
+    part_gpus INTEGER
 );
 CREATE TABLE IF NOT EXISTS actions (
     seq INTEGER PRIMARY KEY,
@@ -114,7 +118,9 @@ class SqliteJournal:
         try:
             found = _check_schema(self._db, self.path)  # before anything is written to it
             if found in _UPGRADES:
-                self._db.executescript("BEGIN IMMEDIATE;\n" + ";\n".join(_UPGRADES[found]) + ";\n"
+                has = {row[1] for row in self._db.execute("PRAGMA table_info(allocations)")}
+                steps = [x for x in _UPGRADES[found] if not x.startswith(_ADD) or x[len(_ADD):].split()[0] not in has]
+                self._db.executescript("BEGIN IMMEDIATE;\n" + "".join(f"{x};\n" for x in steps) +
                                        f"UPDATE meta SET value = '{SCHEMA_VERSION}' WHERE key = 'schema';\nCOMMIT;")
                 log.info("%s: allocator database upgraded from schema %s to %s", self.path, found, SCHEMA_VERSION)
             self._db.execute("PRAGMA journal_mode=WAL")
@@ -158,7 +164,7 @@ class SqliteJournal:
         try:
             db.executemany("DELETE FROM allocations WHERE job_id = ?", [(j,) for j in change.taken])
             now = time.time()
-            db.executemany(f"INSERT INTO allocations ({_COLUMNS}, owner, created_at) VALUES ({', '.join('?' * 17)})",
+            db.executemany(f"INSERT INTO allocations ({_COLUMNS}, owner, created_at) VALUES ({', '.join('?' * 18)})",
                            [(*_row(a), owner, now) for owner, a in change.given])
             for name in change.remove:
                 db.execute("DELETE FROM allocations WHERE node = ?", (name,))
@@ -219,7 +225,7 @@ class DurableAllocator(Allocator):
 def _row(a: Allocation) -> tuple:
     """An allocation's fields in `_COLUMNS` order (what `dataclasses.astuple` gives, without its deep copies)."""
     return (a.job_id, a.model, a.node, a.gpu_type, a.gpus, a.cpu_m, a.mem_mib, a.hint_version, a.policy, a.share,
-            a.rank, a.gpu_milli, a.device, a.request_cpu_m, a.request_mem_mib)
+            a.rank, a.gpu_milli, a.device, a.request_cpu_m, a.request_mem_mib, a.part_gpus)
 
 
 def _parts(action: Action) -> str:

@@ -184,7 +184,13 @@ class Job:
     GPUs: `num_gpus` whole GPUs (>= 1), or with `num_gpus=0` a share of one GPU (`gpu_milli`, 1-999
     thousandths) or nothing (CPU-only; see `gpu_request` for the rule). `cpu_m`/`mem_mib`: the job's own
     request (a Kubernetes pod's `requests`), a floor: it gets at least that, its hinted share where the node
-    allows; None: no request (the hinted or GPU-proportional share decides).
+    allows; None: no request (the hinted or GPU-proportional share decides). For a gang they are the whole
+    job's (each part gets its GPUs' share of them).
+
+    `part_gpus`: a gang of fixed parts (a multi-pod job, one pod per part: a pod cannot change its GPU count):
+    `num_gpus // part_gpus` parts (at least 2) of exactly `part_gpus` GPUs each, all placed or none, each on one
+    node (several parts may share a node), part `k` held as `<job id>#k`. None: one part, or, for a job larger
+    than any node, a gang whose part sizes the allocator chooses.
     """
 
     job_id: str
@@ -193,6 +199,7 @@ class Job:
     gpu_milli: int = 0
     cpu_m: int | None = None
     mem_mib: int | None = None
+    part_gpus: int | None = None
 
     def __post_init__(self) -> None:
         check_job_id(self.job_id)
@@ -208,18 +215,38 @@ class Job:
             value = getattr(self, what)
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
                 raise ValueError(f"job {self.job_id}: {what} must be a whole number >= 0 or None, got {value!r}")
+        if self.part_gpus is not None and (
+                isinstance(self.part_gpus, bool) or not isinstance(self.part_gpus, int) or self.part_gpus < 1
+                or self.num_gpus % self.part_gpus or self.num_gpus // self.part_gpus < 2):
+            raise ValueError(f"job {self.job_id}: part_gpus must be a whole number >= 1 dividing num_gpus into at "
+                             f"least 2 parts, or None, got {self.part_gpus!r} with num_gpus={self.num_gpus}")
 
     @classmethod
     def request(cls, job_id: str, model: str, num_gpus: float, cpus: float | None = None,
-                mem_gb: float | None = None) -> Job:
-        """A job as a pod asks: `num_gpus` 0, a share below 1 or whole; its own `cpus` and `mem_gb` (GiB)."""
+                mem_gb: float | None = None, parts: int | None = None) -> Job:
+        """A job as a pod asks: `num_gpus` 0, a share below 1 or whole; its own `cpus` and `mem_gb` (GiB).
+        `parts` (2 or more): as many pods asking that each, a gang of fixed parts (`part_gpus`), whole GPUs."""
         whole, milli = gpu_request(num_gpus)
         for what, value in (("cpus", cpus), ("mem_gb", mem_gb)):
             if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
                                       or not math.isfinite(value) or not 0 <= value <= 1e9):
                 raise ValueError(f"job {job_id}: {what} must be a finite number >= 0, got {value!r}")
-        return cls(job_id, model, whole, milli, None if cpus is None else to_milli_up(cpus),
-                   None if mem_gb is None else to_mib_up(mem_gb))
+        cpu_m = None if cpus is None else to_milli_up(cpus)
+        mem_mib = None if mem_gb is None else to_mib_up(mem_gb)
+        if parts is None:
+            return cls(job_id, model, whole, milli, cpu_m, mem_mib)
+        if isinstance(parts, bool) or not isinstance(parts, int) or not 2 <= parts <= MAX_GPUS:
+            raise ValueError(f"job {job_id}: parts must be a whole number from 2 to {MAX_GPUS}, got {parts!r}")
+        if whole < 1 or whole * parts > MAX_GPUS:
+            raise ValueError(f"job {job_id}: num_gpus with parts must be whole GPUs per part (1 or more, at most "
+                             f"{MAX_GPUS} in all), got {num_gpus!r} x {parts}")
+        return cls(job_id, model, whole * parts, 0, None if cpu_m is None else cpu_m * parts,
+                   None if mem_mib is None else mem_mib * parts, whole)
+
+    @property
+    def parts(self) -> int:
+        """How many parts of fixed size it has (`part_gpus`); 1 for any other job."""
+        return self.num_gpus // self.part_gpus if self.part_gpus else 1
 
     @property
     def whole(self) -> bool:
@@ -262,6 +289,7 @@ class Allocation:
     device: int | None = None  # the shared device's slot on the node (0..gpus-1), the same for all who share it
     request_cpu_m: int | None = None  # the job's own request (None: stated none), kept for re-sizing
     request_mem_mib: int | None = None
+    part_gpus: int | None = None  # a gang of fixed parts: its parts' size (`Job.part_gpus`), kept for re-placing
 
     @property
     def cpus(self) -> float:
@@ -274,7 +302,7 @@ class Allocation:
         job = object.__new__(Job)
         for name, value in zip(_JOB_FIELDS, (self.job_id if job_id is None else job_id, self.model,
                                              self.gpus if num_gpus is None else num_gpus, self.gpu_milli,
-                                             self.request_cpu_m, self.request_mem_mib)):
+                                             self.request_cpu_m, self.request_mem_mib, self.part_gpus)):
             object.__setattr__(job, name, value)
         return job
 
@@ -294,6 +322,8 @@ class Allocation:
             out.append(f"model {job.model!r}, allocated for {self.model!r}")
         if (job.num_gpus, job.gpu_milli) != (self.gpus, self.gpu_milli):
             out.append(f"{job.gpus:g} GPUs, allocated for {self.job().gpus:g}")
+        if job.part_gpus != self.part_gpus:
+            out.append(f"parts of {job.part_gpus or 'any'} GPUs, allocated for parts of {self.part_gpus or 'any'}")
         if job.cpu_m != self.request_cpu_m:
             out.append(f"own cpus {amount(job.cpu_m, 1000, 'cores')}, allocated for "
                        f"{amount(self.request_cpu_m, 1000, 'cores')}")

@@ -179,7 +179,7 @@ class Scheduler:
         gangs: list[Job] = []
         for entry in head:
             job = self.jobs[entry[-1]]
-            if job.gpus > largest:
+            if job.gpus > largest or job.request.part_gpus is not None:
                 gangs.append(job.request)
                 continue
             if free == 0 or job.gpus > free:

@@ -52,7 +52,8 @@ class Submitted:
             return ""
         return {"no-room": "no node has its GPUs with its floor of cores and RAM free",
                 "lower-priority": "jobs ahead of it in the order take the room there is",
-                "gang-waiting": "it needs more GPUs than any node has: it waits for enough of one GPU type"}[self.why]
+                "gang-waiting": "it needs more GPUs than any node has, or is of several parts: it waits for enough "
+                                "of one GPU type"}[self.why]
 
 
 @dataclass(frozen=True)
@@ -202,7 +203,7 @@ class OnlineScheduler:
 
     def _why(self, state: JobState, position: int, room: dict[int, bool] | None = None) -> Why:
         cluster = self.allocator.cluster
-        if state.gpus > cluster.max_gpus():
+        if state.gpus > cluster.max_gpus() or state.request.part_gpus is not None:
             return "gang-waiting"
         room = {} if room is None else room
         if state.gpus not in room:
@@ -301,7 +302,7 @@ class OnlineScheduler:
 
 def _differences(known: Job, asked: Job) -> list[str]:
     return [f"{name} {getattr(known, name)!r}, asked {getattr(asked, name)!r}" for name in
-            ("model", "num_gpus", "gpu_milli", "cpu_m", "mem_mib") if getattr(known, name) != getattr(asked, name)]
+            ("model", "num_gpus", "gpu_milli", "cpu_m", "mem_mib", "part_gpus") if getattr(known, name) != getattr(asked, name)]
 
 
 def _body(state: JobState) -> dict:

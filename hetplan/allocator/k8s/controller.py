@@ -27,6 +27,9 @@ only serve the webhook), woken every `poll` seconds and by every pod event:
 5. **Adoption** (every pass): an opted-in pod the webhook left to the default path, once running, is adopted where
    it runs (`adoption`); a pod bound first wins its room over an allocation whose pod is not bound yet. A `stop`
    for a pod not bound (it holds no room) leaves it Pending and asks for its job again every `adopt_every` s.
+6. **Gangs** (every pass): the pods of a gang (`pods.gang`, gated by the webhook under the gang's job id) are asked
+   for as one job of fixed parts once all exist, and admitted together by its allocation, part k to the k-th pod
+   by index (`_submit_gangs`, `_admit_gang`); a part stays held until no pod of the gang is left.
 
 What the API server or the kubelet refuses (a 422 on the resize, `PodResizePending` Infeasible) is logged once,
 counted and (the kubelet's) annotated on the pod, never retried in a loop; a Deferred resize is reported the same
@@ -171,6 +174,7 @@ class Controller:
         self._forged: set[str] = set()  # uids of gated pods naming another job's pod as the one they replace
         self._misnamed_uids: set[str] = set()  # uids of pods whose job id annotation is not their own (reported)
         self._preemptions: dict[str, Preemption] = {}  # job -> its preemption in progress
+        self._gang_tries: dict[str, float] = {}  # gang job -> when to ask for it again (`_submit_gangs`)
 
     # ------------------------------------------------------------------ threads
 
@@ -356,7 +360,7 @@ class Controller:
                            ("after-moves", self._converge_after_moves), ("preemptions", self._advance_preemptions),
                            ("retries", self._retry_resizes),
                            ("kubelet", self._report_kubelet), ("adopt", self._adopt_default_path),
-                           ("requeued", self._adopt_waiting),
+                           ("requeued", self._adopt_waiting), ("gangs", self._submit_gangs),
                            ("reconcile", self._reconcile_when_due)):
             if not self.elector.leading():
                 return False  # the Lease was lost or given up mid-pass: nothing more is done
@@ -456,7 +460,10 @@ class Controller:
         after = action.get("after") or []
         if kind in ("resize", "migrate", "start"):
             if len(after) != 1:
-                self.stats.count("gang-skipped")
+                if self._gang_members(job):
+                    self._admit_gang(job, after, seq, float(action.get("at") or 0))
+                else:
+                    self.stats.count("gang-skipped")  # a gang whose parts are no pods of ours
                 return
             # a start: a queued job admitted (its gated pod gets node, cores, RAM and loses the gate); for a pod
             # the webhook placed already, nothing (converge compares first)
@@ -464,10 +471,13 @@ class Controller:
         elif kind == "stop":
             self._orphans.pop(job, None)
             self._after_move.pop(job, None)
+            gang = bool(self._gang_members(job))
             for pod in self.live(job):
                 if pods.has_gate(pod, pods.QUEUE_GATE) or pods.terminating(pod):
                     continue  # waits in the queue (holds nothing), or on its way out already
-                if action.get("preempted"):
+                if gang:  # every pod of the gang goes; its owner creates them again, gated, to wait as one
+                    self._evict(pod, f"its gang was stopped by the allocator (action {seq})")
+                elif action.get("preempted"):
                     self._preempt(job, pod, seq)
                 elif self._waits(job, pod):
                     self._requeue(job, pod, seq)
@@ -982,6 +992,8 @@ class Controller:
                 self._orphans.pop(job, None)
                 if len(parts) == 1:
                     self.converge(job, pods.Target.of(parts[0]), self.cursor or 0)
+                elif self._gang_members(job):
+                    self._admit_gang(job, parts, self.cursor or 0)
                 continue
             if len(parts) > 1:
                 continue  # a gang: no pods of it are managed here
@@ -1010,7 +1022,8 @@ class Controller:
                     self._preempt(job, pod, int(pods.annotations(pod).get(pods.PREEMPTED_KEY) or 0))
                 continue  # on its way to the queue: never adopted back
             if job is None or job in by_job or pods.has_gate(pod, pods.MIGRATION_GATE) \
-                    or self._adopt_tries.get(pods.uid(pod), 0.0) > now:
+                    or self._adopt_tries.get(pods.uid(pod), 0.0) > now \
+                    or pods.GANG_PART_KEY in pods.annotations(pod):  # a gang's pods: asked for by `_submit_gangs`
                 continue
             self._adopt(job, pod)
         if latest is not None:
@@ -1064,6 +1077,89 @@ class Controller:
         self._adopt_tries.pop(pods.uid(pod), None)
         self.converge(job, pods.Target.of(answer["allocation"]), self.cursor or 0)
         return True
+
+    # ------------------------------------------------------------------ gangs
+
+    def _gang_members(self, job: str) -> dict[str, dict]:
+        """The live pods of gang `job` that are not on their way out, by their part (`hetplan.io/gang-part`)."""
+        return {pods.annotations(p)[pods.GANG_PART_KEY]: p for p in self.live(job)
+                if pods.GANG_PART_KEY in pods.annotations(p) and not pods.terminating(p)}
+
+    def _submit_gangs(self) -> None:
+        """Gangs with a pod waiting behind the queue's gate: once a pod of every part exists, the gang is asked for as
+        one job (`parts`: each part one pod's GPUs and own request), at once and then every `adopt_every` s while a
+        pod waits. Idempotent: a gang running already answers its parts (a pod its owner created again gets its
+        part's). Allocated: every waiting pod gets its part (`_admit_gang`); queued: its `start` admits them all;
+        until then none is ungated (never half a gang)."""
+        now = time.monotonic()
+        with self._lock:
+            jobs = {pods.job_id(p) for p in self.pods.values()
+                    if pods.GANG_PART_KEY in pods.annotations(p) and pods.has_gate(p, pods.QUEUE_GATE) and not pods.ended(p)}
+        for job in sorted(j for j in jobs if j and self._gang_tries.get(j, 0.0) <= now):
+            members = self._gang_members(job)
+            if not members or not any(pods.has_gate(p, pods.QUEUE_GATE) for p in members.values()):
+                continue
+            first = members[pods.part_order(members)[0]]
+            size = int(pods.annotations(first).get(pods.GANG_SIZE_KEY) or 0)
+            if len(members) < size:
+                continue  # not all its pods exist yet
+            self._gang_tries[job] = now + self.adopt_every
+            if len(members) > size:
+                self.stats.count("gang-misdeclared")
+                log.warning("controller: gang %s has %d parts (%s) but declares %s=%d; none admitted", job,
+                            len(members), ", ".join(pods.part_order(members)), pods.GANG_SIZE_KEY, size)
+                continue
+            try:
+                body = {**{k: v for k, v in adoption.request(first).items() if k != "node"}, "job_id": job,
+                        "parts": size}
+                answer = self.service.allocate(body)
+            except (ValueError, OverflowError) as exc:
+                self.stats.count("gang-refused")
+                log.warning("controller: gang %s cannot be read: %s", job, exc)
+                continue
+            except Exception as exc:
+                why = refusal(exc)
+                if why is None:
+                    raise  # the service down, a 5xx: an error of the pass, retried
+                self.stats.count("gang-refused")
+                log.warning("controller: gang %s refused by the allocator: %s", job, why)
+                continue
+            if answer.get("status") == "allocated":
+                self._admit_gang(job, answer.get("parts") or [], 0)
+            elif answer.get("status") == "rejected":
+                self.stats.count("gang-refused")
+                log.warning("controller: gang %s rejected: %s: %s; its pods stay gated", job, answer.get("reason"),
+                            answer.get("message"))
+
+    def _admit_gang(self, job: str, parts: list[Mapping[str, Any]], seq: int, at: float = 0.0) -> None:
+        """Gang `job`'s allocation (`<job>#k`, k = 0..N-1) applied to its pods, part k to the k-th pod in
+        `pods.part_order`: a waiting pod gets its part's node, cores and RAM and loses the gate (`_admit_queued`);
+        a running one is re-sized in place. A part on another node than its running pod is left (one pod of a gang
+        is never moved alone); so are parts that do not match the pods one to one."""
+        members = self._gang_members(job)
+        order = pods.part_order(members)
+        targets: dict[int, pods.Target] = {}
+        for a in parts:
+            index = str(a.get("job_id", "")).rpartition("#")[2]
+            if index.isdigit():
+                targets[int(index)] = pods.Target.of(a)
+        if sorted(targets) != list(range(len(order))):
+            self.stats.count("gang-mismatch")
+            log.warning("controller: gang %s: %d parts allocated for %d pods (%s); left as it is", job, len(targets),
+                        len(order), ", ".join(order))
+            return
+        for k, part in enumerate(order):
+            pod, target = members[part], targets[k]
+            if pods.has_gate(pod, pods.QUEUE_GATE):
+                self._admit_queued(job, pod, target, seq, at)
+            elif pods.matches(pod, target):
+                self.stats.count("already-applied")
+            elif pods.node_of(pod) == target.node:
+                self._resize(pod, target, at, seq)
+            else:
+                self.stats.count("gang-move-skipped")
+                log.warning("controller: gang %s part %s runs on %s, allocated on %s: a gang's pod is not moved alone",
+                            job, part, pods.node_of(pod), target.node)
 
     def _adopt_refused(self, pod: dict, why: str) -> bool:
         self.stats.count("adopt-refused")

@@ -384,9 +384,8 @@ class NodeSync:
             shape, free = cluster.node(node.name).shape, cluster.free(node.name)
             used = Usage(shape.gpus - free.gpus, shape.cpu_m - free.cpu_m, shape.mem_mib - free.mem_mib)
 
-        def held(job: str) -> Any:
-            parts = self.allocator.running([job]).get(job, ())
-            return next((p for p in parts if p.node == node.name), None)
+        def held(job: str) -> list[Any]:
+            return [p for p in self.allocator.running([job]).get(job, ()) if p.node == node.name]
 
         return room(node, self.ledger.foreign(node.name, held, owned), used)
 

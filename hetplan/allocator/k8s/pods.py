@@ -14,6 +14,8 @@ Opt-in: the pod label `hetplan.io/model` (the model, as for the extender). What 
 | `hetplan.io/checkpoint-grace-seconds` | annotation, optional, set by the user | how long to wait for that answer (default: the controller's `--checkpoint-grace`) |
 | `hetplan.io/migrated-from` | annotation | on a replacement: the pod it replaces |
 | `hetplan.io/migration` | scheduling gate | on a replacement until the pod it replaces is gone |
+| `hetplan.io/gang-size` | annotation, set by the user on the pod template | the job is a gang of that many pods (2 or more: an Indexed Job's `parallelism` = `completions`, a JobSet's or PyTorchJob's pods in all), admitted together or not at all (`gang`) |
+| `hetplan.io/gang-part` | annotation, written by the webhook | a gang pod's part (its index: `_part`); the pods of a gang share the gang's job id |
 | `hetplan.io/resize-pending` | annotation, written by the controller | the kubelet has not actuated the last resize: `Deferred: <its message>` (it retries when room frees) or `Infeasible: ...` (it never will); removed once actuated |
 
 The allocation goes to one container, the *main* one: the container named by the annotation `hetplan.io/container`,
@@ -61,6 +63,9 @@ COMPLETION_INDEX = "batch.kubernetes.io/job-completion-index"
 OWNER_KINDS = frozenset({"Job", "PyTorchJob", "TFJob", "MPIJob", "XGBoostJob", "PaddleJob", "JAXJob", "TrainJob"})
 """Owners whose pods are one job: a pod re-created by them (after a preemption, a failure) is the same job. Other
 owners (ReplicaSet, StatefulSet, ...) run interchangeable or stably named pods: each pod is its own job."""
+GANG_SIZE_KEY = "hetplan.io/gang-size"
+GANG_PART_KEY = "hetplan.io/gang-part"
+MAX_GANG = 1024
 RESIZE_PENDING_KEY = "hetplan.io/resize-pending"
 OPT_IN = MODEL_KEY
 
@@ -154,7 +159,7 @@ def own_request(notes: Mapping[str, str], cpu_m: int | None, mem_mib: int | None
     return own_cpu, own_mem, body
 
 
-def owner_job(pod: Mapping[str, Any], namespace: str | None = None) -> str:
+def owner_job(pod: Mapping[str, Any], namespace: str | None = None, with_part: bool = True) -> str:
     """The allocator's job id of `pod`, from what owns it, never from an annotation a user could write:
 
     - the label `hetplan.io/job`: `<namespace>/label/<value>`;
@@ -163,12 +168,13 @@ def owner_job(pod: Mapping[str, Any], namespace: str | None = None) -> str:
       (a job created again under the same name is another job);
     - else (a bare pod, or another owner's): `<namespace>/<name>`;
 
-    an owned pod's part (`_part`) is appended, so that the pods of a multi-pod job are distinct and a pod created
-    again for the same part has the same id. A pod name has no `/`, so a bare pod never shares an owned pod's id."""
+    an owned pod's part (`_part`) is appended (unless `with_part` is False: a gang's id), so that the pods of a
+    multi-pod job are distinct and a pod created again for the same part has the same id. A pod name has no `/`, so
+    a bare pod never shares an owned pod's id."""
     m = meta(pod)
     ns = namespace or str(m.get("namespace") or "default")
     labels, notes = m.get("labels") or {}, m.get("annotations") or {}
-    part = _part(labels, notes)
+    part = _part(labels, notes) if with_part else ""
     if (labels.get(JOB_LABEL) or "").strip():
         return f"{ns}/label/{labels[JOB_LABEL].strip()}"
     if labels.get(JOBSET_LABEL):
@@ -190,11 +196,16 @@ def move_base(name: str) -> str:
 def adoptable_job(pod: Mapping[str, Any]) -> str:
     """The job id the controller acts on for `pod`, by the webhook's rule: its owner's (`owner_job`), never an
     annotation a user could write (the webhook down, or a patch since). The annotation `hetplan.io/job-id` counts
-    only where hetplan writes one that differs: a bare pod's move replacement (`<name>-m<seq>`) carries its
+    only where hetplan writes one that differs: a gang's pod (the gang's id), a bare pod's move replacement (`<name>-m<seq>`) carries its
     original's `<namespace>/<name>` (within one namespace such a name can still be chosen by a user)."""
     owner, claimed = owner_job(pod), job_id(pod)
     if claimed is None or claimed == owner:
         return owner
+    try:
+        if claimed == getattr(gang(pod), "job", None):
+            return claimed  # a gang's pod: the gang's id, its owner's without the part (`gang`)
+    except ValueError:
+        pass
     ns, name = key(pod)
     moved = "-m" in name and name.rsplit("-m", 1)[1].isdigit()  # named as a move's replacement
     if owner == f"{ns}/{name}" and moved and claimed.startswith(f"{ns}/") \
@@ -207,6 +218,45 @@ def has_gate(pod: Mapping[str, Any], name: str) -> bool:
     """The pod is held by the scheduling gate `name`: `QUEUE_GATE` (it waits in the allocator's queue),
     `MIGRATION_GATE` (a move's replacement, until the pod it replaces is gone)."""
     return any(g.get("name") == name for g in (pod.get("spec") or {}).get("schedulingGates") or [])
+
+
+@dataclass(frozen=True, slots=True)
+class Gang:
+    """A pod's place in a gang (`gang`): the gang's job id, the pod's part, how many parts the gang has."""
+
+    job: str
+    part: str
+    size: int
+
+
+def gang(pod: Mapping[str, Any], namespace: str | None = None) -> Gang | None:
+    """The gang a pod belongs to: it declares one (annotation `hetplan.io/gang-size`, 2 or more) and is a part of a
+    multi-pod job (an Indexed Job's completion index, a JobSet's or a Kubeflow job's replica index: `_part`). Its
+    job id is its owner's without the part (`owner_job`): every pod of the gang has it. None for a pod declaring
+    none; `ValueError` naming the annotation for a declaration hetplan cannot serve."""
+    m = meta(pod)
+    notes, labels = m.get("annotations") or {}, m.get("labels") or {}
+    declared = notes.get(GANG_SIZE_KEY)
+    if declared is None:
+        return None
+    if not (declared.isascii() and declared.isdigit() and 2 <= int(declared) <= MAX_GANG):
+        raise ValueError(f"annotation {GANG_SIZE_KEY} must be a whole number from 2 to {MAX_GANG}, got {declared!r}")
+    part = _part(labels, notes)
+    job = owner_job(pod, namespace, with_part=False)
+    if not part or (labels.get(JOB_LABEL) or "").strip() or job.count("/") < 2:  # < 2: a bare pod's `<ns>/<name>`
+        raise ValueError(f"annotation {GANG_SIZE_KEY}: the pod is no indexed part of a Job, JobSet or Kubeflow job "
+                         f"(no {COMPLETION_INDEX}, {JOBSET_INDEX} or {KUBEFLOW_INDEX}, or a {JOB_LABEL} label)")
+    return Gang(job, part[1:], int(declared))
+
+
+def part_order(parts: Iterable[str]) -> list[str]:
+    """Parts in the order the gang's allocation numbers them (`<job>#0`, `#1`, ...): by their numbers, so that
+    part `10` comes after part `2` (`worker-0` after `master-0`: by name where names differ)."""
+    def key(part: str) -> list[tuple[int, int | str]]:
+        return [(0, int(x)) if x.isdigit() else (1, x) for x in part.replace("/", "-").split("-")]
+
+    return sorted(parts, key=key)
+
 
 
 def kueue(pod: Mapping[str, Any]) -> bool:

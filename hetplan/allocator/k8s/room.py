@@ -19,7 +19,7 @@ has no room, and is not refused or closed): `room`.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -127,16 +127,18 @@ class PodLedger:
         with self._lock:
             return [self._pods[k] for k in self._by_node.get(node, ())]
 
-    def foreign(self, node: str, held: Callable[[str], Allocation | None], owned: Iterable[str] = ()) -> Usage:
+    def foreign(self, node: str, held: Callable[[str], Sequence[Allocation]], owned: Iterable[str] = ()) -> Usage:
         """What `node`'s pods hold beyond hetplan's allocations there (see the module's docstring). `held(job)`: the
-        job's allocation on this node (None: none); `owned`: jobs to count as held whole (a pod being adopted)."""
-        total, seen, owned = Usage(), set(), set(owned)
+        job's allocations on this node (one; several for a gang's parts there; none); `owned`: jobs to count as
+        held whole (a pod being adopted)."""
+        total, left, owned = Usage(), {}, set(owned)
         for b in self.on(node):
             if b.job in owned:
                 continue
-            a = held(b.job) if b.job is not None and b.job not in seen else None
-            if a is not None:
-                seen.add(b.job)  # one pod per allocation: a second pod of the job on the node is foreign
+            if b.job is not None and b.job not in left:
+                left[b.job] = list(held(b.job))
+            mine = left.get(b.job) if b.job is not None else None
+            a = mine.pop(0) if mine else None  # one pod per allocation: a pod more of the job on the node is foreign
             total = total + (b.usage.beyond(held_by(a)) if a is not None else b.usage)
         return total
 

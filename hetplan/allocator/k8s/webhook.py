@@ -20,6 +20,10 @@ Pending, until the controller applies the job's `start` (node, cores, RAM) and r
 scheduler's path. A pod Kueue admits (label `kueue.x-k8s.io/queue-name`) is never queued here: its job is taken
 off hetplan's queue and the pod admitted unchanged (Kueue's gate holds it; the controller adopts it where it runs).
 
+**Gangs**: a pod that declares a gang (`pods.gang`: annotation `hetplan.io/gang-size` on an indexed part of a
+Job, JobSet or Kubeflow job) is held as a queued one, with the gang's job id and its part (`hetplan.io/gang-part`),
+without asking the allocator: the controller submits the gang once all its pods exist.
+
 **Fail-open**: whatever hetplan cannot serve (no model, a request the allocator rejects, a gang, a pod whose other
 containers leave nothing, the service unreachable, anything unexpected) is admitted unchanged, with one log line
 and one admission warning naming the reason: the pod takes the default scheduler's path. The webhook configuration
@@ -85,11 +89,14 @@ def admit(pod: Mapping[str, Any], namespace: str, allocate: Callable[[dict], dic
     if klass.model is None:
         raise Unserved(f"no {MODEL_KEY} label")
     name = meta.get("name") or f"{meta.get('generateName') or 'pod-'}{uuid.uuid4().hex[:8]}"
-    job = job_of(pod, namespace, name, trusted)
     try:
+        gang = pods.gang(pod, namespace)
         own_cpu, own_mem, floor = pods.own_request(notes, klass.cpu_m, klass.mem_mib)
     except ValueError as exc:
         raise Unserved(str(exc)) from None
+    if gang is not None:
+        return _gang_part(pod, gang, own_cpu, own_mem, name, klass.gpus)
+    job = job_of(pod, namespace, name, trusted)
     body: dict[str, Any] = {"job_id": job, "model": klass.model, "num_gpus": klass.gpus, **floor}
     try:
         answer = allocate(body)
@@ -147,8 +154,19 @@ def _resources(pod: Mapping[str, Any], shaped: Mapping[str, Any]) -> list[dict[s
             {"op": "add", "path": f"/spec/containers/{index}/resizePolicy", "value": container["resizePolicy"]}]
 
 
+def _gang_part(pod: Mapping[str, Any], gang: pods.Gang, own_cpu: str, own_mem: str, name: str,
+               gpus: float) -> list[dict[str, Any]]:
+    """A gang's pod (`pods.gang`) waits gated, whatever the room: the controller submits the gang once all its pods
+    exist and admits them together (`Controller._gangs`); nothing is asked of the allocator here."""
+    if pods.kueue(pod) or (pod.get("spec") or {}).get("nodeName"):
+        raise Unserved("a gang's pod that Kueue admits or that names its node cannot wait behind hetplan's gate")
+    if gpus < 1 or gpus != int(gpus):
+        raise Unserved(f"a gang's pod must ask whole GPUs (each part is one pod's), got {gpus:g}")
+    return _queued(pod, gang.job, own_cpu, own_mem, {"why": "gang-waiting"}, name, {pods.GANG_PART_KEY: gang.part})
+
+
 def _queued(pod: Mapping[str, Any], job: str, own_cpu: str, own_mem: str,
-            answer: Mapping[str, Any], name: str) -> list[dict[str, Any]]:
+            answer: Mapping[str, Any], name: str, extra: Mapping[str, str] | None = None) -> list[dict[str, Any]]:
     """The patch of a pod whose job waits in the allocator's queue: its job id, own request, place and reason as
     annotations; the main container shaped as an allocated one's (Burstable, `pods.resources`) at its own request,
     so that the controller sizes it by the resize subresource when the job is admitted; the scheduling gate
@@ -157,7 +175,7 @@ def _queued(pod: Mapping[str, Any], job: str, own_cpu: str, own_mem: str,
     ops = _notes(meta, name, {pods.JOB_ID_KEY: job, pods.REQUESTED_CPU_KEY: own_cpu,
                               pods.REQUESTED_MEMORY_KEY: own_mem,
                               pods.QUEUE_POSITION_KEY: str(answer.get("position") or ""),
-                              pods.QUEUE_WHY_KEY: str(answer.get("why") or "")})
+                              pods.QUEUE_WHY_KEY: str(answer.get("why") or ""), **(extra or {})})
     cpu_m, mem_mib = pods.requests(pod)  # the own request, else what the pod asks (a re-created pod: its last size)
     # at least 1m and 1 MiB: a pod asking none would be BestEffort, which no resize can give cores or RAM (its QoS
     # class would change), so its `start` could never size it; gated, it holds nothing meanwhile

@@ -26,7 +26,7 @@ from starlette.concurrency import run_in_threadpool
 from hetplan.allocator.core import Allocator
 from hetplan.allocator.service.allocation import run_logged
 from hetplan.allocator.service.bodies import (
-    WRITE_RESPONSES, ActionOut, AllocateRequest, AllocateResponse, Name, action_out, allocation_out, posted,
+    WRITE_RESPONSES, ActionOut, AllocateResponse, JobRequest, Name, action_out, allocation_out, posted,
 )
 from hetplan.allocator.service.context import ServiceContext
 from hetplan.allocator.service.middleware import JSONRoute
@@ -35,7 +35,7 @@ from hetplan.allocator.spec import Allocation, Decision, Job
 log = logging.getLogger(__name__)
 
 
-class AdoptRequest(AllocateRequest):
+class AdoptRequest(JobRequest):
     node: Name = Field(description="the node the job's pod already runs on")
 
 

@@ -20,7 +20,7 @@ from hetplan.allocator.service.bodies import (
 )
 from hetplan.allocator.service.context import ServiceContext
 from hetplan.allocator.service.middleware import JSONRoute
-from hetplan.allocator.spec import Allocation, Job
+from hetplan.allocator.spec import Allocation, Job, Reason
 from hetplan.scheduler.online import Conflict, Submitted
 
 
@@ -72,7 +72,11 @@ def router(ctx: ServiceContext) -> APIRouter:
         (`queued`, with its position and why), and a `start` action in the log says when it runs. A job larger
         than any node runs as a gang over nodes of one GPU type, all or nothing (`parts`). `rejected` (status 200)
         only for a job that can never run here."""
-        job = body.to_job()
+        try:
+            job = body.to_job()
+        except ValueError as exc:  # parts of a share, or of more GPUs than any cluster: it can never run
+            return AllocateResponse(status="rejected", job_id=body.job_id, hint_version=ctx.alloc().hints.version,
+                                    reason=Reason.TOO_BIG.value, message=str(exc))
         start = time.perf_counter()
         try:
             submitted, actions = await ctx.durably(allocate_job, ctx, job)

@@ -106,7 +106,9 @@ GpuCount = Annotated[number(0, MAX_GPUS), AfterValidator(_gpus), WithJsonSchema(
 """`spec.gpu_request`'s rule: 0 to 1,024 whole GPUs (2.0 is whole), or a share of one GPU from 0.001 to 0.999."""
 
 
-class AllocateRequest(BaseModel):
+class JobRequest(BaseModel):
+    """One pod's request: a job id, its model, its GPUs and its own cores and RAM."""
+
     model_config = ConfigDict(extra="forbid")
     job_id: JobId
     model: Name
@@ -120,12 +122,32 @@ class AllocateRequest(BaseModel):
         None, description="the job's own RAM request in GiB, a floor (as cpus)")
 
     @model_validator(mode="after")
-    def _valid_request(self) -> AllocateRequest:
+    def _valid_request(self) -> JobRequest:
         self.to_job()  # raises ValueError (1.5 GPUs, a share below 0.001) -> 422
         return self
 
     def to_job(self) -> Job:
         return Job.request(self.job_id, self.model, self.num_gpus, self.cpus, self.mem_gb)
+
+
+class AllocateRequest(JobRequest):
+    parts: whole(2, MAX_GPUS) | None = Field(
+        None, description="a job of that many parts (pods), each of num_gpus whole GPUs and its own cpus and mem_gb: "
+                          "a gang, every part whole on one node of one GPU type, all started or none (the answer's "
+                          "`parts`, part k as `<job_id>#k`); absent: one part, or a gang the allocator splits for "
+                          "a job larger than any node")
+
+    @model_validator(mode="after")
+    def _valid_request(self) -> AllocateRequest:
+        if self.parts is None:
+            self.to_job()  # raises ValueError (1.5 GPUs, a share below 0.001) -> 422
+        return self  # with parts: `to_job` below, in the route
+
+    def to_job(self) -> Job:
+        """The job asked for; `ValueError` for parts of a share or CPU-only, or of more than 1,024 GPUs in all
+        (the schema cannot say so: the service answers them `rejected`, a job that can never run)."""
+        return Job.request(self.job_id, self.model, self.num_gpus, self.cpus, self.mem_gb,
+                           None if self.parts is None else int(self.parts))
 
 
 class ReleaseRequest(BaseModel):

@@ -57,7 +57,7 @@ def put(s: StepState, job: Job, pieces: tuple[tuple[str, int], ...], gpu_type: s
     mark = s.mark()
     parts = []
     hinted = s.hinted(job, gpu_type)
-    gang = len(pieces) > 1 or job.num_gpus > s.type_largest[gpu_type]
+    gang = len(pieces) > 1 or job.num_gpus > s.type_largest[gpu_type] or job.part_gpus is not None
     for k, (name, gpus) in enumerate(pieces):
         shape = s.cluster.shape(name)
         want = scaled(s.want(job, gpu_type)(shape), gpus, job.num_gpus)
@@ -77,7 +77,9 @@ def put(s: StepState, job: Job, pieces: tuple[tuple[str, int], ...], gpu_type: s
         s.cluster.apply(a)
         s.touched.add(name)
         parts.append(a)
-    s.set_placed(job.job_id, tuple(parts))
+    # an earlier part of a gang of fixed parts on the same node may have been shrunk for a later one's floor
+    table = s.cluster.allocation_table()
+    s.set_placed(job.job_id, tuple(table.get(a.job_id, a) for a in parts))
     return True
 
 

@@ -209,7 +209,8 @@ class StepState:
         entry = self.view(job).entries.get(gpu_type)
         rank = entry.rank if entry is not None else None
         return Allocation(part_id, job.model, node, gpu_type, gpus, cpu_m, mem_mib, self.hints.version,
-                          self.policy.name, share, rank, request_cpu_m=job.cpu_m, request_mem_mib=job.mem_mib)
+                          self.policy.name, share, rank, request_cpu_m=job.cpu_m, request_mem_mib=job.mem_mib,
+                          part_gpus=job.part_gpus)
 
     def commit(self, job: Job, parts: tuple[Allocation, ...]) -> None:
         """Apply a job's allocations to the trial and record them as where it ends up."""

@@ -125,7 +125,8 @@ class Step:
     def place(self, job: Job, gpu_type: str | None, only: bool = False) -> bool:
         """Place `job` on `gpu_type` (then, failing that and unless `only`, on the other types by speed); False if
         nowhere. A job no node of a usable type could hold runs as a gang (`gangs.place_gang`); one that some
-        node could hold waits for one instead."""
+        node could hold waits for one instead. A job of fixed parts (`Job.part_gpus`) always runs as a gang of
+        those parts (`gangs.place_fixed_gang`)."""
         s = self.s
         view = s.view(job)
         preference = view.preference
@@ -135,6 +136,13 @@ class Step:
             preference = (gpu_type, *(t for t in preference if t != gpu_type))
         g = job.num_gpus
         strict = s.policy.strict
+        if job.part_gpus is not None:  # a gang of fixed parts: a gang even where one node could hold it all
+            for t in preference:
+                if s.type_gpus[t] >= g and s.type_largest[t] >= job.part_gpus and not (
+                        strict and view.speeds[t] <= 0) and (t == gpu_type or self.may_run_on(job, t)) \
+                        and gangs.place_fixed_gang(s, job, t):
+                    return True
+            return False
         usable = [t for t in preference if s.type_gpus[t] >= g and not (strict and view.speeds[t] <= 0)]
         # a gang only when no node of a usable type could hold the job: a job that fits one node waits for one
         # (an 8-GPU pod is one pod on an 8-GPU node, never two 4-GPU parts while the 8-GPU nodes are busy)
