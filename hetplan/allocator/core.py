@@ -19,9 +19,10 @@ from hetplan.allocator.actions import Action, diff
 from hetplan.allocator.rebalance import CoAdaptive
 from hetplan.allocator.sources import HintSource, StaticHints
 from hetplan.allocator.journal import RETAIN, ActionLog, Change, Journal, MemoryJournal, Restored, Synchronous
-from hetplan.allocator.spec import (GANG_SEP, Allocation, Decision, Job, Node, Reason, Rejection, check_job_id,
-                                     mib_to_gib)
+from hetplan.allocator.spec import (GANG_SEP, MAX_GPUS, Allocation, Decision, Job, Node, Reason, Rejection,
+                                     check_job_id, mib_to_gib)
 from hetplan.allocator.stability import MoveHistory, record
+from hetplan.allocator.step.gangs import grow_fixed_gang
 from hetplan.allocator.step.reconfigure import reconfigure
 from hetplan.allocator.step.state import StepState
 from hetplan.hints import HintSet
@@ -34,6 +35,29 @@ class NodeChanges:
     upsert: Sequence[Node] = ()
     remove: Sequence[str] = ()
     force: bool = False  # removing a busy node releases its allocations instead of refusing
+
+
+class UnknownJob(LookupError):
+    """A change asked for a job that holds no resources."""
+
+
+class NotAGang(StateError):
+    """A change of part count asked for a job that is no running gang of fixed parts."""
+
+
+@dataclass(frozen=True)
+class Scaled:
+    """What `Allocator.scale` did: the gang's parts now (in part order), and why not where its count did not change
+    (`rejection`: nothing changed). `changed`: a `resize` action was logged."""
+
+    parts: tuple[Allocation, ...]
+    changed: bool
+    rejection: Rejection | None = None
+
+
+def part_number(a: Allocation) -> int:
+    """A gang part's number (`<job id>#<k>`: k)."""
+    return int(a.job_id.rpartition(GANG_SEP)[2])
 
 
 class Allocator:
@@ -391,6 +415,56 @@ class Allocator:
                                 [a for action in actions for a in action.after])
             self._commit(actions, preempting=True)
             return actions, short
+
+    def scaled_job(self, job_id: str, parts: int) -> Job:
+        """The running gang of fixed parts `job_id` as a request of `parts` parts (each part's own request kept).
+        `UnknownJob` if it holds nothing, `NotAGang` if it is no gang of fixed parts, `ValueError` naming `parts`
+        for a count it can never have (below 2, more than `MAX_GPUS` GPUs in all)."""
+        check_job_id(job_id)
+        with self.lock:
+            held = self.running([job_id]).get(job_id)
+            if not held:
+                raise UnknownJob(f"job {job_id} holds no resources")
+            size = held[0].part_gpus
+            if size is None:
+                raise NotAGang(f"job {job_id} is no gang of fixed parts (it was allocated without `parts`)")
+            if isinstance(parts, bool) or not isinstance(parts, int) or not 2 <= parts <= MAX_GPUS // size:
+                raise ValueError(f"parts must be a whole number from 2 to {MAX_GPUS // size} (parts of {size} GPUs, "
+                                 f"at most {MAX_GPUS} in all), got {parts!r}")
+            first, old = held[0], len(held)
+            cpu_m = None if first.request_cpu_m is None else first.request_cpu_m // old * parts
+            mem_mib = None if first.request_mem_mib is None else first.request_mem_mib // old * parts
+            return Job(job_id, first.model, size * parts, 0, cpu_m, mem_mib, size)
+
+    def scale(self, job_id: str, parts: int, jobs: Mapping[str, dict | None] | None = None) -> Scaled:
+        """Change a running gang of fixed parts to `parts` parts, all or nothing, as one `resize` action whose
+        `after` holds every part: parts 0..parts-1 kept where and as they are (their job's request now the new
+        count's), the new ones placed as the gang's were (nodes of its GPU type, each part whole on one node, the
+        new count's share); a shrink drops the highest-numbered parts. Where the new parts do not fit, nothing
+        changes and `rejection` says why. `jobs`: the scheduler's submissions to journal with it (`record_jobs`).
+        Errors as `scaled_job`."""
+        with self.lock:
+            job = self.scaled_job(job_id, parts)
+            held = tuple(sorted(self.running([job_id])[job_id], key=part_number))
+            if len(held) == parts:
+                return Scaled(held, False)
+            kept = tuple(replace(a, request_cpu_m=job.cpu_m, request_mem_mib=job.mem_mib) for a in held[:parts])
+            added: tuple[Allocation, ...] = ()
+            if parts > len(held):
+                hints = self.hint_source.current()
+                rounds = self.policy.rounds or CoAdaptive(name=self.policy.name)
+                with self.cluster.trial():  # planned on a trial, undone: applied below as one action
+                    state = StepState(rounds, [], self.cluster, hints, {}, set(), preempt=False, move=False)
+                    if grow_fixed_gang(state, job, held[0].gpu_type, len(held)):
+                        added = tuple(sorted(state.placed[job_id], key=part_number))
+                if not added:
+                    return Scaled(held, False, Rejection(
+                        job_id, Reason.NO_CAPACITY, f"no room for {parts - len(held)} more parts of "
+                        f"{job.part_gpus} GPUs on {held[0].gpu_type} nodes with at least their floor free; the "
+                        f"gang keeps its {len(held)} parts", hints.version, self.policy.name))
+            after = kept + added
+            self._commit([Action("resize", job_id, held, after)], apply=True, jobs=jobs)
+            return Scaled(after, True)
 
     def tick(self) -> list[Action]:
         """The periodic step of a running service: every running job, in the order it got its resources, may be

@@ -14,7 +14,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
 from typing import Literal
 
-from hetplan.allocator.core import Allocator
+from hetplan.allocator.core import Allocator, NotAGang, Scaled
 from hetplan.allocator.journal import LoggedAction, TooOld
 from hetplan.allocator.spec import Allocation, Job, Reason, Rejection
 from hetplan.scheduler.loop import Scheduler
@@ -155,6 +155,30 @@ class OnlineScheduler:
             self.loop.fill(now)
             self._seen = a.log.latest
             return parts, False
+
+    def scale(self, job_id: str, parts: int) -> Scaled:
+        """A running gang of fixed parts to `parts` parts (`Allocator.scale`, all or nothing), its submission's
+        request changed with it in the same journaled change, so that a restart or a preemption brings it back at
+        its new count. Errors as `Allocator.scaled_job`; `NotAGang` also for a job that waits in the queue."""
+        a = self.allocator
+        with a.lock:
+            self._sync()
+            state = self.loop.by_id.get(job_id)
+            if state is not None and not state.parts:
+                raise NotAGang(f"job {job_id} waits in the queue: only a running gang's count can change")
+            job = a.scaled_job(job_id, parts)
+            jobs = None if state is None else {job_id: {**_body(state), "job": asdict(job)}}
+            scaled = a.scale(job_id, parts, jobs)
+            if scaled.changed and state is not None:
+                state.advance(self.clock())  # attained at the old count up to now
+                state.request, state.min_gpus, state.max_gpus = job, job.num_gpus, job.num_gpus
+            self._sync()  # books the parts (`_book`); then its count
+            if scaled.changed and state is not None:
+                state.gpus = job.num_gpus
+            if scaled.changed:
+                self.loop.fill(self.clock())  # a shrink freed room: the queue's head may start now
+                self._seen = a.log.latest
+            return scaled
 
     def round(self) -> None:
         """A round: preemptive where the order says so (`Scheduler.round`); nothing when nothing waits and nothing

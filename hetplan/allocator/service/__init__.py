@@ -16,7 +16,8 @@ With `ServiceSettings.kubeconfig` (`hetplan serve --kubeconfig`), a thread keeps
 cluster's Nodes while the app runs (`hetplan.allocator.k8s.nodes`).
 
 Layout: `create_app` composes one router per concern, each a function of the app's `ServiceContext` (no global
-state): `allocation` (allocate, release, actions, tick, allocations), `adoption` (adopt a running pod), `jobs`
+state): `allocation` (allocate, release, actions, tick, allocations), `adoption` (adopt a running pod), `scaling` (a
+running gang's number of parts), `jobs`
 (the job history, read-only), `nodes` (node admin), `hints`, `ops` (healthz, metrics) and `extender` (`/filter`,
 `/prioritize`); `bodies` holds the request and response models, `middleware` the body limit, request metrics and
 strict JSON bodies, `settings` the `ServiceSettings`.
@@ -38,7 +39,7 @@ from hetplan.allocator.durable import DurableAllocator
 from hetplan.allocator.nodes_io import load_nodes
 from hetplan.allocator.policies import get_policy
 from hetplan.allocator.core import Allocator, NodeChanges
-from hetplan.allocator.service import adoption, allocation, extender, hints, jobs, nodes, ops
+from hetplan.allocator.service import adoption, allocation, extender, hints, jobs, nodes, ops, scaling
 from hetplan.allocator.service.context import ServiceContext
 from hetplan.allocator.service.middleware import BodyLimit, RequestMetrics, method_not_allowed, validation_error
 from hetplan.allocator.service.settings import TOKEN_ENV, ServiceSettings
@@ -102,7 +103,7 @@ def create_app(settings: ServiceSettings | None = None, allocator: Allocator | N
     app.add_middleware(RequestMetrics, metrics=ctx.metrics)
     app.add_exception_handler(RequestValidationError, validation_error)  # type: ignore[arg-type]
     app.add_exception_handler(405, method_not_allowed)
-    for concern in (allocation, adoption, jobs, nodes, hints, ops, extender):
+    for concern in (allocation, adoption, scaling, jobs, nodes, hints, ops, extender):
         app.include_router(concern.router(ctx))
     return app
 

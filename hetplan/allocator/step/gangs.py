@@ -1,6 +1,7 @@
 """Stage 3 of a step for a job larger than any node of its GPU type: a gang over several nodes of that type,
 all or nothing (`place_gang`); and for a job of fixed parts (`Job.part_gpus`, a multi-pod job), each part on one
-node of one type, all or nothing (`place_fixed_gang`)."""
+node of one type, all or nothing (`place_fixed_gang`); and the parts a running gang of fixed parts gains when its
+count grows (`grow_fixed_gang`)."""
 
 from __future__ import annotations
 
@@ -31,12 +32,19 @@ def place_gang(s: StepState, job: Job, gpu_type: str) -> bool:
 def place_fixed_gang(s: StepState, job: Job, gpu_type: str) -> bool:
     """All or nothing: `job.parts` parts of exactly `job.part_gpus` GPUs, each on one node of `gpu_type` (nodes
     with the most free GPUs first, as many parts on each as its free GPUs hold), each part at least its floor."""
+    return grow_fixed_gang(s, job, gpu_type, 0)
+
+
+def grow_fixed_gang(s: StepState, job: Job, gpu_type: str, first: int) -> bool:
+    """All or nothing: parts `first` to `job.parts - 1` of `job` (its parts below `first` hold their room
+    already), placed as `place_fixed_gang` places a whole gang; each part's share is the job's (its new count's)
+    cut to the part's GPUs."""
     size = job.part_gpus
     assert size is not None
-    if s.cluster.free_gpus_total(gpu_type) < job.num_gpus:
+    if gpu_type not in s.type_largest or s.cluster.free_gpus_total(gpu_type) < size * (job.parts - first):
         return False
     mark = s.mark()
-    left = job.parts
+    left = job.parts - first
     pieces: list[tuple[str, int]] = []
     for name in sorted(s.cluster.with_free_gpus(gpu_type, size), key=lambda n: (-s.cluster.free(n).gpus, n)):
         take = min(s.cluster.free(name).gpus // size, left)
@@ -44,7 +52,7 @@ def place_fixed_gang(s: StepState, job: Job, gpu_type: str) -> bool:
         left -= take
         if left == 0:
             break
-    if left > 0 or not put(s, job, tuple(pieces), gpu_type):
+    if left > 0 or not put(s, job, tuple(pieces), gpu_type, first):
         s.undo_to(mark)
         return False
     return True

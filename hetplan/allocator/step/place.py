@@ -51,9 +51,10 @@ def tune(s: StepState, job: Job, gpu_type: str) -> str | None:
     return None
 
 
-def put(s: StepState, job: Job, pieces: tuple[tuple[str, int], ...], gpu_type: str) -> bool:
+def put(s: StepState, job: Job, pieces: tuple[tuple[str, int], ...], gpu_type: str, first: int = 0) -> bool:
     """Give `job` the given GPUs on each node with the largest share its free cores and RAM allow, at least
-    its floor (peers shrunk if they must); False (nothing kept) when some node cannot give the floor."""
+    its floor (peers shrunk if they must); False (nothing kept) when some node cannot give the floor. `first`: the
+    number of the first piece's part (a gang grown by parts: `gangs.grow_fixed_gang`)."""
     mark = s.mark()
     parts = []
     hinted = s.hinted(job, gpu_type)
@@ -72,7 +73,7 @@ def put(s: StepState, job: Job, pieces: tuple[tuple[str, int], ...], gpu_type: s
             return False
         cpu, mem = min(want[0], free.cpu_m), min(want[1], free.mem_mib)
         share: Share = ("hinted" if (cpu, mem) == want else "reduced") if hinted else "proportional"
-        part_id = f"{job.job_id}{GANG_SEP}{k}" if gang else job.job_id
+        part_id = f"{job.job_id}{GANG_SEP}{first + k}" if gang else job.job_id
         a = s.allocation(job, part_id, name, gpu_type, gpus, cpu, mem, share)
         s.cluster.apply(a)
         s.touched.add(name)
