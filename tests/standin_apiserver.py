@@ -11,6 +11,14 @@ loopback, so that the node sync and the controller are tested with the real clie
   429) and `resize` (strategic merge of containers' cpu/memory; the stand-in kubelet actuates it, or marks it
   `PodResizePending` Infeasible/Deferred as the 1.33 kubelet does, and actuates a Deferred resize once its node
   has room, as the 1.33 kubelet retries them when resources are freed).
+- batch/v1 **Indexed Jobs** (create, get, merge PATCH by `standin_rules.validate_job_update`: `parallelism`, and
+  `completions` with it) and a Job controller for them (`_sync_jobs`, every 20 ms): a pod per index from 0 while fewer
+  than `parallelism` run, named `<job>-<index>-<random>`, the template's labels and annotations plus the completion
+  index (label and annotation), `job-name`, `controller-uid` and a controlling owner reference; an index whose pod
+  succeeded is done; pods of an index at or above `completions` (the Job was scaled down) are deleted gracefully, as
+  the real Job controller does. SIMPLIFIED (labelled so): NonIndexed Jobs are refused; a replacement for a failed or
+  terminating pod is made once the old one is terminal or removed (as `podReplacementPolicy: Failed`), with no
+  backoff and no `backoffLimit`; no Job status, conditions or completion; no Job watch; deleting a Job is not served.
 - ConfigMaps and coordination.k8s.io/v1 Leases: get, create (409 AlreadyExists), replace (409 Conflict on a stale
   resourceVersion: optimistic concurrency, which leader election and the controller's cursor rely on).
 - A scheduler: a pod without `spec.nodeName`, without scheduling gates, is bound to the node its required node
@@ -46,7 +54,7 @@ from kubernetes.utils.quantity import parse_quantity
 
 from standin_rules import (  # noqa: F401 - ApiError and status are imported from here by the tests
     ApiError, disruptions_allowed, parse_version, qos_class, status, validate_binding, validate_create,
-    validate_resize, validate_update,
+    validate_job_update, validate_resize, validate_update,
 )
 
 
@@ -242,6 +250,8 @@ LAUNCHER = "system:serviceaccount:default:launcher"  # who creates the test's ow
 CONTROLLER_USER = "system:serviceaccount:hetplan:hetplan-controller"
 
 POD = re.compile(r"^/api/v1/namespaces/([^/]+)/pods(?:/([^/]+))?(?:/([a-z]+))?$")
+JOB = re.compile(r"^/apis/batch/v1/namespaces/([^/]+)/jobs(?:/([^/]+))?$")
+COMPLETION_INDEX = "batch.kubernetes.io/job-completion-index"
 OBJECT = re.compile(r"^/(?:api/v1|apis/coordination\.k8s\.io/v1)/namespaces/([^/]+)/(configmaps|leases)(?:/([^/]+))?$")
 
 
@@ -269,6 +279,7 @@ class FakeApiServer:
         self.history = history  # pod events kept; a watch from before them is answered 410
         self.compacted = 0  # pod events up to this resourceVersion are gone
         self.objects: dict[tuple[str, str, str], dict] = {}  # (configmaps|leases, namespace, name) -> object
+        self.jobs: dict[tuple[str, str], dict] = {}  # batch/v1 Indexed Jobs (`_sync_jobs`)
         self.pdbs: list[dict] = []  # policy/v1 PodDisruptionBudgets (selector.matchLabels, minAvailable)
         self.webhook_url: str | list[str] | None = None  # mutating webhook(s) called on pod CREATE: the first that
         # answers, as a Service routes to a ready endpoint (failurePolicy Ignore when none does)
@@ -360,6 +371,10 @@ class FakeApiServer:
                     else:
                         ctype = self.headers.get("Content-Type", "")
                         return self._json(*outer.pod_call(method, ns, name, sub, body, ctype))
+                m = JOB.match(url.path)
+                if m:
+                    ctype = self.headers.get("Content-Type", "")
+                    return self._json(*outer.job_call(method, m.group(1), m.group(2), body, ctype))
                 m = OBJECT.match(url.path)
                 if m:
                     return self._json(*outer.object_call(method, m.group(2), m.group(1), m.group(3), body))
@@ -487,6 +502,7 @@ class FakeApiServer:
     def start(self) -> FakeApiServer:
         self._thread.start()
         threading.Thread(target=self._kubelet_loop, name="standin-kubelet", daemon=True).start()
+        threading.Thread(target=self._job_loop, name="standin-job-controller", daemon=True).start()
         return self
 
     def configure_webhook(self, manifest: Path, url: str | list[str], ca_file: Path | None = None) -> dict:
@@ -974,6 +990,104 @@ current-context: stand-in
             self._emit("MODIFIED", pod)
             self.schedule()
 
+    # ------------------------------------------------------------------ batch/v1 Indexed Jobs and their controller
+
+    def create_job(self, namespace: str, body: dict) -> dict:
+        """Create an Indexed Job (the test's, as `kubectl apply` would); its pods follow from `_sync_jobs`."""
+        job = copy.deepcopy(body)
+        meta, spec = job.setdefault("metadata", {}), job.setdefault("spec", {})
+        meta["namespace"] = namespace
+        if spec.get("completionMode") != "Indexed":
+            raise ApiError(422, "Invalid", "the stand-in's Job controller runs Indexed Jobs only (a simplification)")
+        spec.setdefault("parallelism", 1)
+        if not isinstance(spec.get("completions"), int) or spec["completions"] < 1 or not meta.get("name"):
+            raise ApiError(422, "Invalid", "spec.completions: Required value: an Indexed Job needs completions")
+        with self.lock:
+            if (namespace, meta["name"]) in self.jobs:
+                raise ApiError(409, "AlreadyExists", f'jobs.batch "{meta["name"]}" already exists')
+            meta["uid"] = str(uuid.uuid4())
+            self.rv += 1
+            meta["resourceVersion"] = str(self.rv)
+            self.jobs[(namespace, meta["name"])] = job
+            return copy.deepcopy(job)
+
+    def job_call(self, method: str, ns: str, name: str | None, body: Any, ctype: str) -> tuple[int, dict]:
+        if method == "POST" and not name:
+            return 201, self.create_job(ns, body)
+        with self.lock:
+            job = self.jobs.get((ns, name or ""))
+            if job is None:
+                raise ApiError(404, "NotFound", f'jobs.batch "{name}" not found')
+            if method == "GET":
+                return 200, copy.deepcopy(job)
+            if method == "PATCH" and isinstance(body, dict):
+                new = merge_patch(job, body, strategic="strategic" in ctype)
+                for field in ("name", "namespace", "uid"):
+                    if (new.get("metadata") or {}).get(field) != job["metadata"].get(field):
+                        raise ApiError(422, "Invalid", f'Job "{name}" is invalid: metadata.{field}: field is immutable')
+                validate_job_update(job, new)
+                self.rv += 1
+                new["metadata"]["resourceVersion"] = str(self.rv)
+                self.jobs[(ns, name or "")] = new
+                return 200, copy.deepcopy(new)
+            raise ApiError(405, "MethodNotAllowed", f"the stand-in serves no {method} on jobs")
+
+    def job_pods(self, namespace: str, name: str) -> list[dict]:
+        """The pods a Job owns (any phase), by completion index."""
+        with self.lock:
+            uid = self.jobs[(namespace, name)]["metadata"]["uid"]
+            owned = [copy.deepcopy(p) for p in self.pods.values() if _owner_uid(p) == uid]
+        return sorted(owned, key=lambda p: int(p["metadata"]["annotations"][COMPLETION_INDEX]))
+
+    def _job_loop(self) -> None:
+        while not self._closing.wait(0.02):
+            try:
+                self._sync_jobs()
+            except ApiError:  # a pod the webhook refused: tried again at the next sync, as the Job controller does
+                pass
+
+    def _sync_jobs(self) -> None:
+        """One pass of the stand-in Job controller (the module's docstring): deletions under the lock, creations
+        after it (a creation calls the webhook)."""
+        wanted: list[tuple[str, dict]] = []
+        with self.lock:
+            for (ns, name), job in self.jobs.items():
+                spec, uid = job["spec"], job["metadata"]["uid"]
+                busy: set[int] = set()  # indexes with a pod not ended, or done
+                active = 0
+                for pod in [p for p in self.pods.values() if _owner_uid(p) == uid]:
+                    index = int(pod["metadata"]["annotations"][COMPLETION_INDEX])
+                    ended = terminal(pod)
+                    if index >= spec["completions"]:
+                        if not ended and not pod["metadata"].get("deletionTimestamp"):
+                            self._delete(pod)  # scaled down: removed, gracefully
+                        continue
+                    if not ended or pod["status"].get("phase") == "Succeeded":
+                        busy.add(index)
+                    active += not ended
+                for index in range(spec["completions"]):
+                    if active >= spec["parallelism"]:
+                        break
+                    if index not in busy:
+                        wanted.append((ns, self._job_pod(job, index)))
+                        active += 1
+        for ns, body in wanted:
+            self.create_pod(ns, body)
+
+    @staticmethod
+    def _job_pod(job: dict, index: int) -> dict:
+        template, meta = job["spec"]["template"], job["metadata"]
+        labels = {**(template.get("metadata") or {}).get("labels", {}), COMPLETION_INDEX: str(index),
+                  "batch.kubernetes.io/job-name": meta["name"], "batch.kubernetes.io/controller-uid": meta["uid"]}
+        annotations = {**(template.get("metadata") or {}).get("annotations", {}), COMPLETION_INDEX: str(index)}
+        return {"apiVersion": "v1", "kind": "Pod",
+                "metadata": {"name": f"{meta['name']}-{index}-{uuid.uuid4().hex[:5]}", "labels": labels,
+                             "annotations": annotations,
+                             "ownerReferences": [{"apiVersion": "batch/v1", "kind": "Job", "name": meta["name"],
+                                                  "uid": meta["uid"], "controller": True,
+                                                  "blockOwnerDeletion": True}]},
+                "spec": copy.deepcopy(template["spec"])}
+
     # ------------------------------------------------------------------ ConfigMaps and Leases
 
     def object_call(self, method: str, kind: str, ns: str, name: str | None, body: Any) -> tuple[int, dict]:
@@ -1007,6 +1121,12 @@ current-context: stand-in
             self.lease_history.append((time.time(), str((obj.get("spec") or {}).get("holderIdentity") or "")))
         self.objects[key] = obj
         return copy.deepcopy(obj)
+
+
+def _owner_uid(pod: dict) -> str | None:
+    """The uid of the pod's controlling owner, if it has one."""
+    owner = next((o for o in pod["metadata"].get("ownerReferences") or [] if o.get("controller")), None)
+    return None if owner is None else owner.get("uid")
 
 
 def _limit(pod: dict, resource: str) -> Decimal | None:

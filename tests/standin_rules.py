@@ -23,6 +23,10 @@ them: pure functions of the objects, so that each rule is read (and tested) on i
 - **PodDisruptionBudgets** (`disruptions_allowed`): policy/v1 semantics: `minAvailable` or `maxUnavailable`, each
   an integer or a percentage of the expected pods (the matching pods; rounded up as the disruption controller does);
   healthy pods are Running, not terminating and not in `status.disruptedPods` (an eviction in flight).
+- **Job update** (`validate_job_update`, batch/v1): `spec.template`, `completionMode` and `selector` are immutable;
+  `parallelism` is a whole number >= 0; `completions` changes only for an Indexed Job and only together with
+  `parallelism`, to the same value (elastic Indexed Jobs, KEP-3715, GA 1.31: "can only be modified in tandem with
+  .spec.parallelism").
 """
 
 from __future__ import annotations
@@ -220,3 +224,21 @@ def disruptions_allowed(pdb: dict, matching: list[dict], now: float) -> tuple[in
     else:
         desired = _amount(spec.get("minAvailable", 1), expected, round_up=True)
     return max(0, healthy - desired), healthy, desired
+
+
+def validate_job_update(old: dict, new: dict) -> None:
+    """A PATCH of a batch/v1 Job (the module's docstring); `ApiError` 422 naming the field."""
+    name = (old.get("metadata") or {}).get("name", "")
+    before, after = old.get("spec") or {}, new.get("spec") or {}
+    for field in ("template", "completionMode", "selector"):
+        if before.get(field) != after.get(field):
+            raise invalid(name, f"spec.{field}: Invalid value: field is immutable")
+    parallelism = after.get("parallelism")
+    if isinstance(parallelism, bool) or not isinstance(parallelism, int) or parallelism < 0:
+        raise invalid(name, f"spec.parallelism: Invalid value: {parallelism!r}: must be greater than or equal to 0")
+    if before.get("completions") != after.get("completions"):
+        if before.get("completionMode") != "Indexed":
+            raise invalid(name, "spec.completions: Invalid value: field is immutable")
+        if after.get("completions") != parallelism:
+            raise invalid(name, f"spec.completions: Invalid value: {after.get('completions')!r}: can only be modified "
+                                "in tandem with spec.parallelism")

@@ -68,7 +68,7 @@ def test_webhook_is_fail_open_and_opt_in():
 CONTROLLER_CALLS = {("pods", "get"), ("pods", "list"), ("pods", "watch"), ("pods", "create"), ("pods", "patch"),
                     ("pods", "delete"), ("pods/resize", "patch"), ("pods/eviction", "create"), ("leases", "get"),
                     ("leases", "create"), ("leases", "update"), ("configmaps", "get"), ("configmaps", "create"),
-                    ("configmaps", "update")}
+                    ("configmaps", "update"), ("jobs", "patch")}
 CONTROLLER_OBJECTS = {"leases": ["hetplan-controller"], "configmaps": ["hetplan-controller-cursor"]}
 NODE_SYNC_CALLS = {("nodes", "list"), ("nodes", "watch"), ("pods", "list"), ("pods", "watch")}
 

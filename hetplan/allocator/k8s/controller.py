@@ -30,6 +30,10 @@ only serve the webhook), woken every `poll` seconds and by every pod event:
 6. **Gangs** (every pass): the pods of a gang (`pods.gang`, gated by the webhook under the gang's job id) are asked
    for as one job of fixed parts once all exist, and admitted together by its allocation, part k to the k-th pod
    by index (`_submit_gangs`, `_admit_gang`); a part stays held until no pod of the gang is left.
+7. **Rescales**: a `resize` of a gang whose number of parts changed (`POST /v1/scale`) is the checkpoint handshake on
+   the gang's running pods (`moves.rescale_step`), then a patch of its Job's `parallelism` and `completions`
+   (`_advance_rescales`); the pods the Job then creates wait gated and are admitted on their parts by 6., the gang's
+   size now the allocator's count, not the template's declaration (`_gang_counts`).
 
 What the API server or the kubelet refuses (a 422 on the resize, `PodResizePending` Infeasible) is logged once,
 counted and (the kubelet's) annotated on the pod, never retried in a loop; a Deferred resize is reported the same
@@ -52,7 +56,7 @@ from hetplan.allocator.k8s import adoption, pods
 from hetplan.allocator.k8s.cursor import CursorStore, CursorTaken
 from hetplan.allocator.k8s.errors import one_line
 from hetplan.allocator.k8s.lease import LeaseElector
-from hetplan.allocator.k8s.moves import Migration, Preemption, next_step, preempt_step
+from hetplan.allocator.k8s.moves import Migration, Preemption, Rescale, next_step, preempt_step, rescale_step
 from hetplan.allocator.k8s.resize import Rules, plan_resize, read_rules
 from hetplan.allocator.k8s.service_client import AllocatorClient, Gone, refusal
 
@@ -129,9 +133,10 @@ class Controller:
                  reconcile_seconds: float = 30.0, orphan_grace: float = 30.0, checkpoint_grace: float = 30.0,
                  lease_seconds: float = 15.0, watch_seconds: int = 300, request_timeout: float = 10.0,
                  workers: int = 8, deferred_backoff_max: float = 60.0, adopt_every: float = 2.0) -> None:
-        from kubernetes.client import CoordinationV1Api, CoreV1Api
+        from kubernetes.client import BatchV1Api, CoordinationV1Api, CoreV1Api
 
         self.core = CoreV1Api(api)
+        self.batch = BatchV1Api(api)
         self.service = service
         self.namespace, self.name, self.identity = namespace, name, identity
         self.poll, self.reconcile_seconds, self.orphan_grace = poll, reconcile_seconds, orphan_grace
@@ -175,6 +180,8 @@ class Controller:
         self._misnamed_uids: set[str] = set()  # uids of pods whose job id annotation is not their own (reported)
         self._preemptions: dict[str, Preemption] = {}  # job -> its preemption in progress
         self._gang_tries: dict[str, float] = {}  # gang job -> when to ask for it again (`_submit_gangs`)
+        self._gang_counts: dict[str, int] = {}  # gang job -> its parts as the allocator holds them (actions, reconcile)
+        self._rescales: dict[str, Rescale] = {}  # gang job -> its count change in progress
 
     # ------------------------------------------------------------------ threads
 
@@ -358,6 +365,7 @@ class Controller:
         ok = self._phase("actions", self._follow_log)
         for name, part in (("releases", self._release_ended), ("moves", self._advance_migrations),
                            ("after-moves", self._converge_after_moves), ("preemptions", self._advance_preemptions),
+                           ("rescales", self._advance_rescales),
                            ("retries", self._retry_resizes),
                            ("kubelet", self._report_kubelet), ("adopt", self._adopt_default_path),
                            ("requeued", self._adopt_waiting), ("gangs", self._submit_gangs),
@@ -460,7 +468,11 @@ class Controller:
         after = action.get("after") or []
         if kind in ("resize", "migrate", "start"):
             if len(after) != 1:
-                if self._gang_members(job):
+                self._gang_counts[job] = len(after)
+                before = action.get("before") or []
+                if kind == "resize" and len(before) > 1 and len(before) != len(after) and self._gang_members(job):
+                    self._rescale(job, len(before), len(after), seq)
+                elif self._gang_members(job):
                     self._admit_gang(job, after, seq, float(action.get("at") or 0))
                 else:
                     self.stats.count("gang-skipped")  # a gang whose parts are no pods of ours
@@ -471,6 +483,8 @@ class Controller:
         elif kind == "stop":
             self._orphans.pop(job, None)
             self._after_move.pop(job, None)
+            self._gang_counts.pop(job, None)
+            self._rescales.pop(job, None)
             gang = bool(self._gang_members(job))
             for pod in self.live(job):
                 if pods.has_gate(pod, pods.QUEUE_GATE) or pods.terminating(pod):
@@ -983,6 +997,7 @@ class Controller:
         by_job: dict[str, list[dict]] = {}
         for a in allocations:
             by_job.setdefault(a.get("part_of") or a["job_id"], []).append(a)
+        self._gang_counts = {job: len(parts) for job, parts in by_job.items() if len(parts) > 1}
         with self._lock:
             snapshot = [p for p in self.pods.values() if not pods.ended(p)]
         live_jobs = {job_of(p) for p in snapshot} - {None}
@@ -1100,7 +1115,8 @@ class Controller:
             if not members or not any(pods.has_gate(p, pods.QUEUE_GATE) for p in members.values()):
                 continue
             first = members[pods.part_order(members)[0]]
-            size = int(pods.annotations(first).get(pods.GANG_SIZE_KEY) or 0)
+            # a gang the allocator holds has its count (changed by `POST /v1/scale`), else the one it declares
+            size = self._gang_counts.get(job) or int(pods.annotations(first).get(pods.GANG_SIZE_KEY) or 0)
             if len(members) < size:
                 continue  # not all its pods exist yet
             self._gang_tries[job] = now + self.adopt_every
@@ -1143,7 +1159,10 @@ class Controller:
             index = str(a.get("job_id", "")).rpartition("#")[2]
             if index.isdigit():
                 targets[int(index)] = pods.Target.of(a)
-        if sorted(targets) != list(range(len(order))):
+        gated = any(pods.has_gate(members[part], pods.QUEUE_GATE) for part in order)
+        # more parts than pods: a gang grown whose new pods do not exist yet; its running pods are re-sized only
+        grown = not gated and sorted(targets)[:len(order)] == list(range(len(order)))
+        if sorted(targets) != list(range(len(order))) and not grown:
             self.stats.count("gang-mismatch")
             log.warning("controller: gang %s: %d parts allocated for %d pods (%s); left as it is", job, len(targets),
                         len(order), ", ".join(order))
@@ -1160,6 +1179,68 @@ class Controller:
                 self.stats.count("gang-move-skipped")
                 log.warning("controller: gang %s part %s runs on %s, allocated on %s: a gang's pod is not moved alone",
                             job, part, pods.node_of(pod), target.node)
+
+    def _rescale(self, job: str, was: int, parts: int, seq: int) -> None:
+        """A gang's count changed from `was` to `parts` parts (action `seq`): its Job is patched once its running pods
+        have checkpointed (`_advance_rescales`). A newer change replaces one in progress. A gang whose pods no Job
+        owns (a JobSet's, a Kubeflow job's) is left as it is, reported once (`rescale-unsupported`)."""
+        members = list(self._gang_members(job).values())
+        owners = {(pods.key(p)[0], str(o.get("name"))) for p in members
+                  for o in pods.meta(p).get("ownerReferences") or [] if o.get("controller") and o.get("kind") == "Job"}
+        if len(owners) != 1:
+            self.stats.count("rescale-unsupported")
+            log.warning("controller: gang %s went from %d to %d parts (action %d), but its pods are owned by no one "
+                        "Job: only an Indexed Job's count is changed here; left as it is", job, was, parts, seq)
+            return
+        grace = max((self._grace(p) for p in members), default=self.checkpoint_grace)
+        self._rescales[job] = Rescale(job, owners.pop(), was, parts, seq, grace=grace)
+        self.stats.count("rescales")
+        log.info("controller: gang %s from %d to %d parts (action %d): checkpoint, then its Job's parallelism", job,
+                 was, parts, seq)
+
+    def _advance_rescales(self) -> None:
+        """Each count change one step further (`moves.rescale_step`): ask the gang's running pods to checkpoint
+        (`hetplan.io/checkpoint: <seq>`), wait for every answer or the grace period, then PATCH the Job's
+        `parallelism` and `completions` (its controller then creates or deletes the pods of the indexes that
+        change)."""
+        from kubernetes.client.exceptions import ApiException
+
+        now = time.monotonic()
+        for job, r in list(self._rescales.items()):
+            if now < r.next_try:
+                continue
+            running = [p for p in self._gang_members(job).values()
+                       if pods.node_of(p) and not pods.has_gate(p, pods.QUEUE_GATE)]
+            step = rescale_step(r, running, now)
+            try:
+                if step == "ask":
+                    for pod in running:
+                        if pods.annotations(pod).get(pods.CHECKPOINT_KEY) != str(r.seq):
+                            self.core.patch_namespaced_pod(
+                                pods.key(pod)[1], pods.key(pod)[0],
+                                {"metadata": {"annotations": {pods.CHECKPOINT_KEY: str(r.seq)}}},
+                                _content_type=MERGE, _preload_content=False, _request_timeout=self.timeout)
+                    r.asked, r.asked_at = frozenset(pods.uid(p) for p in running), now
+                elif step in ("patch", "patch-late"):
+                    if step == "patch-late":
+                        self.stats.count("rescale-without-checkpoint")
+                        log.warning("controller: gang %s did not answer its checkpoint within %.1f s; its Job is "
+                                    "patched without one", job, r.grace)
+                    count = {"spec": {"parallelism": r.parts, "completions": r.parts}}
+                    self.batch.patch_namespaced_job(r.owner[1], r.owner[0], count, _content_type=MERGE,
+                                                    _preload_content=False, _request_timeout=self.timeout)
+                    del self._rescales[job]
+                    self.stats.count("rescaled")
+                    log.info("controller: Job %s/%s patched to %d pods (gang %s, action %d)", *r.owner, r.parts, job,
+                             r.seq)
+            except ApiException as exc:
+                if exc.status in (404, 422):  # the Job is gone, or refuses the count: not sent again
+                    del self._rescales[job]
+                    self.stats.count("rescale-refused")
+                    log.warning("controller: Job %s/%s not patched to %d pods: %s", *r.owner, r.parts, one_line(exc))
+                    continue
+                log.warning("controller: rescale of %s: %s; retrying", job, one_line(exc))
+                r.next_try = now + 1.0
 
     def _adopt_refused(self, pod: dict, why: str) -> bool:
         self.stats.count("adopt-refused")

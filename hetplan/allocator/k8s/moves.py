@@ -12,6 +12,10 @@ ended *by itself* (no eviction of ours, no `DisruptionTarget` condition, no chec
 then is the replacement deleted. An evicted pod that ends Succeeded (its trainer exits 0 after the checkpoint) or
 Failed (killed by SIGTERM) has moved, not finished. A pod deleted by someone else while alive (a user's `kubectl
 delete`: terminating, no disruption condition) cancels the move: the job is stopped.
+
+A gang's count change (`Rescale`, issue 31: an elastic Indexed Job running `torchrun --nnodes=MIN:MAX`) takes the
+same handshake on every running pod of the gang, then its Job's `parallelism` and `completions` are patched: the
+trainers checkpoint before the rendezvous changes its membership.
 """
 
 from __future__ import annotations
@@ -108,3 +112,34 @@ def preempt_step(p: Preemption, pod: Mapping[str, Any] | None, now: float) -> Pr
     if not (pod.get("spec") or {}).get("nodeName") or answered(pod, p.seq):
         return "evict"
     return "evict-late" if now - p.asked_at >= p.grace else "wait"
+
+
+RescaleStep = Literal["ask", "wait", "patch", "patch-late"]
+"""`ask`: annotate the gang's running pods (checkpoint now); `wait`; `patch` the Job (every pod asked answered, or
+none runs); `patch-late`: the grace period is over without every answer."""
+
+
+@dataclass
+class Rescale:
+    """A gang's count change in progress (a `resize` whose parts differ in number): its Job (namespace, name), the
+    counts, the action's number, the pods asked to checkpoint (uids), when, and how long they may take."""
+
+    job: str
+    owner: tuple[str, str]
+    was: int
+    parts: int
+    seq: int
+    asked: frozenset[str] = frozenset()
+    asked_at: float | None = None
+    grace: float = 30.0
+    next_try: float = 0.0
+
+
+def rescale_step(r: Rescale, running: list[Mapping[str, Any]], now: float) -> RescaleStep:
+    """What to do next for `r`, given the gang's pods that run now (bound, not gated, not on their way out): the
+    checkpoint handshake first (as a move's), then the Job's patch."""
+    if r.asked_at is None:
+        return "ask" if running else "patch"
+    if all(answered(p, r.seq) for p in running if pods.uid(p) in r.asked):
+        return "patch"
+    return "patch-late" if now - r.asked_at >= r.grace else "wait"

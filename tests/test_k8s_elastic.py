@@ -1,0 +1,169 @@
+"""Issue 31, elastic GPU counts on the Kubernetes side, against the STRICT STAND-IN API server (`standin_apiserver.py`;
+not a real kube-apiserver; its Indexed Job controller is labelled with what it simplifies) and the real allocator
+service in process: an Indexed Job gang of 2 pods x 1 GPU scaled to 4 and back to 2 by `POST /v1/scale`. The
+controller runs the checkpoint handshake on the gang's pods before each patch of the Job; the new pods are admitted on
+their parts with their type's hinted cores and RAM; no pod runs without its part on a grow, nothing overcommits."""
+
+from __future__ import annotations
+
+import threading
+import time
+from io import StringIO
+
+import pandas as pd
+import pytest
+from standin_apiserver import ApiError, eventually, k8s_pod
+from standin_rules import validate_job_update
+from test_k8s_controller import Rig, no_proxy, requests_of  # noqa: F401 - fixtures
+from test_k8s_strict import leading
+
+from hetplan.allocator import Allocator, Node
+from hetplan.allocator.core import part_number
+from hetplan.allocator.k8s import pods
+from hetplan.hints import HintSet
+
+NODES = [Node("gpu-a", "T4", 4, 32, 128), Node("gpu-b", "T4", 4, 32, 128)]
+HINTS = """model,num_gpus,gpu_type,rank,cpus_per_gpu,mem_gb_per_gpu,expected_throughput,normalized_throughput,throughput_per_dollar,plan_id
+res50,2,T4,1,6,30,260,1.0,170,p1
+res50,4,T4,1,6,30,500,1.0,170,p1
+"""
+HINTED = (6000, 30 * 1024)  # each 1-GPU part: the T4 rows' cores and RAM per GPU
+
+
+@pytest.fixture
+def rig(tmp_path):
+    hints = HintSet.from_frame(pd.read_csv(StringIO(HINTS), dtype=str))
+    r = Rig(tmp_path, Allocator(NODES, "hint", hints))
+    yield r
+    r.close()
+
+
+def indexed_job(name: str, count: int) -> dict:
+    """An elastic Indexed Job: `count` pods of 1 GPU that run together (a gang), `torchrun --nnodes=1:4` in each."""
+    template = k8s_pod(name, gpus=1, cpu="2", memory="8Gi",
+                       annotations={pods.GANG_SIZE_KEY: str(count), pods.GRACE_KEY: "10"})
+    template["spec"]["containers"][0]["command"] = ["torchrun", "--nnodes=1:4", "train.py"]
+    return {"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": name},
+            "spec": {"completionMode": "Indexed", "completions": count, "parallelism": count,
+                     "template": {"metadata": template["metadata"], "spec": template["spec"]}}}
+
+
+def live(rig, name: str = "train") -> list[dict]:
+    return [p for p in rig.api.job_pods("ml", name) if p["status"]["phase"] in ("Pending", "Running")]
+
+
+def running(pod: dict) -> bool:
+    return pod["status"]["phase"] == "Running" and not pods.has_gate(pod, pods.QUEUE_GATE)
+
+
+class Sampler:
+    """(running pods' indexes, parts allocated) every 2 ms while the test runs, each read at one instant."""
+
+    def __init__(self, rig, job: str) -> None:
+        self.rig, self.job, self.samples = rig, job, []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.002):
+            with self.rig.api.lock, self.rig.allocator.lock:
+                indexes = sorted(int(pods.annotations(p)[pods.COMPLETION_INDEX]) for p in live(self.rig) if running(p))
+                self.samples.append((indexes, len(self.rig.allocator.running([self.job]).get(self.job, ()))))
+
+    def stop(self) -> list[tuple[list[int], int]]:
+        self._stop.set()
+        self._thread.join()
+        return self.samples
+
+
+def handshake(rig, count: int, parallelism_before: int) -> float:
+    """The controller asked each of the `count` running pods to checkpoint for the last action and has not patched
+    the Job yet; then the trainers answer. When the last answered (time.time(), the clock of the stand-in's calls)."""
+    seq = rig.allocator.log.latest
+    eventually(lambda: sum(pods.annotations(p).get(pods.CHECKPOINT_KEY) == str(seq) for p in live(rig)) == count)
+    time.sleep(0.3)  # several controller passes: no answer, no patch
+    job = rig.api.jobs[("ml", "train")]["spec"]
+    assert (job["parallelism"], job["completions"]) == (parallelism_before, parallelism_before)
+    for pod in live(rig):
+        rig.api.pod_call("PATCH", "ml", pod["metadata"]["name"], None,
+                         {"metadata": {"annotations": {pods.CHECKPOINTED_KEY: str(seq)}}}, "application/merge-patch+json")
+    return time.time()
+
+
+def check_parts(rig, job: str, count: int) -> None:
+    """Every live pod of index k runs on part k's node with its cores and RAM, the type's hinted share."""
+    parts = sorted(rig.allocator.running([job])[job], key=part_number)
+    pods_now = live(rig)
+    assert len(parts) == len(pods_now) == count
+    for pod, part in zip(pods_now, parts):
+        assert int(pods.annotations(pod)[pods.COMPLETION_INDEX]) == part_number(part)
+        assert (pod["spec"]["nodeName"], requests_of(pod)) == (part.node, (part.cpu_m, part.mem_mib))
+        assert (part.cpu_m, part.mem_mib, part.share) == (*HINTED, "hinted"), part
+
+
+def test_an_elastic_indexed_job_scales_2_4_2_checkpointing_first_and_never_overcommitting(rig):
+    c = leading(rig)
+    made = rig.api.create_job("ml", indexed_job("train", 2))
+    job = f"ml/Job/{made['metadata']['uid']}"
+    eventually(lambda: len(live(rig)) == 2 and all(running(p) for p in live(rig)))
+    check_parts(rig, job, 2)
+    first = {p["metadata"]["name"]: p["spec"]["nodeName"] for p in live(rig)}
+    sampler = Sampler(rig, job)
+
+    r = rig.http.post("/v1/scale", json={"job_id": job, "parts": 4})
+    assert r.json()["status"] == "scaled", r.json()
+    grow = handshake(rig, 2, 2)
+    eventually(lambda: len(live(rig)) == 4 and all(running(p) for p in live(rig)))
+    check_parts(rig, job, 4)
+    assert {n: first[n] for n in first} == {p["metadata"]["name"]: p["spec"]["nodeName"] for p in live(rig)[:2]}
+    grown = len(sampler.samples)
+
+    r = rig.http.post("/v1/scale", json={"job_id": job, "parts": 2})
+    assert r.json()["status"] == "scaled", r.json()
+    shrink = handshake(rig, 4, 4)
+    eventually(lambda: len(live(rig)) == 2 and len(rig.api.job_pods("ml", "train")) == 2)  # 2 and 3 removed
+    check_parts(rig, job, 2)
+    assert {p["metadata"]["name"]: p["spec"]["nodeName"] for p in live(rig)} == first  # the first two ran on
+    samples = sampler.stop()
+
+    # the handshake came first: the Job was patched once after every pod's answer, each time
+    patches = [(at, body["spec"]) for (method, path, body), at in zip(rig.api.calls, rig.api.call_times)
+               if method == "PATCH" and path == "/apis/batch/v1/namespaces/ml/jobs/train"]
+    assert [spec for _, spec in patches] == [{"parallelism": 4, "completions": 4}, {"parallelism": 2, "completions": 2}]
+    assert grow < patches[0][0] < shrink < patches[1][0]
+    # growing, no pod ever ran without its part; shrinking, only the removed indexes outlived theirs, until the
+    # handshake and the Job controller ended them
+    assert all(len(indexes) <= parts for indexes, parts in samples[:grown]), samples[:grown]
+    assert all(len(indexes) <= parts or (parts, set(indexes)) == (2, {0, 1, 2, 3}) for indexes, parts in samples[grown:])
+    assert samples[-1] == ([0, 1], 2)
+    assert rig.api.overcommits == []
+    counts = c.stats.counts
+    assert (counts["rescales"], counts["rescaled"], counts["rescale-without-checkpoint"], counts["gang-misdeclared"],
+            counts["gang-refused"]) == (2, 2, 0, 0, 0), counts
+
+
+@pytest.mark.parametrize("change, field", [
+    ({"parallelism": 4}, None),  # parallelism alone: fine
+    ({"parallelism": 4, "completions": 4}, None),  # in tandem, the same value: an elastic Indexed Job
+    ({"completions": 4}, "spec.completions"),  # alone: refused
+    ({"parallelism": 3, "completions": 4}, "spec.completions"),  # in tandem but different
+    ({"parallelism": -1}, "spec.parallelism"),
+    ({"parallelism": "4"}, "spec.parallelism"),
+    ({"completionMode": "NonIndexed"}, "spec.completionMode"),
+    ({"template": {"spec": {}}}, "spec.template"),
+])
+def test_the_standin_refuses_job_updates_kubernetes_refuses(change, field):
+    old = indexed_job("train", 2)
+    old["metadata"]["uid"] = "u"
+    new = {**old, "spec": {**old["spec"], **change}}
+    if field is None:
+        validate_job_update(old, new)
+        return
+    with pytest.raises(ApiError) as refused:
+        validate_job_update(old, new)
+    assert refused.value.body["code"] == 422 and field in refused.value.body["message"]
+    nonindexed = {**old, "spec": {**old["spec"], "completionMode": "NonIndexed"}}
+    with pytest.raises(ApiError):
+        validate_job_update(nonindexed, {**nonindexed, "spec": {**nonindexed["spec"], "parallelism": 4,
+                                                                "completions": 4}})
