@@ -11,7 +11,7 @@ import pytest
 from hetplan.allocator import Allocator, Node
 from hetplan.allocator.core import NodeChanges
 from hetplan.allocator.durable import DurableAllocator
-from hetplan.allocator.policies import POLICIES, FirstFitPolicy, register_policy
+from hetplan.allocator.policies import POLICIES, FirstFitPolicy
 from hetplan.allocator.spec import Job
 from hetplan.hints import HintSet
 from hetplan.hints.index import HintEntry, class_key
@@ -188,9 +188,6 @@ class Cursed(FirstFitPolicy):
         return super().place(job, state, hints)
 
 
-if Cursed.name not in POLICIES:
-    register_policy(Cursed.name, Cursed)
-
 # "broken"'s hinted cores are NaN: its need cannot be worked out (hint-static's `place`, hint's class view raise)
 BROKEN = HintSet("h1", {class_key(model, 1): (HintEntry("V100", 1, cores, 4.0, 1.0),)
                         for model, cores in [("ok", 1.0), ("broken", float("nan"))]})
@@ -198,7 +195,9 @@ BROKEN = HintSet("h1", {class_key(model, 1): (HintEntry("V100", 1, cores, 4.0, 1
 
 @pytest.mark.parametrize("policy, bad_model", [("hint-static", "broken"), ("hint", "broken"),
                                                ("first-fit-cursed", "cursed")])
-def test_a_job_whose_placement_raises_is_skipped_and_logged_once_and_the_others_run(caplog, policy, bad_model):
+def test_a_job_whose_placement_raises_is_skipped_and_logged_once_and_the_others_run(caplog, monkeypatch, policy,
+                                                                                    bad_model):
+    monkeypatch.setitem(POLICIES, Cursed.name, Cursed)  # registered for this test only (the registry is global)
     clock = Clock()
     s = OnlineScheduler(Allocator([Node("a", "V100", 2, 16, 128)], policy, BROKEN, clock=clock), "las")
     with caplog.at_level("DEBUG"):
