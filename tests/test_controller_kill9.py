@@ -1,0 +1,251 @@
+"""Issue 30's controller target, on the STAND-IN API server (`standin_apiserver.py`; not a real kube-apiserver):
+controller kills leave 0 pods ungated that the scheduler did not admit.
+
+`hetplan serve` (FIFO queue, a round every second) and two `hetplan controller` replicas (each serving the webhook)
+run as subprocesses (`k8s_rig.Rig`); a burst of opted-in pods asks for about three times the cluster's GPUs, so
+most wait behind the scheduling gate `hetplan.io/queued`; running pods end as the burst goes on, so queued jobs are
+admitted (`start` actions) while the leading controller is SIGKILLed three times and started again. Every removal
+of the queue's gate is checked as it reaches the stand-in, before it is applied: the service must allocate the
+job at that moment, on the node the pod is pinned to, with the pod's cores and RAM. At the end, once converged:
+every ungated pod's job is allocated where and as the pod runs, every gated pod's job waits in the service's queue,
+and no node holds more than its allocatable."""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+from decimal import Decimal
+from typing import Any
+
+import httpx
+import pytest
+
+from allocator_helpers import make_plan
+from hetplan.allocator import Job
+from hetplan.allocator.k8s import pods
+from hetplan.hints import HintStore
+from k8s_rig import CONTROLLER, SERVE, Rig, hints_csv
+from standin_apiserver import ApiError, eventually, json_patch, k8s_node, k8s_pod, pod_requests
+from test_k8s_controller import allocation, requests_of
+from test_k8s_controller import rig as inproc  # noqa: F401 - the fixture: the controller and the service in process
+from test_k8s_queue import create_queued
+from test_k8s_strict import leading
+
+NAMESPACE = "ml"
+KILL_AT = (6, 16, 26)  # the burst's steps at which the leading controller is SIGKILLed (and started again)
+
+
+@pytest.fixture(autouse=True)
+def no_proxy(monkeypatch):
+    for name in ("HTTPS_PROXY", "HTTP_PROXY", "https_proxy", "http_proxy"):
+        monkeypatch.delenv(name, raising=False)
+
+
+def small_cluster() -> dict[str, dict]:
+    """Three 4-GPU T4 nodes and two 8-GPU V100 nodes: 28 GPUs."""
+    shapes = [(f"t4-{i}", "Tesla-T4", "4", "48", "192Gi") for i in range(3)] + \
+        [(f"v100-{i}", "Tesla-V100-SXM2-16GB", "8", "64", "488Gi") for i in range(2)]
+    return {name: k8s_node(name, product=product, gpus=gpus, cpu=cpu, memory=mem)
+            for name, product, gpus, cpu, mem in shapes}
+
+
+class GateWatch:
+    """Wraps the stand-in's pod calls: each PATCH that removes the queue's gate is checked against the service's
+    allocations as it arrives, before the stand-in applies it (what the service allocates at that moment)."""
+
+    def __init__(self, rig: Rig) -> None:
+        self.rig, self.original = rig, rig.api.pod_call
+        self.ungated: list[str] = []  # job ids, in order
+        self.wrong: list[str] = []  # why each ungating the service had not admitted
+        self.lock = threading.Lock()
+        rig.api.pod_call = self.pod_call
+
+    def pod_call(self, method: str, ns: str, name: str, sub: str | None, body: Any, ctype: str) -> tuple[int, dict]:
+        before = self.rig.api.pod(ns, name) if method == "PATCH" and sub is None else None
+        if before is not None and pods.has_gate(before, pods.QUEUE_GATE) and isinstance(body, list):
+            try:
+                after = json_patch(before, body)
+            except (KeyError, IndexError, ValueError, TypeError):
+                after = before  # refused by the stand-in as it is
+            if not pods.has_gate(after, pods.QUEUE_GATE):
+                self.check(after)
+        return self.original(method, ns, name, sub, body, ctype)
+
+    def check(self, pod: dict) -> None:
+        job = pods.job_id(pod)
+        with httpx.Client(base_url=self.rig.url, timeout=10) as http:
+            allocations = {a["job_id"]: a for a in http.get("/v1/allocations").json()}
+        a = allocations.get(job)
+        why = ""
+        if a is None:
+            why = f"{job} ungated without an allocation"
+        elif not pods.matches(pod, pods.Target.of(a)):
+            why = f"{job} ungated at {pods.node_of(pod)} {pods.requests(pod)}, allocated {a}"
+        kills = [t for t, _ in self.rig.kills]
+        why += f" ({time.time() - max(kills):.2f} s after the last kill)" if why and kills else ""
+        with self.lock:
+            self.ungated.append(str(job))
+            if why:
+                self.wrong.append(why)
+
+
+def unsettled(rig: Rig) -> str:
+    """'' when the cluster matches the service: every job one live pod; an ungated one Running on its
+    allocation's node with its cores and RAM; a gated one's job in the queue and not allocated; every allocation and
+    every queued job with a pod. Else what is not."""
+    allocations = rig.allocations()
+    queued = {j["job_id"] for j in rig.http.get("/v1/queue").json()["jobs"]}
+    live: dict[str, list[dict]] = {}
+    for pod in rig.managed():
+        live.setdefault(str(pods.job_id(pod)), []).append(pod)
+    for job, held in live.items():
+        if len(held) != 1 or pods.terminating(held[0]) or pods.has_gate(held[0], pods.MIGRATION_GATE):
+            return f"{job}: {len(held)} pods, terminating or moving"
+        pod = held[0]
+        if pods.has_gate(pod, pods.QUEUE_GATE):
+            if job not in queued or job in allocations:
+                return f"{job}: gated, queued {job in queued}, allocated {job in allocations}"
+            continue
+        a = allocations.get(job)
+        if a is None:
+            return f"{job}: ungated without an allocation"
+        if not pods.matches(pod, pods.Target.of(a)) or pod["spec"].get("nodeName") != a["node"] \
+                or pod["status"].get("phase") != "Running":
+            return f"{job}: pod {pods.node_of(pod)} {pods.requests(pod)} {pod['status'].get('phase')} != {a}"
+    missing = (set(allocations) | queued) - set(live)
+    return f"jobs without a pod: {sorted(missing)[:5]}" if missing else ""
+
+
+def overcommitted(rig: Rig) -> list[str]:
+    """Nodes whose bound live pods' requests (cpu, memory, GPUs) exceed their allocatable."""
+    used: dict[str, dict[str, Decimal]] = {}
+    for pod in rig.api.live_pods():
+        node = pod["spec"].get("nodeName")
+        if node:
+            for resource, value in pod_requests(pod).items():
+                used.setdefault(node, {}).setdefault(resource, Decimal(0))
+                used[node][resource] += value
+    out = []
+    from kubernetes.utils.quantity import parse_quantity
+
+    for node, held in used.items():
+        allocatable = rig.api.nodes[node]["status"]["allocatable"]
+        for resource in ("cpu", "memory", "nvidia.com/gpu"):
+            if held.get(resource, Decimal(0)) > parse_quantity(allocatable.get(resource, "0")):
+                out.append(f"{node} {resource} {held[resource]} > {allocatable.get(resource)}")
+    return out
+
+
+def burst(rig: Rig, count: int, seed: int, gap: float = 0.1, life: tuple[float, float] = (0.5, 3.0)) -> list[str]:
+    """`count` opted-in pods, one every `gap` s; a running pod ends `life` s after it starts running (its job is
+    released by the controller, the queue's next admitted); at `KILL_AT` the leader is SIGKILLed and started again.
+    Goes on (ends, no arrivals) until a few seconds after the last kill. What happened, for the failure message."""
+    rng = random.Random(seed)
+    ends: dict[str, float] = {}
+    told = []
+    step = 0
+    last_kill = None
+    while step < count or last_kill is None or time.monotonic() < last_kill + 4:
+        if step < count:
+            name = f"p{step:02d}"
+            made = rig.api.create_pod(NAMESPACE, k8s_pod(name, model=f"m{step % 6}", gpus=rng.choice([1, 2, 4, 4]),
+                                                         cpu="2", memory="8Gi", namespace=NAMESPACE,
+                                                         annotations={pods.GRACE_KEY: "0.3"}))
+            if not pods.job_id(made):  # no webhook answered: the default path, taken off at once
+                rig.api.finish(NAMESPACE, name, phase="Failed")
+                rig.unserved += 1
+        if step in KILL_AT:
+            told.append(f"{rig.kill_leader()} killed at step {step}")
+            last_kill = time.monotonic()
+        now = time.monotonic()
+        for pod in rig.managed():
+            if pods.has_gate(pod, pods.QUEUE_GATE) or pods.has_gate(pod, pods.MIGRATION_GATE) \
+                    or pod["status"].get("phase") != "Running" or pods.terminating(pod):
+                continue
+            job = str(pods.job_id(pod))
+            due = ends.setdefault(job, now + rng.uniform(*life))
+            if due <= now:
+                try:
+                    rig.api.finish(*pods.key(pod))
+                except ApiError:
+                    pass  # evicted (moved, preempted) since the snapshot
+        step += 1
+        time.sleep(gap)
+    return told
+
+
+@pytest.mark.slow
+def test_controller_kills_leave_no_pod_ungated_that_the_scheduler_did_not_admit(tmp_path):
+    HintStore(tmp_path / "store").publish(make_plan("e2e"), hints_csv())
+    rig = Rig(tmp_path, small_cluster(), tmp_path / "store", [*SERVE, "--order", "fifo"], CONTROLLER)
+    watch = GateWatch(rig)
+    try:
+        rig.start()
+        told = burst(rig, 36, 30)
+        try:
+            eventually(lambda: not unsettled(rig), 30)
+        except AssertionError:
+            raise AssertionError(f"not converged: {unsettled(rig)}; {told}") from None
+        allocations, live = rig.allocations(), rig.managed()
+        queued = {j["job_id"] for j in rig.http.get("/v1/queue").json()["jobs"]}
+        history = rig.actions()["actions"]
+    finally:
+        rig.close()
+    for why in watch.wrong:
+        job = why.split()[0]
+        print(why, [(a["seq"], round(a["at"] - rig.kills[0][0], 2), a["kind"], a["after"] and a["after"][0]["cpus"])
+                    for a in history if a["job_id"] == job])
+    assert len([k for k in rig.kills if k[1] != "service"]) == 3
+    assert rig.api.webhook_failures == 0 and rig.unserved == 0
+    # every removal of the queue's gate was a job the service ran at that moment, where and as the pod asked
+    assert watch.ungated and watch.wrong == [], f"{watch.wrong[:5]}; {told}"
+    gated = [p for p in live if pods.has_gate(p, pods.QUEUE_GATE)]
+    running = [p for p in live if not pods.has_gate(p, pods.QUEUE_GATE)]
+    assert gated and running, "the burst left no pod waiting, or none running"
+    for pod in running:
+        a = allocations[pods.job_id(pod)]
+        assert pod["spec"]["nodeName"] == a["node"] and pods.matches(pod, pods.Target.of(a))
+    assert {pods.job_id(p) for p in gated} <= queued and not {pods.job_id(p) for p in gated} & set(allocations)
+    assert overcommitted(rig) == [] and rig.api.overcommits == []
+
+
+# ------------------------------------------------------------------ what the kills found, in process
+
+
+def start(job: str, node: str, cpus: float, mem_gb: float, seq: int = 10**6) -> dict:
+    """A `start` action as the log writes it, read late (its job since stopped or re-sized)."""
+    return {"kind": "start", "job_id": job, "seq": seq, "at": 0, "after": [{"node": node, "cpus": cpus,
+                                                                            "mem_gb": mem_gb}]}
+
+
+def test_a_start_replayed_after_its_job_left_the_allocator_keeps_the_pod_gated(inproc):
+    """Bug (found by the kills above): a new leader replays the log from the saved cursor, after its first reconcile;
+    a queued job's `start` whose job has since been stopped (preempted back to the queue, released) ungated its pod:
+    the pod ran without an allocation, and the `stop` that followed evicted it (a bare pod: its job lost)."""
+    c = leading(inproc)
+    inproc.api.create_pod("ml", k8s_pod("big", gpus=4))
+    create_queued(inproc, "q1", cpu="1", memory="4Gi")
+    eventually(lambda: c.live("ml/q1"))  # the watch has brought its pod
+    c.apply_batch([start("ml/q1", "gpu-b", 2, 8)])  # the job is not allocated now
+    q1 = inproc.api.pod("ml", "q1")
+    assert pods.has_gate(q1, pods.QUEUE_GATE) and q1["status"]["phase"] == "Pending"
+    assert not [p for m, p, _ in inproc.api.calls if p.endswith("/pods/q1") and m == "PATCH"]
+    assert c.stats.counts["admit-stale"] == 1
+
+
+def test_a_start_read_late_admits_the_pod_with_the_allocation_the_service_holds_now(inproc, monkeypatch):
+    """The same replay when the job runs but was re-sized or moved since its `start`: the pod is admitted with the
+    allocation the service holds now, never ungated with the start's older node, cores and RAM."""
+    c = leading(inproc)
+    inproc.api.create_pod("ml", k8s_pod("big", gpus=4))
+    create_queued(inproc, "q1", cpu="1", memory="4Gi")
+    eventually(lambda: c.live("ml/q1"))  # the watch has brought its pod
+    monkeypatch.setattr(c, "_follow_log", lambda: None)  # the log not read yet: the actions below come late
+    inproc.allocator.allocate(Job.request("ml/q1", "res50", 4, 2, 8))
+    now = allocation(inproc.allocator, "ml/q1")
+    other = "gpu-a" if now.node == "gpu-b" else "gpu-b"
+    c.apply_batch([start("ml/q1", other, now.cpu_m / 1000 + 3, now.mem_mib / 1024 + 16)])
+    q1 = inproc.api.pod("ml", "q1")
+    assert not pods.has_gate(q1, pods.QUEUE_GATE) and q1["spec"].get("nodeName") == now.node
+    assert requests_of(q1) == (now.cpu_m, now.mem_mib) and c.stats.counts["admit-stale"] == 1
