@@ -270,6 +270,7 @@ def test_a_gated_pods_resize_is_booked_as_any_pods(rig, code):
     got = allocation(rig.allocator, "ml/q1")
     a = pods.Target(got.node, got.cpu_m, got.mem_mib)
     eventually(lambda: not pods.has_gate(rig.api.pod("ml", "q1"), pods.QUEUE_GATE))
+    eventually(lambda: not pods.has_gate(c.live("ml/q1")[0], pods.QUEUE_GATE))  # and the controller's watch has it
     q1 = rig.api.pod("ml", "q1")
     resizes = [m for m, p, _ in rig.api.calls if p.endswith("/pods/q1/resize")]
     if code == 422:

@@ -479,7 +479,12 @@ class Controller:
                 return
             # a start: a queued job admitted (its gated pod gets node, cores, RAM and loses the gate); for a pod
             # the webhook placed already, nothing (converge compares first)
-            self.converge(job, pods.Target.of(after[0]), seq, float(action.get("at") or 0))
+            target: pods.Target | None = pods.Target.of(after[0])
+            if self._queued_holder(job):
+                target = self._admissible(job, target, seq)
+                if target is None:
+                    return
+            self.converge(job, target, seq, float(action.get("at") or 0))
         elif kind == "stop":
             self._orphans.pop(job, None)
             self._after_move.pop(job, None)
@@ -497,6 +502,31 @@ class Controller:
                     self._requeue(job, pod, seq)
                 else:
                     self._evict(pod, f"stopped by the allocator (action {seq})")
+
+    def _queued_holder(self, job: str) -> bool:
+        """The pod that an action of `job` would change waits behind the queue's gate (`converge` admits it)."""
+        holders = [p for p in self.live(job) if not pods.has_gate(p, pods.MIGRATION_GATE) and not pods.terminating(p)]
+        return bool(holders) and pods.has_gate(holders[0], pods.QUEUE_GATE)
+
+    def _admissible(self, job: str, target: pods.Target, seq: int) -> pods.Target | None:
+        """What a gated pod may be admitted with by action `seq`: the job's allocation as the service holds it now.
+        An action read late (a new leader replays the log from its cursor; a lagging pass) may be stale: the log
+        since `seq` is read again, just before the pod is changed; the job's latest action there wins: a `stop`
+        keeps the pod gated (None; its next `start` admits it), a newer target replaces `target`."""
+        try:
+            later = [a for a in self.service.actions(seq).get("actions", []) if a["job_id"] == job]
+        except Gone:  # the log no longer reaches back to `seq`: the allocations say what holds now
+            now = [a for a in self.service.allocations() if a["job_id"] == job and not a.get("part_of")]
+            fresh = pods.Target.of(now[0]) if now else None
+        else:
+            last = later[-1] if later else None
+            fresh = target if last is None else None if last["kind"] == "stop" or len(last.get("after") or []) != 1 \
+                else pods.Target.of(last["after"][0])
+        if fresh != target:
+            self.stats.count("admit-stale")
+            log.info("controller: action %d for queued %s is stale (%s now): %s", seq, job,
+                     fresh or "not allocated", "kept gated" if fresh is None else "admitted as it is now")
+        return fresh
 
     def _waits(self, job: str, pod: dict) -> bool:
         """A pod that holds no room (not bound to a node, not a move's gated replacement): a stop leaves it."""
