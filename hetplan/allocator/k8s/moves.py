@@ -97,6 +97,7 @@ class Preemption:
     grace: float = 30.0
     evicted: bool = False
     next_try: float = 0.0
+    recorded: bool = False  # written to the controller's ConfigMap of preemptions (`intents`): dropped once created
 
 
 def preempt_step(p: Preemption, pod: Mapping[str, Any] | None, now: float) -> PreemptStep:
