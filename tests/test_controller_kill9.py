@@ -139,8 +139,10 @@ def unsettled(rig: Rig) -> str:
         if not pods.matches(pod, pods.Target.of(a)) or pod["spec"].get("nodeName") != a["node"] \
                 or pod["status"].get("phase") != "Running":
             return f"{job}: pod {pods.node_of(pod)} {pods.requests(pod)} {pod['status'].get('phase')} != {a}"
-    missing = (set(allocations) | queued) - set(live) - lost_in_preemption(rig, queued)
-    return f"jobs without a pod: {sorted(missing)[:5]}" if missing else ""
+    missing = (set(allocations) | queued) - set(live)  # a preempted bare pod is waited for until created again
+    if not missing:
+        return ""
+    return f"jobs without a pod: {sorted(missing)[:5]} (lost mid-preemption: {sorted(lost_in_preemption(rig, queued))})"
 
 
 def lost_in_preemption(rig: Rig, queued: set[str]) -> set[str]:

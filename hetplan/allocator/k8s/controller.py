@@ -667,10 +667,20 @@ class Controller:
                     if pod is None:
                         self._recreate(p)
                     else:  # created again already (by this controller before a restart, or by someone)
-                        log.info("controller: preempted %s/%s exists again (uid %s); not created", *p.pod, pods.uid(pod))
+                        log.info("controller: preempted %s/%s exists again (uid %s); not created", *p.pod,
+                                 pods.uid(pod))
                     if p.recorded:
                         self.intents.drop(p.pod)
                     del self._preemptions[job]
+                elif step == "ended":  # its job is over: taken off the queue (`_releases` leaves preempted pods)
+                    self.service.release(job)
+                    self._orphans.pop(job, None)
+                    if p.recorded:
+                        self.intents.drop(p.pod)
+                    del self._preemptions[job]
+                    self.stats.count("preempted-ended")
+                    log.info("controller: preempted %s/%s ended by itself before its eviction; job %s released",
+                             *p.pod, job)
                 elif step == "done":
                     del self._preemptions[job]
             except ApiException as exc:
