@@ -63,13 +63,14 @@ def test_webhook_is_fail_open_and_opt_in():
     assert hook["objectSelector"]["matchExpressions"] == [{"key": "hetplan.io/model", "operator": "Exists"}]
 
 
-# The API calls the code makes (hetplan/allocator/k8s/controller.py, cursor.py, lease.py, nodes.py), as (resource,
+# The API calls the code makes (hetplan/allocator/k8s/controller.py, cursor.py, intents.py, lease.py, nodes.py), as (resource,
 # verb), and the names of the objects it reads and updates in its own namespace.
 CONTROLLER_CALLS = {("pods", "get"), ("pods", "list"), ("pods", "watch"), ("pods", "create"), ("pods", "patch"),
                     ("pods", "delete"), ("pods/resize", "patch"), ("pods/eviction", "create"), ("leases", "get"),
                     ("leases", "create"), ("leases", "update"), ("configmaps", "get"), ("configmaps", "create"),
                     ("configmaps", "update"), ("jobs", "patch")}
-CONTROLLER_OBJECTS = {"leases": ["hetplan-controller"], "configmaps": ["hetplan-controller-cursor"]}
+CONTROLLER_OBJECTS = {"leases": ["hetplan-controller"],
+                      "configmaps": ["hetplan-controller-cursor", "hetplan-controller-preempted"]}
 NODE_SYNC_CALLS = {("nodes", "list"), ("nodes", "watch"), ("pods", "list"), ("pods", "watch")}
 
 
@@ -91,7 +92,7 @@ def test_rbac_grants_exactly_the_verbs_the_code_uses():
 
 
 def test_the_controllers_own_objects_are_pinned_by_name():
-    """get and update on Leases and ConfigMaps only for the controller's two objects; create (which a name cannot
+    """get and update on Leases and ConfigMaps only for the controller's own objects; create (which a name cannot
     limit) alone on its own rule. Every one of the two resources must be met by a pinned rule and a create rule
     (else the loop would pass without asserting anything)."""
     pinned, created = set(), set()

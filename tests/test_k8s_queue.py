@@ -8,6 +8,7 @@ from __future__ import annotations
 import base64
 import json
 import logging
+import threading
 
 import pytest
 from standin_apiserver import CONTROLLER_USER, ApiError, Fault, eventually, json_patch, k8s_pod
@@ -16,6 +17,7 @@ from test_k8s_strict import leading
 
 from hetplan.allocator import Job
 from hetplan.allocator.k8s import pods, webhook
+from hetplan.allocator.k8s.moves import Preemption, preempt_step
 
 JOB_UID = "6f1c2a9e-0000-4000-8000-000000000001"
 
@@ -311,6 +313,58 @@ def test_a_preempted_bare_pod_checkpoints_is_evicted_and_waits_again_under_its_j
     assert pods.node_of(again) is not None or pods.has_gate(again, pods.QUEUE_GATE)
     assert c.stats.counts["releases"] == 0 and c.stats.counts["preempted-recreated"] == 1
     assert c.stats.counts["preempted-without-checkpoint"] == 0
+
+
+def preempted_pod(phase: str = "Running", deleted: bool = False, answered: bool = False) -> dict:
+    notes = {pods.CHECKPOINTED_KEY: "7"} if answered else {}
+    meta = {"name": "p1", "namespace": "ml", "uid": "u1", "annotations": notes,
+            **({"deletionTimestamp": "2026-01-01T00:00:00Z"} if deleted else {})}
+    return {"metadata": meta, "spec": {"nodeName": "gpu-a"}, "status": {"phase": phase}}
+
+
+@pytest.mark.parametrize("bare, evicted, pod, step", [
+    (True, True, None, "recreate"),  # removed: created again under its name
+    (False, True, None, "done"),  # its owner creates it again
+    (True, False, preempted_pod("Succeeded"), "ended"),  # ended by itself, deleted by no one: its job is over
+    (True, False, preempted_pod("Failed"), "ended"),
+    (True, True, preempted_pod("Succeeded", deleted=True), "wait"),  # evicted: wait for its removal
+    (True, False, preempted_pod("Succeeded", deleted=True), "wait"),  # deleted by someone: removed soon
+    (True, False, preempted_pod("Succeeded", answered=True), "wait"),  # checkpointed this preemption, then exited
+    (False, False, preempted_pod("Succeeded"), "done"),
+    (True, False, preempted_pod("Running", deleted=True), "wait"),  # terminating
+])
+def test_a_preemption_steps_by_its_pods_state(bare, evicted, pod, step):
+    p = Preemption("ml/p1", ("ml", "p1"), "u1", 7, bare=bare, snapshot={}, asked_at=0.0, evicted=evicted)
+    assert preempt_step(p, pod, now=1.0) == step
+
+
+@pytest.mark.parametrize("released", [False, True])
+def test_a_kill_between_a_bare_pods_eviction_and_its_creation_again_is_finished_by_the_next_leader(rig, released):
+    """Bug (found by test_controller_kill9): the preemption lived only in the leader's memory; killed after the
+    eviction, the pod was lost and its job waited without one. Recorded before the eviction, it is finished by the
+    next leader; the entry is dropped once the pod exists again, or (the job released since) without creating it."""
+    c1 = leading(rig)
+    first = rig.api.create_pod("ml", k8s_pod("p1", annotations={pods.GRACE_KEY: "0.2"}))
+
+    def killed(p) -> None:  # the leader dies between the eviction and the creation again
+        threading.Thread(target=c1.stop, daemon=True).start()
+        raise RuntimeError("killed")
+
+    c1._recreate = killed
+    stop(rig, c1, "ml/p1")
+    eventually(lambda: rig.api.pod("ml", "p1") is None and c1._stopping.is_set())
+    assert list(c1.intents.load()) == [("ml", "p1")] and rig.api.evictions[("ml", "p1")] == 1
+    if released:
+        rig.service.release("ml/p1")  # as `POST /v1/release` does: the job is neither queued nor allocated
+    c2 = leading(rig, "c2")
+    eventually(lambda: c2.intents.load() == {} and not c2._preemptions)
+    again = rig.api.pod("ml", "p1")
+    if released:
+        assert again is None and c2.stats.counts["preempted-recreated"] == 0
+    else:
+        assert pods.uid(again) != pods.uid(first) and pods.job_id(again) == "ml/p1"
+        assert c2.stats.counts["preemptions-restored"] == 1 and c2.stats.counts["preempted-recreated"] == 1
+    assert c2.stats.counts["releases"] == 0
 
 
 def test_a_preemption_without_a_checkpoint_evicts_after_its_grace_and_says_so(rig, caplog):

@@ -55,6 +55,7 @@ from typing import Any
 from hetplan.allocator.k8s import adoption, pods
 from hetplan.allocator.k8s.cursor import CursorStore, CursorTaken
 from hetplan.allocator.k8s.errors import one_line
+from hetplan.allocator.k8s.intents import IntentStore
 from hetplan.allocator.k8s.lease import LeaseElector
 from hetplan.allocator.k8s.moves import Migration, Preemption, Rescale, next_step, preempt_step, rescale_step
 from hetplan.allocator.k8s.resize import Rules, plan_resize, read_rules
@@ -159,6 +160,7 @@ class Controller:
         self.cursor: int | None = None  # the last action applied (saved in the ConfigMap, or `_unsaved`)
         self.store = CursorStore(self.core, namespace, f"{name}-cursor", identity, request_timeout)
         self._unsaved = False  # the cursor moved on but its write failed: written again before anything else
+        self.intents = IntentStore(self.core, namespace, f"{name}-preempted", request_timeout)  # bare preemptions
         self.rules = Rules()  # the API server's resize rules (`/version`, read when this replica starts leading)
         self._api = api
         self._leading = False
@@ -649,6 +651,9 @@ class Controller:
                                                    _request_timeout=self.timeout)
                     p.asked_at = now
                 elif step in ("evict", "evict-late"):
+                    if p.bare and not p.recorded:  # durable before the eviction: a new leader creates it again
+                        self.intents.put(p.pod, job, p.uid, p.seq, pods.recreated(p.snapshot))
+                        p.recorded = True
                     if step == "evict-late":
                         self.stats.count("preempted-without-checkpoint")
                         log.warning("controller: %s/%s did not answer its checkpoint within %.1f s; evicted without "
@@ -659,8 +664,23 @@ class Controller:
                     else:
                         self.stats.count("preempted")
                 elif step == "recreate":
-                    self._recreate(p)
+                    if pod is None:
+                        self._recreate(p)
+                    else:  # created again already (by this controller before a restart, or by someone)
+                        log.info("controller: preempted %s/%s exists again (uid %s); not created", *p.pod,
+                                 pods.uid(pod))
+                    if p.recorded:
+                        self.intents.drop(p.pod)
                     del self._preemptions[job]
+                elif step == "ended":  # its job is over: taken off the queue (`_releases` leaves preempted pods)
+                    self.service.release(job)
+                    self._orphans.pop(job, None)
+                    if p.recorded:
+                        self.intents.drop(p.pod)
+                    del self._preemptions[job]
+                    self.stats.count("preempted-ended")
+                    log.info("controller: preempted %s/%s ended by itself before its eviction; job %s released",
+                             *p.pod, job)
                 elif step == "done":
                     del self._preemptions[job]
             except ApiException as exc:
@@ -669,6 +689,37 @@ class Controller:
                     continue
                 log.warning("controller: preemption of %s: %s; retrying", job, one_line(exc))
                 p.next_try = now + 1.0
+
+    def _restore_preemptions(self, allocated: set[str]) -> None:
+        """The bare pods' preemptions recorded (`intents`) and not in progress here (begun by a leader killed since):
+        taken up again, so a pod evicted but not yet created again is created; an entry whose pod exists again, or
+        whose job the service no longer holds (released: neither queued nor `allocated`), is dropped."""
+        try:
+            recorded = {pod: e for pod, e in self.intents.load().items() if e["job"] not in self._preemptions}
+            queued = self.service.queued() if recorded else set()
+        except Exception as exc:  # noqa: BLE001 - the rest of the reconcile goes on; the next one tries again
+            self.stats.count("preemptions-unread")
+            log.warning("controller: recorded preemptions not read: %s; at the next reconcile", one_line(exc))
+            return
+        for key, entry in recorded.items():
+            job = entry["job"]
+            with self._lock:
+                pod = self.pods.get(key)
+            if pod is not None and pods.uid(pod) != entry["uid"]:
+                why = f"it exists again (uid {pods.uid(pod)})"
+            elif job not in queued and job not in allocated:
+                why = f"its job {job} is neither queued nor allocated"
+            else:
+                gone = pod is None or pods.ended(pod) or pods.terminating(pod)
+                self._preemptions[job] = Preemption(job, key, entry["uid"], entry["seq"], bare=True,
+                                                    snapshot=entry["pod"] if pod is None else pod,
+                                                    grace=self._grace(entry["pod"]), evicted=gone, recorded=True)
+                self.stats.count("preemptions-restored")
+                log.info("controller: preemption of %s/%s (job %s, action %d) taken up again: %s", *key, job,
+                         entry["seq"], "to create it again" if gone else "not yet evicted")
+                continue
+            self.intents.drop(key)
+            log.info("controller: preemption entry of %s/%s dropped: %s", *key, why)
 
     def _recreate(self, p: Preemption) -> None:
         """A preempted bare pod, created again under its name (`pods.recreated`) by the controller: the webhook
@@ -1050,6 +1101,7 @@ class Controller:
                 self.stats.count("orphans-released")
         for job in set(self._orphans) - set(by_job):
             self._orphans.pop(job, None)
+        self._restore_preemptions(set(by_job))
         for pod in snapshot:
             job = job_of(pod)
             if pods.terminating(pod):

@@ -89,6 +89,12 @@ class AllocatorClient:
                 raise
             return exc.latest
 
+    def queued(self) -> set[str]:
+        """The job ids waiting in the service's queue (`GET /v1/queue`)."""
+        answer = self._call("GET", "/v1/queue")
+        answer.raise_for_status()
+        return {str(j["job_id"]) for j in answer.json()["jobs"]}
+
     def allocations(self) -> list[dict[str, Any]]:
         answer = self._call("GET", "/v1/allocations")
         answer.raise_for_status()
