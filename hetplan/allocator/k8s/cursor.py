@@ -22,6 +22,20 @@ class CursorTaken(Exception):
     """The ConfigMap was written by another replica since this one last wrote it: it no longer leads."""
 
 
+def read_config_map(core: Any, namespace: str, name: str, timeout: float) -> tuple[str | None, dict[str, str]]:
+    """A ConfigMap's resourceVersion and data (None and nothing when it does not exist)."""
+    from kubernetes.client.exceptions import ApiException
+
+    try:
+        answer = core.read_namespaced_config_map(name, namespace, _preload_content=False, _request_timeout=timeout)
+    except ApiException as exc:
+        if exc.status != 404:
+            raise
+        return None, {}
+    body = json.loads(answer.data)
+    return body["metadata"]["resourceVersion"], dict(body.get("data") or {})
+
+
 class CursorStore:
     """Read and write the cursor ConfigMap `namespace/name` (`core`: a kubernetes `CoreV1Api`)."""
 
@@ -35,19 +49,11 @@ class CursorStore:
     def read(self) -> int | None:
         """The stored cursor (None when there is none); takes its resourceVersion for the next write (the controller
         reads when it starts leading: what it then writes is its own)."""
-        from kubernetes.client.exceptions import ApiException
-
-        try:
-            answer = self.core.read_namespaced_config_map(self.name, self.namespace, _preload_content=False,
-                                                          _request_timeout=self.timeout)
-        except ApiException as exc:
-            if exc.status != 404:
-                raise
-            self._rv, self.value, self.writer, self._doubt = None, None, None, False
+        self._rv, data = read_config_map(self.core, self.namespace, self.name, self.timeout)
+        self._doubt = False
+        if self._rv is None:
+            self.value, self.writer = None, None
             return None
-        body = json.loads(answer.data)
-        self._rv, self._doubt = body["metadata"]["resourceVersion"], False
-        data = body.get("data") or {}
         text = str(data.get("cursor", ""))
         self.value = int(text) if text.isdigit() else None
         self.writer = data.get("writer")

@@ -15,6 +15,8 @@ import json
 import logging
 from typing import Any
 
+from hetplan.allocator.k8s.cursor import read_config_map
+
 log = logging.getLogger(__name__)
 
 TRIES = 4  # read-modify-write attempts before a conflict is raised (retried in the controller's next pass)
@@ -39,17 +41,7 @@ class IntentStore:
 
     def _read(self) -> tuple[str | None, dict[str, str]]:
         """The resourceVersion (None: no ConfigMap) and the entries as stored."""
-        from kubernetes.client.exceptions import ApiException
-
-        try:
-            answer = self.core.read_namespaced_config_map(self.name, self.namespace, _preload_content=False,
-                                                          _request_timeout=self.timeout)
-        except ApiException as exc:
-            if exc.status != 404:
-                raise
-            return None, {}
-        body = json.loads(answer.data)
-        return body["metadata"]["resourceVersion"], dict(body.get("data") or {})
+        return read_config_map(self.core, self.namespace, self.name, self.timeout)
 
     def load(self) -> dict[tuple[str, str], dict[str, Any]]:
         """Every entry: pod (namespace, name) -> {job, uid, seq, pod}. An entry that cannot be read is logged and
