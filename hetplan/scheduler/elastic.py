@@ -32,6 +32,7 @@ import math
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
@@ -74,6 +75,11 @@ class ElasticJob:
     """Restarts so far (growing, shrinking, moving, resuming after a stop)."""
     since_s: float = 0.0
     """Seconds its present configuration has lasted (running jobs)."""
+
+    @cached_property
+    def base(self) -> float:
+        """Its rate on one of its best single GPUs (its fastest configuration where it has no 1-GPU one)."""
+        return max((r for c, r in self.rates.items() if c.gpus == 1), default=0.0) or max(self.rates.values())
 
 
 @dataclass(frozen=True)
@@ -172,14 +178,13 @@ def held(job: ElasticJob, rule: ElasticRule) -> bool:
 
 def value(job: ElasticJob, config: Config, rule: ElasticRule) -> float:
     """The objective's coefficient of (job, config) (module docstring)."""
-    base = max((r for c, r in job.rates.items() if c.gpus == 1), default=0.0) or max(job.rates.values())
     pay = 1.0
     if job.current is not None and config != job.current:
         pay = max(0.0, 1.0 - job.restart_s / max(job.since_s, rule.round_s))
     elif job.current is None and job.age_s > 0:
         pay = max(0.0, 1.0 - job.restart_s / max(job.age_s, rule.round_s))
     weight = (1.0 + job.attained_gpu_s / 3600.0 / rule.las_gpu_h) ** -0.5
-    return weight * (pay * job.rates[config] / base) ** rule.fairness
+    return weight * (pay * job.rates[config] / job.base) ** rule.fairness
 
 
 def choose(jobs: Sequence[ElasticJob], types: Mapping[str, TypeShape], rule: ElasticRule = ElasticRule(),
