@@ -663,6 +663,15 @@ class Controller:
                         p.next_try = now + 1.0
                     else:
                         self.stats.count("preempted")
+                elif step == "remove":  # checkpointed, then exited by itself: its name is freed to create it again
+                    if not p.recorded:  # durable before the deletion, as before an eviction
+                        self.intents.put(p.pod, job, p.uid, p.seq, pods.recreated(p.snapshot))
+                        p.recorded = True
+                    self._delete_ended(p.pod, p.uid)
+                    p.evicted = True
+                    self.stats.count("preempted-exited")
+                    log.info("controller: preempted %s/%s checkpointed and exited by itself; deleted, to wait in the "
+                             "queue", *p.pod)
                 elif step == "recreate":
                     if pod is None:
                         self._recreate(p)
@@ -689,6 +698,19 @@ class Controller:
                     continue
                 log.warning("controller: preemption of %s: %s; retrying", job, one_line(exc))
                 p.next_try = now + 1.0
+
+    def _delete_ended(self, key: tuple[str, str], uid: str) -> None:
+        """Delete the ended pod `key` if it is still the one of `uid` (a precondition: never another pod created
+        under its name meanwhile); gone already, or another: nothing."""
+        from kubernetes.client.exceptions import ApiException
+
+        body = {"apiVersion": "v1", "kind": "DeleteOptions", "preconditions": {"uid": uid}}
+        try:
+            self.core.delete_namespaced_pod(key[1], key[0], body=body, _preload_content=False,
+                                            _request_timeout=self.timeout)
+        except ApiException as exc:
+            if exc.status not in (404, 409):  # gone, or another pod holds the name (the precondition failed)
+                raise
 
     def _restore_preemptions(self, allocated: set[str]) -> None:
         """The bare pods' preemptions recorded (`intents`) and not in progress here (begun by a leader killed since):
