@@ -190,6 +190,8 @@ class Controller:
         self._gang_tries: dict[str, float] = {}  # gang job -> when to ask for it again (`_submit_gangs`)
         self._gang_counts: dict[str, int] = {}  # gang job -> its parts as the allocator holds them (actions, reconcile)
         self._rescales: dict[str, Rescale] = {}  # gang job -> its count change in progress
+        self._held: dict[str, tuple[pods.Target, int, float]] = {}  # job -> an admission waiting for dropped pods
+        self._shrunk: set[str] = set()  # gangs that may still have pods of parts a shrink dropped (`_dropped_on`)
 
     # ------------------------------------------------------------------ threads
 
@@ -375,6 +377,7 @@ class Controller:
         for name, part in (("releases", self._release_ended), ("moves", self._advance_migrations),
                            ("after-moves", self._converge_after_moves), ("preemptions", self._advance_preemptions),
                            ("rescales", self._advance_rescales), ("reports", self._send_reports),
+                           ("held", self._admit_held),
                            ("retries", self._retry_resizes),
                            ("kubelet", self._report_kubelet), ("adopt", self._adopt_default_path),
                            ("requeued", self._adopt_waiting), ("gangs", self._submit_gangs),
@@ -482,6 +485,8 @@ class Controller:
                 self._gang_counts[job] = len(after)
                 before = action.get("before") or []
                 if kind == "resize" and len(before) > 1 and len(before) != len(after) and self._gang_members(job):
+                    if len(after) < len(before):
+                        self._shrunk.add(job)
                     self._rescale(job, len(before), len(after), seq)
                 elif self._gang_members(job):
                     self._admit_gang(job, after, seq, float(action.get("at") or 0))
@@ -499,6 +504,7 @@ class Controller:
         elif kind == "stop":
             self._orphans.pop(job, None)
             self._after_move.pop(job, None)
+            self._held.pop(job, None)
             self._gang_counts.pop(job, None)
             self._rescales.pop(job, None)
             gang = bool(self._gang_members(job))
@@ -573,7 +579,11 @@ class Controller:
         if not holders:
             return  # no pod (yet, or any more): reconcile decides
         pod = holders[0]
+        self._held.pop(job, None)
         if pods.has_gate(pod, pods.QUEUE_GATE):
+            if self._dropped_on({target.node}):  # room a gang's shrink freed, its dropped pods still on it
+                self._hold(job, target, seq, at)
+                return
             self._admit_queued(job, pod, target, seq, at)
             return
         if pods.matches(pod, target):
@@ -584,6 +594,49 @@ class Controller:
             self._resize(pod, target, at, seq)
         else:
             self._migrate(job, pod, target, seq, at)
+
+    def _dropped_on(self, nodes: set[str]) -> list[tuple[str, str]]:
+        """The pods on `nodes` of parts a gang's shrink dropped (`POST /v1/scale`): beyond the gang's count in part
+        order, not ended, terminating or not. The allocator freed their room at once, but their GPUs are theirs
+        until their containers stop (the handshake, the Job's patch, graceful deletion): nothing is admitted there
+        before."""
+        if not self._shrunk:
+            return []
+        shrunk = set(self._shrunk)  # one copy (actions are applied on several threads)
+        with self._lock:
+            snapshot = [p for p in self.pods.values() if pods.job_id(p) in shrunk
+                        and pods.GANG_PART_KEY in pods.annotations(p) and not pods.ended(p) and pods.node_of(p)]
+        by_job: dict[str, list[dict]] = {job: [] for job in shrunk}
+        for p in snapshot:
+            by_job[str(pods.job_id(p))].append(p)
+        out = []
+        for job, members in by_job.items():
+            count = self._gang_counts.get(job)
+            parts = pods.part_order({pods.annotations(p)[pods.GANG_PART_KEY] for p in members})
+            if count is None or len(parts) <= count:
+                self._shrunk.discard(job)  # nothing dropped left (or no gang any more)
+                continue
+            dropped = set(parts[count:])
+            out += [pods.key(p) for p in members if pods.annotations(p)[pods.GANG_PART_KEY] in dropped
+                    and pods.node_of(p) in nodes]
+        return out
+
+    def _hold(self, job: str, target: pods.Target, seq: int, at: float) -> None:
+        if job not in self._held:
+            self.stats.count("admit-held")
+            log.info("controller: queued %s waits for a shrunk gang's dropped pods to leave %s", job, target.node)
+        self._held[job] = (target, seq, at)
+
+    def _admit_held(self) -> None:
+        """The admissions held by dropped pods, once those are gone: the job's allocation read again first (a stop
+        or another target may have come meanwhile: `_admissible`)."""
+        for job, (target, seq, at) in list(self._held.items()):
+            if self._dropped_on({target.node}):
+                continue
+            del self._held[job]
+            fresh = self._admissible(job, target, seq)
+            if fresh is not None:
+                self.converge(job, fresh, seq, at)
 
     def _converge_after_moves(self) -> None:
         """The actions that came while their job was moving: applied as soon as the move is done (the replacement
@@ -1192,6 +1245,7 @@ class Controller:
         for a in allocations:
             by_job.setdefault(a.get("part_of") or a["job_id"], []).append(a)
         self._gang_counts = {job: len(parts) for job, parts in by_job.items() if len(parts) > 1}
+        self._shrunk |= set(self._gang_counts)  # a shrink begun before a restart: pruned at the first look
         with self._lock:
             snapshot = [p for p in self.pods.values() if not pods.ended(p)]
         live_jobs = {job_of(p) for p in snapshot} - {None}
@@ -1355,6 +1409,10 @@ class Controller:
             if index.isdigit():
                 targets[int(index)] = pods.Target.of(a)
         gated = any(pods.has_gate(members[part], pods.QUEUE_GATE) for part in order)
+        if gated and self._dropped_on({targets[k].node for k in targets}):
+            self.stats.count("admit-held")  # never half a gang: none admitted; `_submit_gangs` asks again
+            log.info("controller: gang %s waits for a shrunk gang's dropped pods to leave its nodes", job)
+            return
         # more parts than pods: a gang grown whose new pods do not exist yet; its running pods are re-sized only
         grown = not gated and sorted(targets)[:len(order)] == list(range(len(order)))
         if sorted(targets) != list(range(len(order))) and not grown:
