@@ -57,7 +57,6 @@ def test_a_note_is_logged_once_however_often_it_is_sent_and_changes_nothing(clie
 @pytest.mark.parametrize("change, field", [
     ({"kind": "start"}, "kind"),  # not a note
     ({"of": 0}, "of"),
-    ({"of": 99}, "of"),  # an action the log has not reached
     ({"of": "1; drop"}, "of"),
     ({"pod": "p1"}, "pod"),  # no namespace
     ({"pod": ""}, "pod"),
@@ -70,6 +69,12 @@ def test_a_bad_note_is_refused_naming_its_field_and_logs_nothing(client, change,
     r = client.post("/v1/notes", json={**NOTE, **change})
     assert r.status_code == 422 and field in r.text, r.text
     assert client.get("/v1/actions").json()["latest"] == latest
+
+
+def test_a_note_about_an_action_the_log_has_not_reached_is_a_conflict(client):
+    r = client.post("/v1/notes", json={**NOTE, "of": 99})
+    assert r.status_code == 409 and r.json()["detail"].startswith("of must be an action number from 1 to 1")
+    assert client.get("/v1/actions").json()["latest"] == 1
 
 
 def test_a_note_survives_a_restart_of_a_durable_allocator(tmp_path):

@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from hetplan.allocator.actions import NOTE_KINDS
 from hetplan.allocator.journal import Note
-from hetplan.allocator.service.bodies import WRITE_RESPONSES, ActionOut, JobId, action_out, posted
+from hetplan.allocator.service.bodies import WRITE_RESPONSES, ActionOut, ErrorOut, JobId, action_out, posted
 from hetplan.allocator.service.context import ServiceContext
 from hetplan.allocator.service.middleware import JSONRoute
 
@@ -41,7 +41,8 @@ def router(ctx: ServiceContext) -> APIRouter:
     api = APIRouter(tags=["allocation"], route_class=JSONRoute)
 
     @api.post("/v1/notes", response_model=NoteResponse, dependencies=ctx.writer,
-              responses={**posted(), **WRITE_RESPONSES})
+              responses={**posted(), **WRITE_RESPONSES,
+                         409: {"model": ErrorOut, "description": "`of` names an action the log has not reached"}})
     async def note(body: NoteRequest) -> NoteResponse:
         """Append a note about action `of` to the action log (idempotent; see the module)."""
         a = ctx.alloc()
@@ -51,8 +52,8 @@ def router(ctx: ServiceContext) -> APIRouter:
 
         try:
             logged, new = await ctx.durably(write)
-        except ValueError as exc:  # an action number the log has not reached
-            raise HTTPException(422, str(exc)) from None
+        except ValueError as exc:  # an action number the log has not reached: the body is fine, the state is not
+            raise HTTPException(409, str(exc)) from None
         return NoteResponse(status="logged" if new else "exists", action=action_out(logged))
 
     return api
