@@ -726,6 +726,10 @@ current-context: stand-in
             if sub is None and method == "GET":
                 return 200, copy.deepcopy(pod)
             if sub is None and method == "DELETE":
+                want = ((body or {}).get("preconditions") or {}).get("uid")
+                if want is not None and want != pod["metadata"].get("uid"):  # as the API server: 409, nothing done
+                    raise ApiError(409, "Conflict", f"Precondition failed: UID in precondition: {want}, UID in "
+                                                    f"object meta: {pod['metadata'].get('uid')}")
                 return 200, self._delete(pod, (body or {}).get("gracePeriodSeconds"))
             if sub is None and method == "PATCH":
                 if isinstance(body, list):

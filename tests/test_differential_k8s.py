@@ -51,9 +51,11 @@ def _trace(n: int, seed: int, models: list[str], namespace: str = "ml") -> pd.Da
 
 
 def decisions(actions: list[dict]) -> list[tuple]:
-    """Each action as what was decided: kind, job, preempted, and (node, GPUs, cores, RAM) of each part."""
+    """Each action as what was decided: kind, job, preempted, and (node, GPUs, cores, RAM) of each part. The notes
+    the controller adds (`checkpoint-timeout`: a preempted pod here never answers) are no decisions: left out."""
     return [(x["kind"], x["job_id"], bool(x.get("preempted", False)),
-             tuple((a["node"], a["gpus"], a["cpus"], a["mem_gb"]) for a in x["after"])) for x in actions]
+             tuple((a["node"], a["gpus"], a["cpus"], a["mem_gb"]) for a in x["after"])) for x in actions
+            if x["kind"] != "checkpoint-timeout"]
 
 
 def finish_times(actions: list[dict]) -> dict[str, float]:

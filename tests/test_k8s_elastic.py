@@ -77,10 +77,11 @@ class Sampler:
         return self.samples
 
 
-def handshake(rig, count: int, parallelism_before: int) -> float:
-    """The controller asked each of the `count` running pods to checkpoint for the last action and has not patched
-    the Job yet; then the trainers answer. When the last answered (time.time(), the clock of the stand-in's calls)."""
-    seq = rig.allocator.log.latest
+def handshake(rig, count: int, parallelism_before: int, seq: int | None = None) -> float:
+    """The controller asked each of the `count` running pods to checkpoint for action `seq` (default: the last) and
+    has not patched the Job yet; then the trainers answer. When the last answered (time.time(), the clock of the
+    stand-in's calls)."""
+    seq = rig.allocator.log.latest if seq is None else seq
     eventually(lambda: sum(pods.annotations(p).get(pods.CHECKPOINT_KEY) == str(seq) for p in live(rig)) == count)
     time.sleep(0.3)  # several controller passes: no answer, no patch
     job = rig.api.jobs[("ml", "train")]["spec"]
@@ -167,3 +168,44 @@ def test_the_standin_refuses_job_updates_kubernetes_refuses(change, field):
     with pytest.raises(ApiError):
         validate_job_update(nonindexed, {**nonindexed, "spec": {**nonindexed["spec"], "parallelism": 4,
                                                                 "completions": 4}})
+
+
+def test_a_shrink_never_admits_a_queued_pod_before_the_dropped_pods_are_gone(rig):
+    """Bug: a shrink freed the dropped parts in the allocator at once, the queue's head started in that room, and its
+    pod was ungated while the dropped pods still ran their checkpoint handshake (and then their graceful deletion) on
+    the same GPUs. The queued pod is admitted only once no dropped pod is left on its node."""
+    c = leading(rig)
+    made = rig.api.create_job("ml", indexed_job("train", 4))
+    job = f"ml/Job/{made['metadata']['uid']}"
+    eventually(lambda: len(live(rig)) == 4 and all(running(p) for p in live(rig)))
+    parts = sorted(rig.allocator.running([job])[job], key=part_number)
+    for i in range(8 - 4):  # every other GPU held: the queued pod waits for room the shrink frees
+        rig.api.create_pod("ml", k8s_pod(f"fill{i}", gpus=1, cpu="1", memory="4Gi"))
+    assert rig.allocator.cluster.free_gpus_total() == 0
+    rig.api.create_pod("ml", k8s_pod("q1", gpus=1, cpu="1", memory="4Gi"))
+    assert pods.has_gate(rig.api.pod("ml", "q1"), pods.QUEUE_GATE)
+    dropped_nodes = {p.node for p in parts[2:]}
+
+    seen: list[tuple[bool, int]] = []  # (q1 ungated, dropped pods whose containers run), each read at one instant
+    stop = threading.Event()
+
+    def sample() -> None:
+        while not stop.wait(0.002):
+            with rig.api.lock:
+                q1 = rig.api.pod("ml", "q1")
+                dropped = [p for p in live(rig) if int(pods.annotations(p)[pods.COMPLETION_INDEX]) >= 2]
+                seen.append((q1 is not None and not pods.has_gate(q1, pods.QUEUE_GATE), len(dropped)))
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    r = rig.http.post("/v1/scale", json={"job_id": job, "parts": 2})
+    assert r.json()["status"] == "scaled", r.json()
+    assert [a["kind"] for a in r.json()["actions"]][:2] == ["resize", "start"]  # q1 started in the freed room
+    handshake(rig, 4, 4, r.json()["actions"][0]["seq"])
+    eventually(lambda: (q := rig.api.pod("ml", "q1")) and q["status"]["phase"] == "Running")
+    stop.set()
+    sampler.join()
+    assert rig.api.pod("ml", "q1")["spec"]["nodeName"] in dropped_nodes
+    assert not [s for s in seen if s[0] and s[1]], "q1 ungated while a dropped pod was still there"
+    assert any(not ungated and dropped for ungated, dropped in seen)  # it did wait
+    assert c.stats.counts["admit-held"] == 1 and rig.api.overcommits == []

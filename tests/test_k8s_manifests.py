@@ -70,7 +70,8 @@ CONTROLLER_CALLS = {("pods", "get"), ("pods", "list"), ("pods", "watch"), ("pods
                     ("leases", "create"), ("leases", "update"), ("configmaps", "get"), ("configmaps", "create"),
                     ("configmaps", "update"), ("jobs", "patch")}
 CONTROLLER_OBJECTS = {"leases": ["hetplan-controller"],
-                      "configmaps": ["hetplan-controller-cursor", "hetplan-controller-preempted"]}
+                      "configmaps": ["hetplan-controller-cursor", "hetplan-controller-preempted",
+                                     "hetplan-controller-reports"]}
 NODE_SYNC_CALLS = {("nodes", "list"), ("nodes", "watch"), ("pods", "list"), ("pods", "watch")}
 
 

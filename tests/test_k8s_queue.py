@@ -329,13 +329,34 @@ def preempted_pod(phase: str = "Running", deleted: bool = False, answered: bool 
     (True, False, preempted_pod("Failed"), "ended"),
     (True, True, preempted_pod("Succeeded", deleted=True), "wait"),  # evicted: wait for its removal
     (True, False, preempted_pod("Succeeded", deleted=True), "wait"),  # deleted by someone: removed soon
-    (True, False, preempted_pod("Succeeded", answered=True), "wait"),  # checkpointed this preemption, then exited
+    (True, False, preempted_pod("Succeeded", answered=True), "remove"),  # checkpointed this preemption, then exited
+    (True, True, preempted_pod("Succeeded"), "remove"),  # evicted as it exited by itself: deleted by no one
+    (True, False, preempted_pod("Succeeded", deleted=True, answered=True), "wait"),  # removed soon
+    (False, False, preempted_pod("Succeeded", answered=True), "done"),  # its owner creates it again
     (False, False, preempted_pod("Succeeded"), "done"),
     (True, False, preempted_pod("Running", deleted=True), "wait"),  # terminating
 ])
 def test_a_preemption_steps_by_its_pods_state(bare, evicted, pod, step):
     p = Preemption("ml/p1", ("ml", "p1"), "u1", 7, bare=bare, snapshot={}, asked_at=0.0, evicted=evicted)
     assert preempt_step(p, pod, now=1.0) == step
+
+
+def test_a_bare_pod_that_checkpoints_then_exits_by_itself_waits_in_the_queue_not_forever(rig):
+    """Bug: a preempted bare pod that answered its checkpoint and exited before its eviction stayed (ended, deleted
+    by no one) and its preemption waited for its removal forever: its job never got a pod again."""
+    c = leading(rig)
+    first = rig.api.create_pod("ml", k8s_pod("p1", annotations={pods.GRACE_KEY: "30"}))
+    stop(rig, c, "ml/p1")
+    eventually(lambda: pods.annotations(rig.api.pod("ml", "p1")).get(pods.CHECKPOINT_KEY) == str(10**6))
+    with rig.api.lock:  # the trainer answers and exits at once: the controller never sees it running and answered
+        pod = rig.api.pods[("ml", "p1")]
+        pod["metadata"]["annotations"][pods.CHECKPOINTED_KEY] = str(10**6)
+        rig.api.finish("ml", "p1")
+    again = eventually(lambda: (p := rig.api.pod("ml", "p1")) and pods.uid(p) != pods.uid(first) and p)
+    assert pods.job_id(again) == "ml/p1" and rig.api.evictions[("ml", "p1")] == 0
+    assert c.stats.counts["preempted-exited"] == 1 and c.stats.counts["preempted-recreated"] == 1
+    assert c.stats.counts["releases"] == 0 and c.stats.counts["preempted-ended"] == 0
+    eventually(lambda: c.intents.load() == {} and not c._preemptions)
 
 
 @pytest.mark.parametrize("released", [False, True])

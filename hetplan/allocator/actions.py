@@ -17,7 +17,11 @@ from hetplan.allocator.spec import Allocation
 Target = dict[str, tuple[Allocation, ...]]
 """Job id -> its allocations after the step: one per node (several for a gang); jobs absent do not run."""
 
-ActionKind = Literal["start", "stop", "migrate", "resize"]
+ActionKind = Literal["start", "stop", "migrate", "resize", "checkpoint-timeout"]
+"""The four changes, and `checkpoint-timeout`: a note the controller appends (`Allocator.note`), no change."""
+
+NOTE_KINDS = ("checkpoint-timeout",)
+"""The kinds that are notes about an action, not changes: nothing before or after."""
 
 
 @dataclass(frozen=True, slots=True)

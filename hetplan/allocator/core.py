@@ -15,10 +15,12 @@ from dataclasses import dataclass, replace
 from hetplan.allocator.admission import contenders
 from hetplan.allocator.cluster import Cluster, Fit, OvercommitError, StateError
 from hetplan.allocator.policies import Policy, get_policy
-from hetplan.allocator.actions import Action, diff
+from hetplan.allocator.actions import NOTE_KINDS, Action, diff
 from hetplan.allocator.rebalance import CoAdaptive
 from hetplan.allocator.sources import HintSource, StaticHints
-from hetplan.allocator.journal import RETAIN, ActionLog, Change, Journal, MemoryJournal, Restored, Synchronous
+from hetplan.allocator.journal import (
+    RETAIN, ActionLog, Change, Journal, LoggedAction, MemoryJournal, Note, Restored, Synchronous,
+)
 from hetplan.allocator.spec import (GANG_SEP, MAX_GPUS, Allocation, Decision, Job, Node, Reason, Rejection,
                                      check_job_id, mib_to_gib)
 from hetplan.allocator.stability import MoveHistory, record
@@ -465,6 +467,31 @@ class Allocator:
             after = kept + added
             self._commit([Action("resize", job_id, held, after)], apply=True, jobs=jobs)
             return Scaled(after, True)
+
+    def note(self, kind: str, job_id: str, note: Note) -> tuple[LoggedAction, bool]:
+        """Append the note `kind` (`actions.NOTE_KINDS`) about action `note.of` of `job_id` to the log, journaled;
+        nothing changes hands. Idempotent: the same note (kind, job, action, pod) kept in the log already is
+        answered again, not appended twice (a controller restarted after reporting reports again). The note and
+        whether it was appended now; `ValueError` naming the field for a kind that is no note or an action number
+        the log has not reached."""
+        check_job_id(job_id)
+        if kind not in NOTE_KINDS:
+            raise ValueError(f"kind must be one of {', '.join(NOTE_KINDS)}, got {kind!r}")
+        with self.lock:
+            if not 1 <= note.of <= self.log.latest:
+                raise ValueError(f"of must be an action number from 1 to {self.log.latest}, got {note.of}")
+            for x in reversed(self.log.entries()):
+                if x.seq <= note.of:
+                    break  # a note comes after the action it is about
+                if x.note is not None and (x.action.kind, x.action.job_id, x.note.of, x.note.pod) == \
+                        (kind, job_id, note.of, note.pod):
+                    return x, False
+            said = Action(kind, job_id, (), ())  # type: ignore[arg-type] - a kind of NOTE_KINDS
+            x = LoggedAction(self.log.latest + 1, self.clock(), said, note=note)
+            if type(self.journal) is not MemoryJournal:
+                self.journal.commit(Change(logged=(x,)), self.log.retain)
+            self.log.extend((x,))
+            return x, True
 
     def tick(self) -> list[Action]:
         """The periodic step of a running service: every running job, in the order it got its resources, may be

@@ -26,7 +26,7 @@ from pathlib import Path
 from hetplan.allocator.cluster import StateError
 from hetplan.allocator.core import Allocator
 from hetplan.allocator.dblock import DatabaseLock
-from hetplan.allocator.journal import RETAIN, Change, LoggedAction, Restored, Synchronous
+from hetplan.allocator.journal import RETAIN, Change, LoggedAction, Note, Restored, Synchronous
 from hetplan.allocator.policies import Policy
 from hetplan.allocator.actions import Action
 from hetplan.allocator.sources import HintSource
@@ -193,7 +193,7 @@ class SqliteJournal:
             if change.logged:
                 db.executemany("INSERT INTO actions VALUES (?, ?, ?, ?, ?)",
                                [(x.seq, x.at, _kind(x), x.action.job_id,
-                                 _parts(x.action)) for x in change.logged])
+                                 _parts(x.action, x.note)) for x in change.logged])
                 latest = change.logged[-1].seq
                 db.execute("DELETE FROM actions WHERE seq <= ?", (latest - retain,))
                 db.execute("INSERT OR REPLACE INTO meta VALUES ('latest', ?)", (str(latest),))
@@ -228,8 +228,10 @@ def _row(a: Allocation) -> tuple:
             a.rank, a.gpu_milli, a.device, a.request_cpu_m, a.request_mem_mib, a.part_gpus)
 
 
-def _parts(action: Action) -> str:
-    return json.dumps([[_row(a) for a in action.before], [_row(a) for a in action.after]])
+def _parts(action: Action, note: Note | None = None) -> str:
+    """An action's allocations before and after as JSON; a note's (no allocations) with what it says third."""
+    parts: list = [[_row(a) for a in action.before], [_row(a) for a in action.after]]
+    return json.dumps(parts if note is None else [*parts, note.to_dict()])
 
 
 def _kind(x: LoggedAction) -> str:
@@ -240,10 +242,11 @@ def _kind(x: LoggedAction) -> str:
 def _logged(seq: int, at: float, kind: str, job_id: str, parts: str) -> LoggedAction:
     """A row of `actions` (kind `restart`: a `start` that is a restart, `preempt`: a `stop` that is a preemption;
     databases before them have none)."""
-    before, after = json.loads(parts)
+    before, after, *said = json.loads(parts)
     action = Action("start" if kind == RESTART else "stop" if kind == PREEMPT else kind,  # type: ignore[arg-type]
                     job_id, tuple(Allocation(*a) for a in before), tuple(Allocation(*a) for a in after))
-    return LoggedAction(seq, at, action, kind == RESTART, kind == PREEMPT)
+    note = Note(int(said[0]["of"]), str(said[0]["pod"]), str(said[0].get("detail", ""))) if said else None
+    return LoggedAction(seq, at, action, kind == RESTART, kind == PREEMPT, note)
 
 
 def check_database(path: str | os.PathLike[str]) -> None:

@@ -110,7 +110,7 @@ def job_histories(logged: Iterable[LoggedAction]) -> Histories:
     for entry in logged:
         latest = entry.seq
         action, job = entry.action, entry.action.job_id
-        if job in cut:
+        if job in cut or entry.note is not None:  # a note changes no span
             continue
         mine = spans.get(job)
         if mine is None and (action.kind != "start" or entry.restart):

@@ -40,6 +40,19 @@ class LoggedAction:
     action: Action
     restart: bool = False
     preempted: bool = False
+    note: Note | None = None  # a note (`actions.NOTE_KINDS`) about an action, not a change
+
+
+@dataclass(frozen=True, slots=True)
+class Note:
+    """What a note in the log says: the action it is about (`of`), the pod (`namespace/name`) and a detail."""
+
+    of: int
+    pod: str
+    detail: str = ""
+
+    def to_dict(self) -> dict:
+        return {"of": self.of, "pod": self.pod, "detail": self.detail}
 
 
 class TooOld(LookupError):

@@ -291,6 +291,8 @@ class OnlineScheduler:
     def _book(self, x: LoggedAction) -> None:
         action, loop = x.action, self.loop
         state = loop.by_id.get(action.job_id)
+        if x.note is not None:
+            return  # a note (a checkpoint that timed out): nothing changed hands
         if action.kind == "start":
             if state is None:
                 self._adopt(action.job_id, action.after, x.at)

@@ -55,9 +55,11 @@ from typing import Any
 from hetplan.allocator.k8s import adoption, pods
 from hetplan.allocator.k8s.cursor import CursorStore, CursorTaken
 from hetplan.allocator.k8s.errors import one_line
-from hetplan.allocator.k8s.intents import IntentStore
+from hetplan.allocator.k8s.intents import IntentStore, ReportStore
 from hetplan.allocator.k8s.lease import LeaseElector
-from hetplan.allocator.k8s.moves import Migration, Preemption, Rescale, next_step, preempt_step, rescale_step
+from hetplan.allocator.k8s.moves import (
+    Migration, Preemption, Rescale, answered, next_step, preempt_step, rescale_step,
+)
 from hetplan.allocator.k8s.resize import Rules, plan_resize, read_rules
 from hetplan.allocator.k8s.service_client import AllocatorClient, Gone, refusal
 
@@ -65,6 +67,8 @@ log = logging.getLogger(__name__)
 STRATEGIC = "application/strategic-merge-patch+json"
 MERGE = "application/merge-patch+json"
 JSON_PATCH = "application/json-patch+json"
+CHANGES = ("start", "stop", "migrate", "resize")
+"""The action kinds that change something; the others are notes (`checkpoint-timeout`)."""
 
 
 def job_of(pod: dict) -> str | None:
@@ -161,6 +165,8 @@ class Controller:
         self.store = CursorStore(self.core, namespace, f"{name}-cursor", identity, request_timeout)
         self._unsaved = False  # the cursor moved on but its write failed: written again before anything else
         self.intents = IntentStore(self.core, namespace, f"{name}-preempted", request_timeout)  # bare preemptions
+        self.reports = ReportStore(self.core, namespace, f"{name}-reports", request_timeout)  # timeouts to report
+        self._owed: dict[str, dict] = {}  # report key -> a checkpoint timeout done (evicted, patched), to report
         self.rules = Rules()  # the API server's resize rules (`/version`, read when this replica starts leading)
         self._api = api
         self._leading = False
@@ -184,6 +190,8 @@ class Controller:
         self._gang_tries: dict[str, float] = {}  # gang job -> when to ask for it again (`_submit_gangs`)
         self._gang_counts: dict[str, int] = {}  # gang job -> its parts as the allocator holds them (actions, reconcile)
         self._rescales: dict[str, Rescale] = {}  # gang job -> its count change in progress
+        self._held: dict[str, tuple[pods.Target, int, float]] = {}  # job -> an admission waiting for dropped pods
+        self._shrunk: set[str] = set()  # gangs that may still have pods of parts a shrink dropped (`_dropped_on`)
 
     # ------------------------------------------------------------------ threads
 
@@ -357,6 +365,7 @@ class Controller:
         except Exception as exc:  # noqa: BLE001 - unknown: 1.33's rules, the stricter ones
             log.warning("controller: server version not read (%s); resizing by 1.33's rules", one_line(exc))
         self.reconcile()
+        self._restore_reports()
         self._leading = True
 
     def step(self) -> bool:
@@ -367,7 +376,8 @@ class Controller:
         ok = self._phase("actions", self._follow_log)
         for name, part in (("releases", self._release_ended), ("moves", self._advance_migrations),
                            ("after-moves", self._converge_after_moves), ("preemptions", self._advance_preemptions),
-                           ("rescales", self._advance_rescales),
+                           ("rescales", self._advance_rescales), ("reports", self._send_reports),
+                           ("held", self._admit_held),
                            ("retries", self._retry_resizes),
                            ("kubelet", self._report_kubelet), ("adopt", self._adopt_default_path),
                            ("requeued", self._adopt_waiting), ("gangs", self._submit_gangs),
@@ -467,12 +477,16 @@ class Controller:
     def apply(self, action: Mapping[str, Any]) -> None:
         kind, job, seq = action["kind"], action["job_id"], int(action["seq"])
         self.stats.count(f"action-{kind}")
+        if kind not in CHANGES:
+            return  # a note (`checkpoint-timeout`, this controller's own report): nothing to apply
         after = action.get("after") or []
         if kind in ("resize", "migrate", "start"):
             if len(after) != 1:
                 self._gang_counts[job] = len(after)
                 before = action.get("before") or []
                 if kind == "resize" and len(before) > 1 and len(before) != len(after) and self._gang_members(job):
+                    if len(after) < len(before):
+                        self._shrunk.add(job)
                     self._rescale(job, len(before), len(after), seq)
                 elif self._gang_members(job):
                     self._admit_gang(job, after, seq, float(action.get("at") or 0))
@@ -490,6 +504,7 @@ class Controller:
         elif kind == "stop":
             self._orphans.pop(job, None)
             self._after_move.pop(job, None)
+            self._held.pop(job, None)
             self._gang_counts.pop(job, None)
             self._rescales.pop(job, None)
             gang = bool(self._gang_members(job))
@@ -516,7 +531,8 @@ class Controller:
         since `seq` is read again, just before the pod is changed; the job's latest action there wins: a `stop`
         keeps the pod gated (None; its next `start` admits it), a newer target replaces `target`."""
         try:
-            later = [a for a in self.service.actions(seq).get("actions", []) if a["job_id"] == job]
+            later = [a for a in self.service.actions(seq).get("actions", []) if a["job_id"] == job
+                     and a["kind"] in CHANGES]
         except Gone:  # the log no longer reaches back to `seq`: the allocations say what holds now
             now = [a for a in self.service.allocations() if a["job_id"] == job and not a.get("part_of")]
             fresh = pods.Target.of(now[0]) if now else None
@@ -563,7 +579,11 @@ class Controller:
         if not holders:
             return  # no pod (yet, or any more): reconcile decides
         pod = holders[0]
+        self._held.pop(job, None)
         if pods.has_gate(pod, pods.QUEUE_GATE):
+            if self._dropped_on({target.node}):  # room a gang's shrink freed, its dropped pods still on it
+                self._hold(job, target, seq, at)
+                return
             self._admit_queued(job, pod, target, seq, at)
             return
         if pods.matches(pod, target):
@@ -574,6 +594,49 @@ class Controller:
             self._resize(pod, target, at, seq)
         else:
             self._migrate(job, pod, target, seq, at)
+
+    def _dropped_on(self, nodes: set[str]) -> list[tuple[str, str]]:
+        """The pods on `nodes` of parts a gang's shrink dropped (`POST /v1/scale`): beyond the gang's count in part
+        order, not ended, terminating or not. The allocator freed their room at once, but their GPUs are theirs
+        until their containers stop (the handshake, the Job's patch, graceful deletion): nothing is admitted there
+        before."""
+        if not self._shrunk:
+            return []
+        shrunk = set(self._shrunk)  # one copy (actions are applied on several threads)
+        with self._lock:
+            snapshot = [p for p in self.pods.values() if pods.job_id(p) in shrunk
+                        and pods.GANG_PART_KEY in pods.annotations(p) and not pods.ended(p) and pods.node_of(p)]
+        by_job: dict[str, list[dict]] = {job: [] for job in shrunk}
+        for p in snapshot:
+            by_job[str(pods.job_id(p))].append(p)
+        out = []
+        for job, members in by_job.items():
+            count = self._gang_counts.get(job)
+            parts = pods.part_order({pods.annotations(p)[pods.GANG_PART_KEY] for p in members})
+            if count is None or len(parts) <= count:
+                self._shrunk.discard(job)  # nothing dropped left (or no gang any more)
+                continue
+            dropped = set(parts[count:])
+            out += [pods.key(p) for p in members if pods.annotations(p)[pods.GANG_PART_KEY] in dropped
+                    and pods.node_of(p) in nodes]
+        return out
+
+    def _hold(self, job: str, target: pods.Target, seq: int, at: float) -> None:
+        if job not in self._held:
+            self.stats.count("admit-held")
+            log.info("controller: queued %s waits for a shrunk gang's dropped pods to leave %s", job, target.node)
+        self._held[job] = (target, seq, at)
+
+    def _admit_held(self) -> None:
+        """The admissions held by dropped pods, once those are gone: the job's allocation read again first (a stop
+        or another target may have come meanwhile: `_admissible`)."""
+        for job, (target, seq, at) in list(self._held.items()):
+            if self._dropped_on({target.node}):
+                continue
+            del self._held[job]
+            fresh = self._admissible(job, target, seq)
+            if fresh is not None:
+                self.converge(job, fresh, seq, at)
 
     def _converge_after_moves(self) -> None:
         """The actions that came while their job was moving: applied as soon as the move is done (the replacement
@@ -654,15 +717,27 @@ class Controller:
                     if p.bare and not p.recorded:  # durable before the eviction: a new leader creates it again
                         self.intents.put(p.pod, job, p.uid, p.seq, pods.recreated(p.snapshot))
                         p.recorded = True
-                    if step == "evict-late":
-                        self.stats.count("preempted-without-checkpoint")
-                        log.warning("controller: %s/%s did not answer its checkpoint within %.1f s; evicted without "
-                                    "one", *p.pod, p.grace)
+                    late = self._late("preemption", job, p.seq, p.pod, p.uid, p.grace) if step == "evict-late" \
+                        else None
                     p.evicted = self._evict(pod, f"preempted (action {p.seq})")
                     if not p.evicted:
                         p.next_try = now + 1.0
                     else:
                         self.stats.count("preempted")
+                        if late is not None:
+                            self.stats.count("preempted-without-checkpoint")
+                            log.warning("controller: %s/%s did not answer its checkpoint within %.1f s; evicted "
+                                        "without one", *p.pod, p.grace)
+                            self._owe(late)
+                elif step == "remove":  # checkpointed, then exited by itself: its name is freed to create it again
+                    if not p.recorded:  # durable before the deletion, as before an eviction
+                        self.intents.put(p.pod, job, p.uid, p.seq, pods.recreated(p.snapshot))
+                        p.recorded = True
+                    self._delete_ended(p.pod, p.uid)
+                    p.evicted = True
+                    self.stats.count("preempted-exited")
+                    log.info("controller: preempted %s/%s checkpointed and exited by itself; deleted, to wait in the "
+                             "queue", *p.pod)
                 elif step == "recreate":
                     if pod is None:
                         self._recreate(p)
@@ -689,6 +764,89 @@ class Controller:
                     continue
                 log.warning("controller: preemption of %s: %s; retrying", job, one_line(exc))
                 p.next_try = now + 1.0
+
+    def _delete_ended(self, key: tuple[str, str], uid: str) -> None:
+        """Delete the ended pod `key` if it is still the one of `uid` (a precondition: never another pod created
+        under its name meanwhile); gone already, or another: nothing."""
+        from kubernetes.client.exceptions import ApiException
+
+        body = {"apiVersion": "v1", "kind": "DeleteOptions", "preconditions": {"uid": uid}}
+        try:
+            self.core.delete_namespaced_pod(key[1], key[0], body=body, _preload_content=False,
+                                            _request_timeout=self.timeout)
+        except ApiException as exc:
+            if exc.status not in (404, 409):  # gone, or another pod holds the name (the precondition failed)
+                raise
+
+    # ------------------------------------------------------------------ checkpoint timeouts, reported in the log
+
+    def _late(self, what: str, job: str, seq: int, target: tuple[str, str], uid: str, grace: float,
+              parts: int = 0) -> dict:
+        """A checkpoint that timed out, recorded (`reports`) *before* the eviction or patch that goes without it:
+        a leader killed after that call and before the report finds the entry (`_restore_reports`)."""
+        entry = {"job": job, "seq": seq, "what": what, "ns": target[0], "name": target[1], "uid": uid,
+                 "grace": grace, "parts": parts}
+        entry["key"] = self.reports.put_report({k: v for k, v in entry.items()})
+        return entry
+
+    def _owe(self, entry: dict) -> None:
+        """The eviction (or patch) of a recorded timeout is done: reported now, or in a later pass if that fails."""
+        self._owed[entry["key"]] = entry
+        try:
+            self._send_reports()
+        except Exception as exc:  # noqa: BLE001 - the service restarting: the next pass sends it (`_owed`)
+            log.info("controller: checkpoint timeout of %s not reported yet (%s); in the next pass", entry["job"],
+                     one_line(exc))
+
+    def _send_reports(self) -> None:
+        """Each timeout owed, as a `checkpoint-timeout` note in the allocator's log (`POST /v1/notes`, idempotent),
+        then its entry dropped. A note the service refuses (4xx: the action is not in its log) is dropped, logged."""
+        for key, e in list(self._owed.items()):
+            body = {"kind": "checkpoint-timeout", "job_id": e["job"], "of": e["seq"], "pod": f"{e['ns']}/{e['name']}",
+                    "detail": f"{e['what']}: no checkpoint answer within {e['grace']:g} s; "
+                              + (f"its Job patched to {e['parts']} pods without one" if e["what"] == "rescale"
+                                 else "evicted without one")}
+            try:
+                answer = self.service.note(body)
+            except Exception as exc:
+                why = refusal(exc)
+                if why is None:
+                    raise  # the service down, a 5xx: sent again in the next pass
+                self.stats.count("report-refused")
+                log.warning("controller: checkpoint timeout of %s (action %d) not logged: %s", e["job"], e["seq"], why)
+            else:
+                self.stats.count("reported" if answer.get("status") == "logged" else "reported-already")
+            self.reports.drop_report(key)
+            del self._owed[key]
+
+    def _restore_reports(self) -> None:
+        """The timeouts recorded by a leader killed since: reported where the eviction (or patch) was done (the pod
+        gone, terminating, ended or another; the Job at its new count), dropped where it was not (the move or
+        preemption goes on here and decides again)."""
+        from kubernetes.client.exceptions import ApiException
+
+        for key, e in self.reports.load_reports().items():
+            if key in self._owed:
+                continue
+            try:
+                if e["what"] == "rescale":
+                    job = json.loads(self.batch.read_namespaced_job(e["name"], e["ns"], _preload_content=False,
+                                                                    _request_timeout=self.timeout).data)
+                    done = (job.get("spec") or {}).get("parallelism") == e["parts"]
+                else:
+                    pod = json.loads(self.core.read_namespaced_pod(e["name"], e["ns"], _preload_content=False,
+                                                                   _request_timeout=self.timeout).data)
+                    done = pods.uid(pod) != e["uid"] or pods.ended(pod) or pods.terminating(pod)
+            except ApiException as exc:
+                if exc.status != 404:
+                    raise
+                done = e["what"] != "rescale"  # a pod gone was evicted; a Job gone: nothing to say
+            if done:
+                self._owed[key] = {**e, "key": key}
+                self.stats.count("reports-restored")
+            else:
+                self.reports.drop_report(key)
+        self._send_reports()
 
     def _restore_preemptions(self, allocated: set[str]) -> None:
         """The bare pods' preemptions recorded (`intents`) and not in progress here (begun by a leader killed since):
@@ -888,10 +1046,18 @@ class Controller:
                             _content_type=MERGE, _preload_content=False, _request_timeout=self.timeout)
                     m.asked_at = now
                 elif step == "evict" and old is not None:
+                    late = None
+                    if m.asked_at is not None and not answered(old, m.seq) and (old.get("spec") or {}).get("nodeName"):
+                        late = self._late("move", job, m.seq, m.old, pods.uid(old), m.grace)
                     m.evict_sent = True  # stays so if the answer is lost: the pod may be evicted
                     m.evicted = m.evict_sent = self._evict(old, f"moving to {m.new[1]}")
                     if not m.evicted:
                         m.next_try = now + 1.0
+                    elif late is not None:
+                        self.stats.count("migrated-without-checkpoint")
+                        log.warning("controller: %s/%s did not answer its checkpoint within %.1f s; evicted without "
+                                    "one to move", *m.old, m.grace)
+                        self._owe(late)
                 elif step == "ungate":
                     ungate = pods.without_gate(new, pods.MIGRATION_GATE)
                     self.core.patch_namespaced_pod(m.new[1], m.new[0], ungate, _content_type=JSON_PATCH,
@@ -1079,6 +1245,7 @@ class Controller:
         for a in allocations:
             by_job.setdefault(a.get("part_of") or a["job_id"], []).append(a)
         self._gang_counts = {job: len(parts) for job, parts in by_job.items() if len(parts) > 1}
+        self._shrunk |= set(self._gang_counts)  # a shrink begun before a restart: pruned at the first look
         with self._lock:
             snapshot = [p for p in self.pods.values() if not pods.ended(p)]
         live_jobs = {job_of(p) for p in snapshot} - {None}
@@ -1242,6 +1409,10 @@ class Controller:
             if index.isdigit():
                 targets[int(index)] = pods.Target.of(a)
         gated = any(pods.has_gate(members[part], pods.QUEUE_GATE) for part in order)
+        if gated and self._dropped_on({targets[k].node for k in targets}):
+            self.stats.count("admit-held")  # never half a gang: none admitted; `_submit_gangs` asks again
+            log.info("controller: gang %s waits for a shrunk gang's dropped pods to leave its nodes", job)
+            return
         # more parts than pods: a gang grown whose new pods do not exist yet; its running pods are re-sized only
         grown = not gated and sorted(targets)[:len(order)] == list(range(len(order)))
         if sorted(targets) != list(range(len(order))) and not grown:
@@ -1304,14 +1475,17 @@ class Controller:
                                 _content_type=MERGE, _preload_content=False, _request_timeout=self.timeout)
                     r.asked, r.asked_at = frozenset(pods.uid(p) for p in running), now
                 elif step in ("patch", "patch-late"):
-                    if step == "patch-late":
-                        self.stats.count("rescale-without-checkpoint")
-                        log.warning("controller: gang %s did not answer its checkpoint within %.1f s; its Job is "
-                                    "patched without one", job, r.grace)
+                    late = self._late("rescale", job, r.seq, r.owner, "", r.grace, r.parts) if step == "patch-late" \
+                        else None
                     count = {"spec": {"parallelism": r.parts, "completions": r.parts}}
                     self.batch.patch_namespaced_job(r.owner[1], r.owner[0], count, _content_type=MERGE,
                                                     _preload_content=False, _request_timeout=self.timeout)
                     del self._rescales[job]
+                    if late is not None:
+                        self.stats.count("rescale-without-checkpoint")
+                        log.warning("controller: gang %s did not answer its checkpoint within %.1f s; its Job is "
+                                    "patched without one", job, r.grace)
+                        self._owe(late)
                     self.stats.count("rescaled")
                     log.info("controller: Job %s/%s patched to %d pods (gang %s, action %d)", *r.owner, r.parts, job,
                              r.seq)

@@ -92,3 +92,41 @@ class IntentStore:
             except ApiException as exc:
                 if exc.status != 409 or attempt == TRIES - 1:
                     raise
+
+
+def report_key(seq: int, target: tuple[str, str]) -> str:
+    """A report's key: the action's number, then the pod's (or Job's) namespace and name (no `/`: not a key's)."""
+    return f"{seq}.{target[0]}.{target[1]}"
+
+
+class ReportStore(IntentStore):
+    """The ConfigMap `namespace/name` of checkpoint timeouts not yet reported to the allocator (`POST /v1/notes`),
+    one entry per (action, pod): written *before* the eviction (or the Job's patch) that goes without a checkpoint,
+    dropped once the note is logged. A leader that starts after a kill reports the entries whose eviction was done
+    and drops the others (`Controller._restore_reports`); the service logs a note once however often it is sent.
+    An entry's value: the JSON `{job, seq, what, ns, name, uid, grace, parts}` (`what`: preemption, move or
+    rescale; `uid`: the pod's, `parts`: a rescale's new count)."""
+
+    def load_reports(self) -> dict[str, dict[str, Any]]:
+        """Every entry: key -> entry; one that cannot be read is logged and left out."""
+        out = {}
+        for key, text in self._read()[1].items():
+            try:
+                entry = json.loads(text)
+                out[key] = {"job": str(entry["job"]), "seq": int(entry["seq"]), "what": str(entry["what"]),
+                            "ns": str(entry["ns"]), "name": str(entry["name"]), "uid": str(entry.get("uid") or ""),
+                            "grace": float(entry["grace"]), "parts": int(entry.get("parts") or 0)}
+            except (ValueError, KeyError, TypeError) as exc:
+                log.warning("controller: report entry %s in %s/%s not read (%s); ignored", key, self.namespace,
+                            self.name, exc)
+        return out
+
+    def put_report(self, entry: dict[str, Any]) -> str:
+        """Record a report owed (idempotent); its key."""
+        key = report_key(entry["seq"], (entry["ns"], entry["name"]))
+        text = json.dumps(entry, sort_keys=True)
+        self._change(lambda data: data.__setitem__(key, text))
+        return key
+
+    def drop_report(self, key: str) -> None:
+        self._change(lambda data: data.pop(key, None))

@@ -75,11 +75,12 @@ def next_step(m: Migration, old: Mapping[str, Any] | None, new: Mapping[str, Any
     return "ungate" if moved else "cancel"
 
 
-PreemptStep = Literal["mark", "wait", "evict", "evict-late", "recreate", "ended", "done"]
+PreemptStep = Literal["mark", "wait", "evict", "evict-late", "remove", "recreate", "ended", "done"]
 """`mark`: annotate the pod (`hetplan.io/preempted`, and the checkpoint request when it runs); `wait`; `evict`
-(checkpointed, or never bound); `evict-late`: its checkpoint grace is over without an answer; `recreate` a bare
-pod under its name, to wait in the queue; `ended`: a bare pod ended by itself before its eviction, without a checkpoint
-for this preemption (its job is over: released); `done`."""
+(checkpointed, or never bound); `evict-late`: its checkpoint grace is over without an answer; `remove`: a bare pod
+that checkpointed for this preemption (or was evicted) and then exited by itself, deleted by no one: deleted, so that
+its name is free to create it again; `recreate` a bare pod under its name, to wait in the queue; `ended`: a bare pod
+ended by itself before its eviction, without a checkpoint for this preemption (its job is over: released); `done`."""
 
 
 @dataclass
@@ -105,9 +106,10 @@ def preempt_step(p: Preemption, pod: Mapping[str, Any] | None, now: float) -> Pr
     """What to do next for `p`, given the pod as the cache has it (None: removed)."""
     if pod is None or pods.uid(pod) != p.uid:
         return "recreate" if p.bare else "done"
-    if p.bare and pods.ended(pod) and not pods.meta(pod).get("deletionTimestamp") and not p.evicted \
-            and not answered(pod, p.seq):
-        return "ended"  # deleted by no one: a bare pod that ended stays; waiting for its removal would never end
+    if p.bare and pods.ended(pod) and not pods.meta(pod).get("deletionTimestamp"):
+        # deleted by no one: a bare pod that ended stays; waiting for its removal would never end. Checkpointed (or
+        # evicted by us: an eviction of a pod that had just exited sends nothing), it moved to the queue: removed
+        return "remove" if p.evicted or answered(pod, p.seq) else "ended"
     if pods.ended(pod) or pods.terminating(pod):
         return "wait" if p.bare else "done"  # a bare pod's name is free once it is removed
     if p.evicted:

@@ -70,6 +70,12 @@ class AllocatorClient:
         answer.raise_for_status()
         return answer.json()
 
+    def note(self, body: Mapping[str, Any]) -> dict[str, Any]:
+        """`POST /v1/notes`: a note about an action in the log (idempotent: `status` `logged` or `exists`)."""
+        answer = self._call("POST", "/v1/notes", json=dict(body))
+        answer.raise_for_status()
+        return answer.json()
+
     def actions(self, since: int) -> dict[str, Any]:
         """`{latest, actions}` after `since`; `Gone` on 410."""
         answer = self._call("GET", "/v1/actions", params={"since": since})

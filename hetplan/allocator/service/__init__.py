@@ -39,7 +39,7 @@ from hetplan.allocator.durable import DurableAllocator
 from hetplan.allocator.nodes_io import load_nodes
 from hetplan.allocator.policies import get_policy
 from hetplan.allocator.core import Allocator, NodeChanges
-from hetplan.allocator.service import adoption, allocation, extender, hints, jobs, nodes, ops, scaling
+from hetplan.allocator.service import adoption, allocation, extender, hints, jobs, nodes, notes, ops, scaling
 from hetplan.allocator.service.context import ServiceContext
 from hetplan.allocator.service.middleware import BodyLimit, RequestMetrics, method_not_allowed, validation_error
 from hetplan.allocator.service.settings import TOKEN_ENV, ServiceSettings
@@ -103,7 +103,7 @@ def create_app(settings: ServiceSettings | None = None, allocator: Allocator | N
     app.add_middleware(RequestMetrics, metrics=ctx.metrics)
     app.add_exception_handler(RequestValidationError, validation_error)  # type: ignore[arg-type]
     app.add_exception_handler(405, method_not_allowed)
-    for concern in (allocation, adoption, scaling, jobs, nodes, hints, ops, extender):
+    for concern in (allocation, adoption, scaling, notes, jobs, nodes, hints, ops, extender):
         app.include_router(concern.router(ctx))
     return app
 

@@ -184,13 +184,18 @@ class ActionOut(BaseModel):
 
     seq: int = Field(description="position in the action log (GET /v1/actions?since=...)")
     at: float = Field(description="when it was decided (Unix seconds)")
-    kind: Literal["start", "stop", "migrate", "resize"]
+    kind: Literal["start", "stop", "migrate", "resize", "checkpoint-timeout"] = Field(
+        description="`checkpoint-timeout`: a note, no change: the pod of action `of` did not answer its checkpoint "
+                    "request in its grace period and was evicted (or its Job patched) without one")
     job_id: str
     before: list[AllocationOut]
     after: list[AllocationOut]
     preempted: bool = Field(False, description="a `stop` that is not the job's end: a round preempted it (or its "
                                                "room was taken back); it waits in the queue to run again "
                                                "(checkpoint, then evict)")
+    of: int | None = Field(None, description="a note's: the action it is about")
+    pod: str | None = Field(None, description="a note's: the pod (`namespace/name`; a gang's Job for a rescale)")
+    detail: str | None = Field(None, description="a note's: what happened, in words")
 
 
 class ActionsResponse(BaseModel):
@@ -360,7 +365,8 @@ def allocation_out(a: Allocation, job_id: str | None = None) -> AllocationOut:
 def action_out(x: LoggedAction) -> ActionOut:
     return ActionOut(seq=x.seq, at=x.at, kind=x.action.kind, job_id=x.action.job_id,
                      before=[allocation_out(a, x.action.job_id) for a in x.action.before],
-                     after=[allocation_out(a, x.action.job_id) for a in x.action.after], preempted=x.preempted)
+                     after=[allocation_out(a, x.action.job_id) for a in x.action.after], preempted=x.preempted,
+                     **({} if x.note is None else x.note.to_dict()))
 
 
 class QueuedOut(BaseModel):
