@@ -50,6 +50,8 @@ def reconfigure(s: StepState, choices: Sequence[Choice]) -> tuple[Target, list[s
 def _place(s: StepState, job: Job, gpu_type: str) -> bool:
     if s.type_gpus.get(gpu_type, 0) < job.num_gpus:
         return False
+    if job.part_gpus is not None:  # a gang of fixed parts (one pod per part) stays one
+        return gangs.place_fixed_gang(s, job, gpu_type)
     if job.num_gpus > s.type_largest[gpu_type]:
         return gangs.place_gang(s, job, gpu_type)
     return place.place_single(s, job, s.view(job), gpu_type)
