@@ -11,6 +11,7 @@ from collections.abc import Callable
 from dataclasses import asdict
 
 from fastapi import APIRouter, HTTPException
+from fastapi.exceptions import RequestValidationError
 
 from hetplan.allocator.core import Allocator
 from hetplan.allocator.journal import LoggedAction, TooOld
@@ -75,9 +76,7 @@ def router(ctx: ServiceContext) -> APIRouter:
 
     @api.post("/v1/allocate", response_model=AllocateResponse, dependencies=ctx.writer,
               responses={**posted(), **WRITE_RESPONSES,
-                         409: {"model": ErrorOut, "description": "the job id is known with another request"},
-                         422: {"description": "a bad body; or elastic bounds above every GPU type's GPUs "
-                                              "(`detail` names `max_gpus`)"}})
+                         409: {"model": ErrorOut, "description": "the job id is known with another request"}})
     async def allocate(body: AllocateRequest) -> AllocateResponse:
         """Submit a job (idempotent per job_id): it runs now (`allocated`) or waits its turn in the queue
         (`queued`, with its position and why), and a `start` action in the log says when it runs. A job larger
@@ -93,8 +92,9 @@ def router(ctx: ServiceContext) -> APIRouter:
             submitted, actions = await ctx.durably(allocate_job, ctx, job, body.bounds())
         except Conflict as exc:
             raise HTTPException(409, str(exc)) from None
-        except BadBounds as exc:
-            raise HTTPException(422, str(exc)) from None
+        except BadBounds as exc:  # a 422 as the body's own validation answers it (`middleware.validation_error`)
+            raise RequestValidationError([{"type": "value_error", "loc": ("body", "max_gpus"),
+                                           "msg": f"Value error, {exc}"}]) from None
         version = ctx.alloc().hints.version
         if submitted.status == "allocated":
             shown = [allocation_out(p, job.job_id) for p in submitted.parts]
