@@ -24,10 +24,16 @@ from hetplan.allocator.core import NodeChanges
 from hetplan.allocator.durable import DurableAllocator
 from hetplan.allocator.service import ServiceSettings, create_app
 from hetplan.allocator.service.bodies import action_out
-from hetplan.allocator.spec import Node
+from hetplan.allocator.spec import Job, Node
 from hetplan.hints import HintSet
 from hetplan.hints.index import HintEntry
 from hetplan.reference import build_reference
+from hetplan.scaling import fit_scaling, load_models, load_profile, load_single_gpu
+from hetplan.scheduler.belief import HintedRates
+from hetplan.scheduler.elastic import Elastic, ElasticRule
+from hetplan.scheduler.loop import Scheduler
+from hetplan.scheduler.online import Bounds, OnlineScheduler
+from hetplan.scheduler.state import JobState
 from hetplan.sim import TruthCurves, prepare_workload
 from hetplan.sim.engine import SimConfig, Simulator
 from servers import TOKEN, free_port
@@ -145,3 +151,98 @@ def test_the_service_decides_as_the_simulator_does(tmp_path, policy, order):
     simulated = _decisions(_sim_actions(simulator))
     assert len(simulated) > 400
     assert _decisions(served) == simulated
+
+
+def _elastic_trace(seed: int = 31, n: int = 24) -> list[tuple[float, str, Job, Bounds | None]]:
+    """A small elastic trace: rigid jobs of 1-8 GPUs and elastic gangs of fixed parts (1- or 2-GPU parts, bounds
+    around their request, a change costing 5 s), arriving over 40 minutes; each with a run time (finished that long after its start)."""
+    rng = np.random.default_rng(seed)
+    models = ["imagenet", "cifar10", "bert", "deepspeech2"]
+    out = []
+    for k, at in enumerate(np.sort(rng.uniform(0, 2400, n))):
+        model = str(rng.choice(models))
+        if k % 3 == 0:
+            part = int(rng.choice([1, 2]))
+            job = Job.request(f"e{k:02d}", model, part, parts=2)
+            out.append((float(at), float(rng.uniform(900, 2400)), job, Bounds(2 * part, 8 * part, 5.0)))
+        else:
+            out.append((float(at), float(rng.uniform(600, 2400)), Job(f"r{k:02d}", model, int(rng.choice([1, 2, 4, 8]))),
+                        None))
+    return out
+
+
+def test_elastic_rounds_choose_the_same_in_the_service_as_in_the_simulator(tmp_path):
+    """Issue 31: the same elastic trace through `Scheduler` called as the simulator calls it (arrivals, rounds at
+    each boundary, ends) and through the service's `OnlineScheduler` (durable, journaled, a virtual clock) gives
+    the same actions, one by one; the rounds resize elastic gangs (counts change), and end with nothing waiting."""
+    models = ["imagenet", "cifar10", "bert", "deepspeech2"]
+    hint_set = hints(models)
+    belief = HintedRates(load_models(_scaling_csv(tmp_path)), lambda: hint_set)
+    rule = ElasticRule(round_s=ROUND_S)
+    sim_alloc = Allocator(list(NODES), "hint", hint_set)
+    loop = Scheduler(sim_alloc, "las", ROUND_S, elastic=Elastic(belief, rule))
+    trace = _elastic_trace()
+    arrivals = [(at, "submit", job.job_id) for at, _, job, _ in trace]
+    run_s = {job.job_id: run for _, run, job, _ in trace}
+    by_id = {job.job_id: (job, bounds) for _, _, job, bounds in trace}
+    events: list[tuple[float, str, str]] = []
+    now, k, boundary = 0.0, 0, ROUND_S
+    while k < len(arrivals) or loop.running or loop.queue:  # the simulator's order at an instant: ends, arrivals,
+        ends = sorted((j.start + run_s[j.job_id], j.job_id) for j in loop.running.values())  # then the round
+        upcoming = min([t for t, _ in ends[:1]] + [a for a, _, _ in arrivals[k:k + 1]] + [boundary])
+        now = upcoming
+        for t, job_id in ends:
+            if t <= now:
+                events.append((now, "finish", job_id))
+                loop.finish(job_id, now)
+        while k < len(arrivals) and arrivals[k][0] <= now:
+            job, bounds = by_id[arrivals[k][2]]
+            state = JobState(k, job, now, bounds=None if bounds is None else (bounds.min_gpus, bounds.max_gpus),
+                             restart_s=30.0 if bounds is None else bounds.restart_s)
+            events.append((now, "submit", job.job_id))
+            loop.submit(state, now)
+            k += 1
+        if now >= boundary:
+            boundary += ROUND_S
+            if loop.wants_round():
+                events.append((now, "round", ""))
+                loop.round(now)
+        assert now < 100_000, "the trace never drains"
+    simulated = _decisions(_sim_actions_of(sim_alloc))
+    parts: dict[str, int] = {}
+    rescales = 0
+    for kind, job_id, _, after in simulated:
+        rescales += kind == "resize" and job_id in parts and len(after) != parts[job_id]
+        parts[job_id] = len(after)
+    assert rescales >= 2  # elastic gangs changed their number of parts
+    assert len(simulated) > 20
+
+    clock = Clock()
+    allocator = DurableAllocator(tmp_path / "elastic.db", "hint", hint_set, clock=clock)
+    allocator.change_nodes(NodeChanges(upsert=list(NODES)))
+    online = OnlineScheduler(allocator, "las", ROUND_S, regrow=False, clock=clock,
+                             elastic=Elastic(belief, ElasticRule(round_s=ROUND_S)))
+    try:
+        for at, kind, job_id in events:
+            clock.now = at
+            if kind == "submit":
+                assert online.submit(*by_id[job_id]).status == "queued"
+            elif kind == "finish":
+                assert online.release(job_id)[0]
+            else:
+                online.round()
+        served = _decisions(_sim_actions_of(allocator))
+        assert online.queue() == []
+    finally:
+        allocator.close()
+    assert served == simulated
+
+
+def _sim_actions_of(allocator: Allocator) -> list[dict]:
+    return [action_out(x).model_dump() for x in allocator.log.entries()]
+
+
+def _scaling_csv(tmp_path) -> str:
+    path = tmp_path / "scaling.csv"
+    fit_scaling(load_profile(), load_single_gpu()).table().to_csv(path, index=False)
+    return str(path)

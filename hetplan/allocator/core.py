@@ -57,6 +57,19 @@ class Scaled:
     rejection: Rejection | None = None
 
 
+def rescaled(action: Action) -> Action:
+    """A gang of fixed parts whose kept parts stay where and as they were, with parts added or dropped: a `resize`
+    (the controller's rescale, as `Allocator.scale` logs it), not a `migrate` (`actions.diff` compares nodes)."""
+    before, after = action.before, action.after
+    if action.kind != "migrate" or len(before) == len(after) or before[0].part_gpus is None \
+            or after[0].part_gpus != before[0].part_gpus:
+        return action
+    was, now = ({a.job_id: (a.node, a.gpus) for a in parts} for parts in (before, after))
+    small, large = (was, now) if len(was) < len(now) else (now, was)
+    same = all(large.get(part) == where for part, where in small.items())
+    return Action("resize", action.job_id, before, after) if same else action
+
+
 def part_number(a: Allocation) -> int:
     """A gang part's number (`<job id>#<k>`: k)."""
     return int(a.job_id.rpartition(GANG_SEP)[2])
@@ -412,7 +425,7 @@ class Allocator:
                                   preempt=True, move=True, history=self.history, now=self.clock())
                 target, short = reconfigure(state, choices)
                 self.cluster.keep_trial()
-            actions = diff(current, target)
+            actions = [rescaled(x) for x in diff(current, target)]
             self.cluster.settle([a.job_id for action in actions for a in action.before],
                                 [a for action in actions for a in action.after])
             self._commit(actions, preempting=True)

@@ -65,6 +65,10 @@ def serve(
     action_log: int = typer.Option(10_000, "--action-log", min=1, envvar=ACTION_LOG_ENV_NAME, show_envvar=True,
                                    help="Actions the log keeps (GET /v1/actions; GET /v1/jobs, which `hetplan trace "
                                    "export` reads, leaves out jobs whose first start is older)."),
+    scaling_models: Path | None = typer.Option(None, "--scaling-models", help="The scaling table `hetplan fit "
+                                               "--scaling` writes (CSV): each round (--tick) then chooses elastic "
+                                               "jobs' GPU counts within their bounds (min_gpus/max_gpus), and every "
+                                               "job starts at a round. Default: no elastic rounds."),
     log_level: str = typer.Option("warning", "--log-level", help="uvicorn log level."),
 ) -> None:
     """Serve allocations over HTTP (and as a Kubernetes scheduler extender) until interrupted."""
@@ -93,11 +97,13 @@ def serve(
                                    write_token=write_token, hint_poll_seconds=poll, max_body_bytes=max_body,
                                    max_extender_body_bytes=max_extender_body, synchronous=synchronous.upper(),
                                    tick_seconds=tick, order=order, kubeconfig=kubeconfig,
-                                   action_log=action_log)
+                                   action_log=action_log, scaling_models=scaling_models)
     except ValidationError as exc:
         raise _fail("; ".join(err["msg"] for err in exc.errors())) from None
     held = _lock_db(settings.db)  # for the process's life: the OS releases it on any exit, kill -9 included
     _check_db(settings.db)
+    if scaling_models is not None:
+        _check_scaling(scaling_models)
     if kubeconfig is not None:
         _check_kubeconfig(kubeconfig)
     if seed:
@@ -138,6 +144,16 @@ def _check_db(db: Path) -> None:
     try:
         check_database(db)
     except (StateError, sqlite3.Error) as exc:
+        raise _fail(str(exc)) from None
+
+
+def _check_scaling(path: Path) -> None:
+    """Refuse, in one line, a scaling table the elastic rounds cannot read, before uvicorn starts."""
+    from hetplan.scaling import load_models
+
+    try:
+        load_models(path)
+    except ValueError as exc:
         raise _fail(str(exc)) from None
 
 

@@ -13,10 +13,10 @@ from __future__ import annotations
 from hetplan.scaling.data import BadPoint, ProfileError, build_sia_table, check_pair, load_profile, load_single_gpu
 from hetplan.scaling.evaluate import leave_one_type_out, summarise
 from hetplan.scaling.fit import ScalingFit, derive, fit_measured, fit_scaling, nearest_donors
-from hetplan.scaling.model import BORROWED, DERIVED, MEASURED, ScalingModel, curve_speed
+from hetplan.scaling.model import BORROWED, DERIVED, MEASURED, ScalingModel, curve_speed, load_models
 
 __all__ = [
     "BORROWED", "DERIVED", "MEASURED", "BadPoint", "ProfileError", "ScalingFit", "ScalingModel", "build_sia_table",
     "check_pair", "curve_speed", "derive", "fit_measured", "fit_scaling", "leave_one_type_out", "load_profile",
-    "load_single_gpu", "nearest_donors", "summarise",
+    "load_models", "load_single_gpu", "nearest_donors", "summarise",
 ]

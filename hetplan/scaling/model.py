@@ -17,12 +17,15 @@ The measurements the parameters were fitted on count as the plateau.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
+from pathlib import Path
 from dataclasses import asdict, dataclass, field, replace
 
 import numpy as np
 
-__all__ = ["MEASURED", "DERIVED", "BORROWED", "PARAMS", "ScalingModel", "curve_speed", "step_time"]
+__all__ = ["MEASURED", "DERIVED", "BORROWED", "PARAMS", "ScalingModel", "curve_speed", "load_models",
+           "step_time"]
 
 MEASURED, DERIVED, BORROWED = "measured", "derived", "borrowed"
 PARAMS = ("alpha_c", "beta_c", "alpha_n", "beta_n", "alpha_r", "beta_r", "gamma")
@@ -126,3 +129,34 @@ def curve_speed(curves, model: str, gpu_type: str) -> Callable[[float, float], f
         return min(1.0, max(found, 1e-9) / plateau)
 
     return speed
+
+
+def load_models(path: str | Path) -> dict[tuple[str, str], ScalingModel]:
+    """The scaling table `hetplan fit --scaling` writes (CSV, one `ScalingModel.row` per line) as
+    (model, GPU type) -> model. `ValueError` in one line naming the file and what is wrong (a missing column, a
+    parameter that is no finite number, a non-positive batch or node size, a (model, GPU type) twice)."""
+    import pandas as pd
+
+    try:
+        table = pd.read_csv(path)
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"{path}: cannot read the scaling table: {exc}") from None
+    missing = [c for c in ("model", "gpu_type", *PARAMS, "local_bsz", "gpus_per_node") if c not in table.columns]
+    if missing:
+        raise ValueError(f"{path}: the scaling table has no column {missing[0]!r} (write it with hetplan fit --scaling)")
+    out: dict[tuple[str, str], ScalingModel] = {}
+    for k, row in enumerate(table.itertuples(index=False), start=2):
+        values = row._asdict()
+        try:
+            params = {name: float(values[name]) for name in PARAMS}
+            sizes = {name: int(values[name]) for name in ("local_bsz", "gpus_per_node")}
+        except (TypeError, ValueError):
+            raise ValueError(f"{path}, line {k}: a parameter or size is no number") from None
+        bad = [n for n, v in params.items() if not math.isfinite(v)] + [n for n, v in sizes.items() if v < 1]
+        if bad:
+            raise ValueError(f"{path}, line {k}: {bad[0]} must be a finite number (sizes >= 1)")
+        key = (str(values["model"]), str(values["gpu_type"]))
+        if key in out:
+            raise ValueError(f"{path}, line {k}: {key[0]} on {key[1]} is in the table twice")
+        out[key] = ScalingModel(key[0], key[1], **params, **sizes, source=str(values.get("source", MEASURED)))
+    return out

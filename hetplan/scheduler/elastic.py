@@ -154,9 +154,21 @@ def counts(shape: TypeShape, low: int, high: int) -> list[Config]:
     return [Config("", g, math.ceil(g / shape.per_node)) for g in keep]
 
 
-def configs(types: Mapping[str, TypeShape], low: int, high: int) -> list[Config]:
-    """Every configuration a job with GPU bounds [low, high] may take on the cluster's types."""
-    return [Config(t, c.gpus, c.nodes) for t, shape in sorted(types.items()) for c in counts(shape, low, high)]
+def configs(types: Mapping[str, TypeShape], low: int, high: int, part: int | None = None) -> list[Config]:
+    """Every configuration a job with GPU bounds [low, high] may take on the cluster's types. `part`: a gang of
+    fixed parts (`Job.part_gpus`, one pod per part): only whole numbers of parts, at least 2, on types whose nodes
+    hold a part, over as many nodes as its parts pack into."""
+    if part is None:
+        return [Config(t, c.gpus, c.nodes) for t, shape in sorted(types.items()) for c in counts(shape, low, high)]
+    out = []
+    for t, shape in sorted(types.items()):
+        per_node = shape.per_node // part  # parts one node holds
+        if per_node < 1:
+            continue
+        for c in counts(shape, low, high):
+            if c.gpus % part == 0 and c.gpus >= 2 * part:
+                out.append(Config(t, c.gpus, math.ceil(c.gpus // part / per_node)))
+    return out
 
 
 def allowed(job: ElasticJob, rule: ElasticRule) -> list[Config]:

@@ -367,8 +367,8 @@ class Scheduler:
         jobs = [self.jobs[entry[-1]] for entry in ranked]
         asked = []
         for job in jobs:
-            options = configs(types, job.min_gpus, job.max_gpus)
-            current = Config(job.parts[0].gpu_type, job.gpus, len(job.parts)) if job.parts else None
+            options = configs(types, job.min_gpus, job.max_gpus, job.request.part_gpus)
+            current = Config(job.parts[0].gpu_type, job.gpus, len({p.node for p in job.parts})) if job.parts else None
             if current is not None and current not in options:
                 options.append(current)
             age = 0.0 if math.isnan(job.start) else now - job.start
@@ -379,8 +379,7 @@ class Scheduler:
         choices = []
         for job in jobs:
             c = chosen[job.job_id]
-            choices.append((job.request, None) if c is None else
-                           (replace(job.request, num_gpus=c.gpus), c.gpu_type))
+            choices.append((job.request, None) if c is None else (at_count(job.request, c.gpus), c.gpu_type))
         actions, short = self.allocator.reconfigure(choices)
         self.elastic.stats.short += len(short)
         self.take(actions, now)
@@ -471,3 +470,13 @@ class Scheduler:
         if sorted(released, key=lambda a: a.job_id) != sorted(job.parts, key=lambda a: a.job_id):
             raise RuntimeError(f"{job.job_id}: the allocator released {released}, expected {job.parts}")
         self.halt(job, now)
+
+
+def at_count(job: Job, gpus: int) -> Job:
+    """`job` asked for `gpus` GPUs (an elastic round's choice); a gang of fixed parts keeps its parts' size and each
+    part's own cores and RAM (its total request scaled with its number of parts)."""
+    if job.part_gpus is None or gpus == job.num_gpus:
+        return replace(job, num_gpus=gpus)
+    parts, old = gpus // job.part_gpus, job.parts
+    return replace(job, num_gpus=gpus, cpu_m=None if job.cpu_m is None else job.cpu_m // old * parts,
+                   mem_mib=None if job.mem_mib is None else job.mem_mib // old * parts)

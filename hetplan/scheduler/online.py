@@ -5,6 +5,11 @@ in the allocator's journal before it is placed, attained service is kept with ea
 with every start and stop), so a service killed at any point resumes with the same queue in the same order. Changes
 the scheduler did not make (a pod adopted, a node removed with its jobs, a peer's room taken back) are read from the
 allocator's action log at the next call and booked (`_sync`): a stopped job waits again, an adopted one runs.
+
+With an `Elastic` (`hetplan serve --scaling-models`) the rounds are the simulator's elastic rounds: every job gets
+a GPU type and a count within its bounds (`Bounds`, journaled with its submission; a rigid job's are its request),
+jobs start only at rounds, and a count change is a `resize` action whose parts differ in number (a gang of fixed
+parts: the controller's rescale). Without one, bounds are kept but ignored (the job runs at its requested count).
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ from typing import Literal
 from hetplan.allocator.core import Allocator, NotAGang, Scaled
 from hetplan.allocator.journal import LoggedAction, TooOld
 from hetplan.allocator.spec import Allocation, Job, Reason, Rejection
+from hetplan.scheduler.elastic import Elastic
 from hetplan.scheduler.loop import Scheduler
 from hetplan.scheduler.orders import NEEDS_DURATION, Order
 from hetplan.scheduler.state import JobState
@@ -26,6 +32,15 @@ log = logging.getLogger(__name__)
 Why = Literal["no-room", "lower-priority", "gang-waiting"]
 """Why a job waits: no node has its GPUs (and floor) free; jobs ahead of it in the order take the room there is; it
 needs a gang (more GPUs than any node) and not enough GPUs of one type are free at once."""
+
+
+@dataclass(frozen=True)
+class Bounds:
+    """An elastic job's GPU bounds (all parts together) and what a change of count costs it (seconds)."""
+
+    min_gpus: int
+    max_gpus: int
+    restart_s: float = 30.0
 
 
 class Conflict(ValueError):
@@ -75,11 +90,11 @@ class OnlineScheduler:
     (else at the next round, as the simulator does)."""
 
     def __init__(self, allocator: Allocator, order: Order = "las", round_s: float = 300.0, regrow: bool = True,
-                 clock: Callable[[], float] | None = None) -> None:
+                 clock: Callable[[], float] | None = None, elastic: Elastic | None = None) -> None:
         if order in NEEDS_DURATION:
             raise ValueError(f"the service cannot order by {order!r}: it is told no durations (use fifo or las)")
         self.allocator = allocator
-        self.loop = Scheduler(allocator, order, round_s)
+        self.loop = Scheduler(allocator, order, round_s, elastic=elastic)
         self.regrow = regrow
         self.clock = clock or allocator.clock
         with allocator.lock:
@@ -89,15 +104,17 @@ class OnlineScheduler:
 
     # ------------------------------------------------------------------ the API
 
-    def submit(self, job: Job) -> Submitted:
+    def submit(self, job: Job, bounds: Bounds | None = None) -> Submitted:
         """Queue `job` and start what can start now; asking again for a known id answers its state (a 409
-        `Conflict` if the request differs)."""
+        `Conflict` if the request, or its elastic `bounds`, differ)."""
         a = self.allocator
+        if bounds is not None and bounds.min_gpus == bounds.max_gpus == job.num_gpus:
+            bounds = None  # rigid
         with a.lock:
             self._sync()
             known = self.loop.by_id.get(job.job_id)
             if known is not None and not known.parts:
-                differences = _differences(known.request, job)
+                differences = _differences(known.request, job) + _bound_differences(known, bounds)
                 if differences:
                     raise Conflict(f"job {job.job_id} waits in the queue for another request: "
                                    f"{'; '.join(differences)}")
@@ -113,7 +130,12 @@ class OnlineScheduler:
                     job.job_id, Reason.TOO_BIG, f"{job.num_gpus} GPUs: no GPU type has that many in open nodes",
                     a.hints.version, a.policy.name))
             now = self.clock()
-            state = JobState(self._next, job, now)
+            if bounds is not None and self.loop.elastic is None:
+                log.warning("job %s asks for %d-%d GPUs (elastic) but the service has no scaling models "
+                            "(--scaling-models): it runs at its requested %d", job.job_id, bounds.min_gpus,
+                            bounds.max_gpus, job.num_gpus)
+            state = JobState(self._next, job, now, bounds=None if bounds is None else
+                             (bounds.min_gpus, bounds.max_gpus), restart_s=30.0 if bounds is None else bounds.restart_s)
             self._next += 1
             a.record_jobs({job.job_id: _body(state)})
             self.loop.submit(state, now)
@@ -146,7 +168,7 @@ class OnlineScheduler:
                 return parts, False
             parts = state.parts
             self.loop.finish(job_id, now)
-            if self.regrow and self.loop.co_adaptive:
+            if self.regrow and self.loop.co_adaptive and self.loop.elastic is None:
                 nodes = list(dict.fromkeys(p.node for p in parts))
                 try:
                     self.loop.take(a.rebalance(a.jobs_on(nodes), preempt=False, move=False, nodes=nodes), now)
@@ -167,7 +189,8 @@ class OnlineScheduler:
             if state is not None and not state.parts:
                 raise NotAGang(f"job {job_id} waits in the queue: only a running gang's count can change")
             job = a.scaled_job(job_id, parts)
-            jobs = None if state is None else {job_id: {**_body(state), "job": asdict(job)}}
+            # a count set by hand pins an elastic job there (its bounds go: rounds no longer change it)
+            jobs = None if state is None else {job_id: {**_body(state), "job": asdict(job), "elastic": None}}
             scaled = a.scale(job_id, parts, jobs)
             if scaled.changed and state is not None:
                 state.advance(self.clock())  # attained at the old count up to now
@@ -331,11 +354,30 @@ def _differences(known: Job, asked: Job) -> list[str]:
             ("model", "num_gpus", "gpu_milli", "cpu_m", "mem_mib", "part_gpus") if getattr(known, name) != getattr(asked, name)]
 
 
+def _bound_differences(known: JobState, bounds: Bounds | None) -> list[str]:
+    had = _bounds(known)
+    return [] if had == bounds else [f"elastic bounds {had}, asked {bounds}"]
+
+
+def _bounds(state: JobState) -> Bounds | None:
+    """A job's elastic bounds (None: rigid, its request's count)."""
+    rigid = state.min_gpus == state.max_gpus == state.request.num_gpus
+    return None if rigid else Bounds(state.min_gpus, state.max_gpus, state.restart_s)
+
+
 def _body(state: JobState) -> dict:
-    """What the journal keeps of a submission."""
-    return {"idx": state.idx, "arrival": state.arrival, "job": asdict(state.request)}
+    """What the journal keeps of a submission (`elastic`: only an elastic job's; journals without it load rigid)."""
+    body = {"idx": state.idx, "arrival": state.arrival, "job": asdict(state.request)}
+    bounds = _bounds(state)
+    if bounds is not None:
+        body["elastic"] = asdict(bounds)
+    return body
 
 
 def _state(body: Mapping) -> JobState:
     """A submission as the journal kept it (`_body`)."""
-    return JobState(int(body["idx"]), Job(**body["job"]), float(body["arrival"]))
+    elastic = body.get("elastic")  # absent (older journals, rigid jobs) or None (pinned by `scale`)
+    bounds = None if elastic is None else Bounds(**elastic)
+    return JobState(int(body["idx"]), Job(**body["job"]), float(body["arrival"]),
+                    bounds=None if bounds is None else (bounds.min_gpus, bounds.max_gpus),
+                    restart_s=30.0 if bounds is None else bounds.restart_s)

@@ -11,6 +11,7 @@ from collections.abc import Callable
 from dataclasses import asdict
 
 from fastapi import APIRouter, HTTPException
+from fastapi.exceptions import RequestValidationError
 
 from hetplan.allocator.core import Allocator
 from hetplan.allocator.journal import LoggedAction, TooOld
@@ -21,7 +22,7 @@ from hetplan.allocator.service.bodies import (
 from hetplan.allocator.service.context import ServiceContext
 from hetplan.allocator.service.middleware import JSONRoute
 from hetplan.allocator.spec import Allocation, Job, Reason
-from hetplan.scheduler.online import Conflict, Submitted
+from hetplan.scheduler.online import Bounds, Conflict, Submitted
 
 
 def run_logged(a: Allocator, change: Callable[[], object]) -> tuple[object, list[LoggedAction]]:
@@ -35,13 +36,22 @@ def run_logged(a: Allocator, change: Callable[[], object]) -> tuple[object, list
             return result, [x for x in a.log.entries() if x.seq > before]
 
 
-def allocate_job(ctx: ServiceContext, job: Job) -> tuple[Submitted, list[ActionOut]]:
+class BadBounds(ValueError):
+    """Elastic bounds no GPU type of the cluster can host (the route answers 422, naming the field)."""
+
+
+def allocate_job(ctx: ServiceContext, job: Job, bounds: Bounds | None = None) -> tuple[Submitted, list[ActionOut]]:
     """Submit `job` to the scheduler (`OnlineScheduler.submit`): it starts now if its turn and room allow (peers
     shrunk toward their floors where that makes room), else it waits in the queue; its answer and the actions
-    this caused for other jobs."""
+    this caused for other jobs. `BadBounds` (nothing changed) for elastic `bounds` above every GPU type's GPUs."""
     a = ctx.alloc()
     with a.lock:
-        submitted, logged = run_logged(a, lambda: ctx.sched().submit(job))
+        if bounds is not None:
+            largest = max(a.cluster.gpus_by_type()[0].values(), default=0)
+            if bounds.max_gpus > largest:
+                raise BadBounds(f"max_gpus: {bounds.max_gpus} GPUs, but no GPU type has more than {largest} in "
+                                "open nodes")
+        submitted, logged = run_logged(a, lambda: ctx.sched().submit(job, bounds))
         return submitted, [action_out(x) for x in logged if x.action.job_id != job.job_id]
 
 
@@ -79,9 +89,12 @@ def router(ctx: ServiceContext) -> APIRouter:
                                     reason=Reason.TOO_BIG.value, message=str(exc))
         start = time.perf_counter()
         try:
-            submitted, actions = await ctx.durably(allocate_job, ctx, job)
+            submitted, actions = await ctx.durably(allocate_job, ctx, job, body.bounds())
         except Conflict as exc:
             raise HTTPException(409, str(exc)) from None
+        except BadBounds as exc:  # a 422 as the body's own validation answers it (`middleware.validation_error`)
+            raise RequestValidationError([{"type": "value_error", "loc": ("body", "max_gpus"),
+                                           "msg": f"Value error, {exc}"}]) from None
         version = ctx.alloc().hints.version
         if submitted.status == "allocated":
             shown = [allocation_out(p, job.job_id) for p in submitted.parts]

@@ -14,6 +14,7 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 
 from hetplan.allocator.journal import LoggedAction
+from hetplan.scheduler.online import Bounds
 from hetplan.allocator.spec import (
     JOB_ID_RULE, MAX_GPUS, MAX_NAME, MILLI_PER_GPU, NAME_RULE, Allocation, Job, Node, check_job_id, check_name,
     gpu_request,
@@ -137,11 +138,55 @@ class AllocateRequest(JobRequest):
                           "`parts`, part k as `<job_id>#k`); absent: one part, or a gang the allocator splits for "
                           "a job larger than any node")
 
+    min_gpus: whole(1, MAX_GPUS) | None = Field(
+        None, description="elastic (with `max_gpus`; needs `parts`): the fewest GPUs in all it may run on, a "
+                          "multiple of num_gpus and at least 2 parts; with `hetplan serve --scaling-models` each "
+                          "round chooses its count within the bounds (a `resize` action whose parts differ in "
+                          "number), else it runs at num_gpus x parts")
+    max_gpus: whole(1, MAX_GPUS) | None = Field(
+        None, description="elastic: the most GPUs in all it may run on (a multiple of num_gpus, at most one GPU "
+                          "type's GPUs)")
+    restart_s: number(0, 86_400) | None = Field(
+        None, description="elastic: seconds a change of its count costs it (checkpoint, restart, rendezvous); "
+                          "default 30")
+
     @model_validator(mode="after")
     def _valid_request(self) -> AllocateRequest:
         if self.parts is None:
             self.to_job()  # raises ValueError (1.5 GPUs, a share below 0.001) -> 422
+        self._valid_bounds()
         return self  # with parts: `to_job` below, in the route
+
+    def _valid_bounds(self) -> None:
+        """Elastic bounds: both or none, on a gang of fixed parts, whole parts (at least 2), around its request."""
+        if self.min_gpus is None and self.max_gpus is None:
+            if self.restart_s is not None:
+                raise ValueError("restart_s: only an elastic job (min_gpus and max_gpus) has a restart cost")
+            return
+        if self.min_gpus is None or self.max_gpus is None:
+            raise ValueError(f"{'min_gpus' if self.min_gpus is None else 'max_gpus'}: an elastic job gives both "
+                             "min_gpus and max_gpus")
+        if self.parts is None:
+            raise ValueError("min_gpus: an elastic job is a gang of fixed parts (give `parts`: a pod cannot change "
+                             "its GPU count, a job changes its number of pods)")
+        size = int(self.num_gpus)
+        if self.max_gpus < self.min_gpus:
+            raise ValueError(f"max_gpus: {self.max_gpus} is below min_gpus {self.min_gpus}")
+        for name in ("min_gpus", "max_gpus"):
+            value = getattr(self, name)
+            if size < 1 or value % size or value < 2 * size:
+                raise ValueError(f"{name}: {value} GPUs is no whole number of parts of {self.num_gpus} GPUs, at "
+                                 "least 2")
+        asked = size * int(self.parts)
+        if not self.min_gpus <= asked <= self.max_gpus:
+            raise ValueError(f"min_gpus: the job asks for {asked} GPUs ({self.parts} parts of {size}), outside "
+                             f"its bounds {self.min_gpus}-{self.max_gpus}")
+
+    def bounds(self) -> Bounds | None:
+        """Its elastic bounds (None: a rigid job)."""
+        if self.min_gpus is None or self.max_gpus is None:
+            return None
+        return Bounds(int(self.min_gpus), int(self.max_gpus), 30.0 if self.restart_s is None else float(self.restart_s))
 
     def to_job(self) -> Job:
         """The job asked for; `ValueError` for parts of a share or CPU-only, or of more than 1,024 GPUs in all

@@ -6,6 +6,7 @@ One `ServiceContext` per `create_app` call: nothing is global, so several apps (
 from __future__ import annotations
 
 import hmac
+import logging
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -16,9 +17,11 @@ from starlette.concurrency import run_in_threadpool
 from hetplan.allocator.metrics import Metrics
 from hetplan.allocator.core import Allocator
 from hetplan.allocator.service.settings import TOKEN_ENV, WRITE_TOKEN_ENV, ServiceSettings
+from hetplan.scheduler.elastic import Elastic, ElasticRule
 from hetplan.scheduler.online import OnlineScheduler
 
 T = TypeVar("T")
+log = logging.getLogger(__name__)
 
 
 class ServiceContext:
@@ -71,13 +74,30 @@ class ServiceContext:
         return self.scheduler
 
     def open(self, allocator: Allocator) -> None:
-        """Serve `allocator`, with the scheduler's queue and rounds over it (resumed from its journal)."""
+        """Serve `allocator`, with the scheduler's queue and rounds over it (resumed from its journal); elastic
+        rounds where the settings give scaling models (`elastic`)."""
         self.allocator = allocator
-        self.scheduler = OnlineScheduler(allocator, self.settings.order, round_s=self.settings.tick_seconds or 300.0,
-                                         regrow=self.settings.regrow)
+        round_s = self.settings.tick_seconds or 300.0
+        self.scheduler = OnlineScheduler(allocator, self.settings.order, round_s=round_s,
+                                         regrow=self.settings.regrow, elastic=elastic(self.settings, allocator, round_s))
+
+
 
     async def durably(self, fn: Callable[..., T], *args: Any) -> T:
         """Run a state change in a worker thread, whatever SQLite's synchronous mode: it takes the allocator's lock,
         which a rebalance, a node sync or a `GET /v1/nodes` copy may hold, and may fsync (FULL) or checkpoint the WAL
         (NORMAL); on the event loop any of these would make every other request wait."""
         return await run_in_threadpool(fn, *args)
+
+
+def elastic(settings: ServiceSettings, allocator: Allocator, round_s: float) -> Elastic | None:
+    """The elastic rounds' belief and rule from `settings.scaling_models` (None without: rounds as before).
+    `ValueError` in one line naming the file for a table that cannot be read."""
+    if settings.scaling_models is None:
+        return None
+    from hetplan.scaling import load_models
+    from hetplan.scheduler.belief import HintedRates
+
+    models = load_models(settings.scaling_models)
+    log.info("elastic rounds: %d scaling models from %s", len(models), settings.scaling_models)
+    return Elastic(HintedRates(models, lambda: allocator.hints), ElasticRule(round_s=round_s))

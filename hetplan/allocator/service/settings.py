@@ -37,6 +37,7 @@ class ServiceSettings(BaseModel):
     order: Literal["las", "fifo"] = "las"  # the queue's order (`hetplan.scheduler.orders`)
     regrow: bool = True  # after a release the freed nodes' jobs grow at once (False: at the next round, as simulated)
     action_log: int = Field(10_000, ge=1)  # actions kept for GET /v1/actions
+    scaling_models: Path | None = None  # `hetplan fit --scaling`'s table: rounds choose elastic jobs' counts
 
     @model_validator(mode="after")
     def _known_policy(self) -> ServiceSettings:

@@ -12,8 +12,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from hetplan.allocator.actions import Target
-from hetplan.allocator.spec import Job
+from dataclasses import replace
+
+from hetplan.allocator.actions import GANG_SEP, Target
+from hetplan.allocator.spec import Allocation, Job
 from hetplan.allocator.step import gangs, place
 from hetplan.allocator.step.resize import grow_touched
 from hetplan.allocator.step.state import StepState
@@ -32,6 +34,9 @@ def reconfigure(s: StepState, choices: Sequence[Choice]) -> tuple[Target, list[s
                 and sum(a.gpus for a in before) == job.num_gpus:
             s.set_placed(job.job_id, before)
             continue
+        if before and gpu_type == before[0].gpu_type and job.part_gpus is not None \
+                and before[0].part_gpus == job.part_gpus and s.guarded(f"rescaling job {job.job_id}", _rescale, s, job):
+            continue  # a gang of fixed parts: the controller's rescale (its kept pods stay)
         if before:
             s.release(job.job_id)
         if gpu_type is not None:
@@ -47,9 +52,34 @@ def reconfigure(s: StepState, choices: Sequence[Choice]) -> tuple[Target, list[s
     return dict(s.placed), short
 
 
+def _rescale(s: StepState, job: Job) -> bool:
+    """A running gang of fixed parts to `job.parts` parts on its own GPU type, as `Allocator.scale` does it: parts
+    0..k-1 kept where and as they are, the highest-numbered dropped, new ones placed as `gangs.grow_fixed_gang`
+    places them; False (nothing changed) where they do not fit."""
+    before = sorted(s.current[job.job_id], key=_part)
+    kept = tuple(replace(a, request_cpu_m=job.cpu_m, request_mem_mib=job.mem_mib) for a in before[:job.parts])
+    mark = s.mark()
+    s.release(job.job_id)
+    s.commit(job, kept)
+    if job.parts > len(before):
+        if not gangs.grow_fixed_gang(s, job, before[0].gpu_type, len(before)):
+            s.undo_to(mark)
+            return False
+        ids = {a.job_id for a in kept}
+        added = sorted((a for a in s.placed[job.job_id] if a.job_id not in ids), key=_part)
+        s.set_placed(job.job_id, kept + tuple(added))
+    return True
+
+
+def _part(a: Allocation) -> int:
+    return int(a.job_id.rpartition(GANG_SEP)[2])
+
+
 def _place(s: StepState, job: Job, gpu_type: str) -> bool:
     if s.type_gpus.get(gpu_type, 0) < job.num_gpus:
         return False
+    if job.part_gpus is not None:  # a gang of fixed parts (one pod per part) stays one
+        return gangs.place_fixed_gang(s, job, gpu_type)
     if job.num_gpus > s.type_largest[gpu_type]:
         return gangs.place_gang(s, job, gpu_type)
     return place.place_single(s, job, s.view(job), gpu_type)
