@@ -35,14 +35,26 @@ def run_logged(a: Allocator, change: Callable[[], object]) -> tuple[object, list
             return result, [x for x in a.log.entries() if x.seq > before]
 
 
+BUSY_WAIT_S = 0.02
+"""How long a submission waits for the allocator's lock before it is parked (`OnlineScheduler.park`) instead."""
+
+
 def allocate_job(ctx: ServiceContext, job: Job) -> tuple[Submitted, list[ActionOut]]:
     """Submit `job` to the scheduler (`OnlineScheduler.submit`): it starts now if its turn and room allow (peers
     shrunk toward their floors where that makes room), else it waits in the queue; its answer and the actions
-    this caused for other jobs."""
-    a = ctx.alloc()
-    with a.lock:
-        submitted, logged = run_logged(a, lambda: ctx.sched().submit(job))
+    this caused for other jobs. While a round (or another long change) holds the lock, a new job is parked in the
+    scheduler's inbox and answered `queued` (why `busy`) at once: no submission waits for a round."""
+    a, sched = ctx.alloc(), ctx.sched()
+    if not a.lock.acquire(timeout=BUSY_WAIT_S):
+        parked = sched.park(job)
+        if parked is not None:
+            return parked, []
+        a.lock.acquire()
+    try:
+        submitted, logged = run_logged(a, lambda: sched.submit(job))
         return submitted, [action_out(x) for x in logged if x.action.job_id != job.job_id]
+    finally:
+        a.lock.release()
 
 
 def release_job(ctx: ServiceContext, job_id: str) -> tuple[tuple[Allocation, ...], bool, list[ActionOut]]:

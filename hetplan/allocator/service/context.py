@@ -16,6 +16,8 @@ from starlette.concurrency import run_in_threadpool
 from hetplan.allocator.metrics import Metrics
 from hetplan.allocator.core import Allocator
 from hetplan.allocator.service.settings import TOKEN_ENV, WRITE_TOKEN_ENV, ServiceSettings
+from hetplan.allocator.durable import SqliteJournal
+from hetplan.scheduler.inbox import Inbox, inbox_path
 from hetplan.scheduler.online import OnlineScheduler
 
 T = TypeVar("T")
@@ -29,6 +31,7 @@ class ServiceContext:
         self.metrics = Metrics()
         self.allocator: Allocator | None = None
         self.scheduler: OnlineScheduler | None = None  # the queue and the rounds over `allocator`
+        self.inbox: Inbox | None = None  # submissions parked while the allocator's lock was busy
         self.node_sync: Any = None  # the Kubernetes node sync while one runs (`k8s.nodes.NodeSync`): its room
         bearer = HTTPBearer(auto_error=False, description="The admin token (`hetplan serve --token`).")
 
@@ -71,10 +74,20 @@ class ServiceContext:
         return self.scheduler
 
     def open(self, allocator: Allocator) -> None:
-        """Serve `allocator`, with the scheduler's queue and rounds over it (resumed from its journal)."""
+        """Serve `allocator`, with the scheduler's queue and rounds over it (resumed from its journal). An allocator
+        kept in SQLite gets the scheduler's inbox beside its database (`hetplan.scheduler.inbox`)."""
         self.allocator = allocator
+        journal = allocator.journal
+        self.inbox = (Inbox(inbox_path(journal.path), journal.synchronous) if isinstance(journal, SqliteJournal)
+                      else None)
         self.scheduler = OnlineScheduler(allocator, self.settings.order, round_s=self.settings.tick_seconds or 300.0,
-                                         regrow=self.settings.regrow)
+                                         regrow=self.settings.regrow, inbox=self.inbox)
+
+    def close(self) -> None:
+        """Close what `open` opened besides the allocator (its inbox)."""
+        if self.inbox is not None:
+            self.inbox.close()
+            self.inbox = None
 
     async def durably(self, fn: Callable[..., T], *args: Any) -> T:
         """Run a state change in a worker thread, whatever SQLite's synchronous mode: it takes the allocator's lock,
