@@ -23,15 +23,17 @@ from hetplan.allocator.core import Allocator, NotAGang, Scaled
 from hetplan.allocator.journal import LoggedAction, TooOld
 from hetplan.allocator.spec import Allocation, Job, Reason, Rejection
 from hetplan.scheduler.elastic import Elastic
+from hetplan.scheduler.inbox import Inbox
 from hetplan.scheduler.loop import Scheduler
 from hetplan.scheduler.orders import NEEDS_DURATION, Order
 from hetplan.scheduler.state import JobState
 
 log = logging.getLogger(__name__)
 
-Why = Literal["no-room", "lower-priority", "gang-waiting"]
+Why = Literal["no-room", "lower-priority", "gang-waiting", "busy"]
 """Why a job waits: no node has its GPUs (and floor) free; jobs ahead of it in the order take the room there is; it
-needs a gang (more GPUs than any node) and not enough GPUs of one type are free at once."""
+needs a gang (more GPUs than any node) and not enough GPUs of one type are free at once; or the scheduler was busy
+(a round) when it came: it is recorded (`hetplan.scheduler.inbox`) and takes its place when the round ends."""
 
 
 @dataclass(frozen=True)
@@ -68,7 +70,9 @@ class Submitted:
         return {"no-room": "no node has its GPUs with its floor of cores and RAM free",
                 "lower-priority": "jobs ahead of it in the order take the room there is",
                 "gang-waiting": "it needs more GPUs than any node has, or is of several parts: it waits for enough "
-                                "of one GPU type"}[self.why]
+                                "of one GPU type",
+                "busy": "a scheduling round was running: the job is recorded and takes its place in the queue when "
+                        "the round ends"}[self.why]
 
 
 @dataclass(frozen=True)
@@ -90,71 +94,98 @@ class OnlineScheduler:
     (else at the next round, as the simulator does)."""
 
     def __init__(self, allocator: Allocator, order: Order = "las", round_s: float = 300.0, regrow: bool = True,
-                 clock: Callable[[], float] | None = None, elastic: Elastic | None = None) -> None:
+                 clock: Callable[[], float] | None = None, elastic: Elastic | None = None,
+                 inbox: Inbox | None = None) -> None:
         if order in NEEDS_DURATION:
             raise ValueError(f"the service cannot order by {order!r}: it is told no durations (use fifo or las)")
         self.allocator = allocator
         self.loop = Scheduler(allocator, order, round_s, elastic=elastic)
         self.regrow = regrow
         self.clock = clock or allocator.clock
+        self.inbox = inbox
+        self._draining = False
+        self._largest = 0  # GPUs of the largest GPU type, as of the last look under the lock (`park` reads it)
         with allocator.lock:
             self._next = 0
             self._seen = allocator.log.latest
             self._resume()
+            self._enter()
 
     # ------------------------------------------------------------------ the API
 
     def submit(self, job: Job, bounds: Bounds | None = None) -> Submitted:
         """Queue `job` and start what can start now; asking again for a known id answers its state (a 409
         `Conflict` if the request, or its elastic `bounds`, differ)."""
+        with self.allocator.lock:
+            self._enter()
+            return self._submit(job, self.clock(), bounds)
+
+    def park(self, job: Job, bounds: Bounds | None = None) -> Submitted | None:
+        """Without the allocator's lock (the caller could not take it in time): record `job` in the inbox and
+        answer `queued` (why `busy`); None where the inbox cannot take it (no inbox, a share or CPU-only job, a
+        known job id, more GPUs than any type has, or elastic `bounds`, which are checked against the cluster
+        under the lock): the caller then waits for the lock and `submit`s."""
+        if (self.inbox is None or bounds is not None or not job.whole or job.num_gpus > self._largest
+                or job.job_id in self.loop.by_id):
+            return None
+        parked = self.inbox.put(job, self.clock())
+        differences = _differences(parked.job, job)
+        if differences:
+            raise Conflict(f"job {job.job_id} waits to be queued for another request: {'; '.join(differences)}")
+        if parked.rejected is not None:
+            a = self.allocator
+            return Submitted("rejected", job.job_id, rejection=Rejection(
+                job.job_id, Reason.TOO_BIG, parked.rejected, a.hints.version, a.policy.name))
+        return Submitted("queued", job.job_id, why="busy")
+
+    def _submit(self, job: Job, arrival: float, bounds: Bounds | None = None) -> Submitted:
+        """`submit` under the lock, of a job that came at `arrival` (now, or when it was parked)."""
         a = self.allocator
         if bounds is not None and bounds.min_gpus == bounds.max_gpus == job.num_gpus:
             bounds = None  # rigid
-        with a.lock:
+        known = self.loop.by_id.get(job.job_id)
+        if known is not None and not known.parts:
+            differences = _differences(known.request, job) + _bound_differences(known, bounds)
+            if differences:
+                raise Conflict(f"job {job.job_id} waits in the queue for another request: "
+                               f"{'; '.join(differences)}")
+            return self._answer(known, replayed=True)
+        held = bool(a.running([job.job_id]))
+        if not job.whole or held:  # shares and CPU-only jobs are placed, never queued
+            decision = a.allocate(job)
             self._sync()
-            known = self.loop.by_id.get(job.job_id)
-            if known is not None and not known.parts:
-                differences = _differences(known.request, job) + _bound_differences(known, bounds)
-                if differences:
-                    raise Conflict(f"job {job.job_id} waits in the queue for another request: "
-                                   f"{'; '.join(differences)}")
-                return self._answer(known, replayed=True)
-            held = bool(a.running([job.job_id]))
-            if not job.whole or held:  # shares and CPU-only jobs are placed, never queued
-                decision = a.allocate(job)
-                self._sync()
-                return self._placed(job, decision, replayed=held)
-            largest_type = max(a.cluster.gpus_by_type()[0].values(), default=0)
-            if job.num_gpus > largest_type:
-                return Submitted("rejected", job.job_id, rejection=Rejection(
-                    job.job_id, Reason.TOO_BIG, f"{job.num_gpus} GPUs: no GPU type has that many in open nodes",
-                    a.hints.version, a.policy.name))
-            now = self.clock()
-            if bounds is not None and self.loop.elastic is None:
-                log.warning("job %s asks for %d-%d GPUs (elastic) but the service has no scaling models "
-                            "(--scaling-models): it runs at its requested %d", job.job_id, bounds.min_gpus,
-                            bounds.max_gpus, job.num_gpus)
-            state = JobState(self._next, job, now, bounds=None if bounds is None else
-                             (bounds.min_gpus, bounds.max_gpus), restart_s=30.0 if bounds is None else bounds.restart_s)
-            self._next += 1
-            a.record_jobs({job.job_id: _body(state)})
-            self.loop.submit(state, now)
-            self.loop.fill(now)
-            self._seen = a.log.latest
-            if not state.parts:
-                never = self.loop.guarded(state, "judging", self._never, job)  # a fault: it waits, logged
-                if never is not None:  # no node of any type could ever hold its floor: refused, not queued
-                    self.loop.forget(job.job_id)
-                    a.record_jobs({job.job_id: None})
-                    return Submitted("rejected", job.job_id, rejection=never)
-            return self._answer(state)
+            return self._placed(job, decision, replayed=held)
+        largest_type = max(a.cluster.gpus_by_type()[0].values(), default=0)
+        if job.num_gpus > largest_type:
+            return Submitted("rejected", job.job_id, rejection=Rejection(
+                job.job_id, Reason.TOO_BIG, f"{job.num_gpus} GPUs: no GPU type has that many in open nodes",
+                a.hints.version, a.policy.name))
+        if bounds is not None and self.loop.elastic is None:
+            log.warning("job %s asks for %d-%d GPUs (elastic) but the service has no scaling models "
+                        "(--scaling-models): it runs at its requested %d", job.job_id, bounds.min_gpus,
+                        bounds.max_gpus, job.num_gpus)
+        state = JobState(self._next, job, arrival, bounds=None if bounds is None else
+                         (bounds.min_gpus, bounds.max_gpus), restart_s=30.0 if bounds is None else bounds.restart_s)
+        self._next += 1
+        a.record_jobs({job.job_id: _body(state)})
+        now = self.clock()
+        self.loop.submit(state, now)
+        self.loop.fill(now)
+        self._seen = a.log.latest
+        if not state.parts:
+            never = self.loop.guarded(state, "judging", self._never, job)  # a fault: it waits, logged
+            if never is not None:  # no node of any type could ever hold its floor: refused, not queued
+                self.loop.forget(job.job_id)
+                a.record_jobs({job.job_id: None})
+                return Submitted("rejected", job.job_id, rejection=never)
+        return self._answer(state)
 
     def release(self, job_id: str) -> tuple[tuple[Allocation, ...], bool]:
         """A job is done or gone: its resources go back (what it freed is given to the queue at once), or it leaves
         the queue. Returns (the parts it held, whether it was dequeued)."""
         a = self.allocator
         with a.lock:
-            self._sync()
+            self._enter()
             now = self.clock()
             state = self.loop.by_id.get(job_id)
             if state is not None and state.idx in self.loop.queue:
@@ -184,7 +215,7 @@ class OnlineScheduler:
         its new count. Errors as `Allocator.scaled_job`; `NotAGang` also for a job that waits in the queue."""
         a = self.allocator
         with a.lock:
-            self._sync()
+            self._enter()
             state = self.loop.by_id.get(job_id)
             if state is not None and not state.parts:
                 raise NotAGang(f"job {job_id} waits in the queue: only a running gang's count can change")
@@ -208,7 +239,7 @@ class OnlineScheduler:
         changed since the last one."""
         a = self.allocator
         with a.lock:
-            self._sync()
+            self._enter()
             if self.loop.wants_round():
                 self.loop.round(self.clock())
             self._seen = a.log.latest
@@ -216,13 +247,14 @@ class OnlineScheduler:
     def queue(self) -> list[Waiting]:
         """The waiting jobs in the order they would start."""
         with self.allocator.lock:
-            self._sync()
+            self._enter()
             room: dict[int, bool] = {}  # GPUs -> some node has them free (asked once per size, not once per job)
             return [self._waiting(self.loop.jobs[entry[-1]], k, room)
                     for k, entry in enumerate(self.loop.queue.entries, 1)]
 
     def state(self, job_id: str) -> JobState | None:
         with self.allocator.lock:
+            self._enter()
             return self.loop.by_id.get(job_id)
 
     # ------------------------------------------------------------------ answers
@@ -294,6 +326,33 @@ class OnlineScheduler:
         self._next += 1
         self.allocator.record_jobs({job_id: _body(state)})
         self.loop.resume(state, parts, now)
+
+    def _enter(self) -> None:
+        """What every call does first under the lock: book others' changes (`_sync`), then take over the
+        submissions parked while the lock was busy (`_drain`)."""
+        self._sync()
+        self._drain()
+        self._largest = max(self.allocator.cluster.gpus_by_type()[0].values(), default=0)
+
+    def _drain(self) -> None:
+        """Submit what waits in the inbox, first come first, each at the time it came; a refused one stays there
+        with why (`Inbox.handed_over`). A fault on one is logged and refuses it, never the others."""
+        if self.inbox is None or self._draining:
+            return
+        self._draining = True
+        try:
+            for parked in self.inbox.pending():
+                try:
+                    got = self._submit(parked.job, parked.arrival)
+                    refused = got.rejection.message if got.rejection is not None else None
+                except Conflict as exc:  # the id was submitted again, for another request, before this came in
+                    refused = str(exc)
+                except Exception as exc:  # noqa: BLE001 - a fault barrier: one submission, never the others
+                    log.exception("submission %s parked while busy could not be queued", parked.job.job_id)
+                    refused = f"hetplan could not queue it: {type(exc).__name__}: {exc}"
+                self.inbox.handed_over(parked.seq, refused)
+        finally:
+            self._draining = False
 
     def _sync(self) -> None:
         """Book the changes others made since the scheduler last looked (the module docstring)."""

@@ -60,8 +60,11 @@ def create_app(settings: ServiceSettings | None = None, allocator: Allocator | N
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         if allocator is not None:
             ctx.open(allocator)
-            with _node_sync(settings, allocator, ctx):
-                yield
+            try:
+                with _node_sync(settings, allocator, ctx):
+                    yield
+            finally:
+                ctx.close()
             return
         store = HintStore(settings.store if settings.store is not None else default_store_root())
         source = StoreHints(store, poll_seconds=settings.hint_poll_seconds)
@@ -83,6 +86,7 @@ def create_app(settings: ServiceSettings | None = None, allocator: Allocator | N
         finally:
             if ticker is not None:
                 ticker.cancel()
+            ctx.close()
             opened.close()
 
     async def _tick_forever() -> None:

@@ -40,19 +40,33 @@ class BadBounds(ValueError):
     """Elastic bounds no GPU type of the cluster can host (the route answers 422, naming the field)."""
 
 
+BUSY_WAIT_S = 0.02
+"""How long a submission waits for the allocator's lock before it is parked (`OnlineScheduler.park`) instead."""
+
+
 def allocate_job(ctx: ServiceContext, job: Job, bounds: Bounds | None = None) -> tuple[Submitted, list[ActionOut]]:
     """Submit `job` to the scheduler (`OnlineScheduler.submit`): it starts now if its turn and room allow (peers
     shrunk toward their floors where that makes room), else it waits in the queue; its answer and the actions
-    this caused for other jobs. `BadBounds` (nothing changed) for elastic `bounds` above every GPU type's GPUs."""
-    a = ctx.alloc()
-    with a.lock:
+    this caused for other jobs. While a round (or another long change) holds the lock, a new job is parked in the
+    scheduler's inbox and answered `queued` (why `busy`) at once: no submission waits for a round (an elastic one
+    does: its bounds are checked against the cluster). `BadBounds` (nothing changed) for elastic `bounds` above
+    every GPU type's GPUs."""
+    a, sched = ctx.alloc(), ctx.sched()
+    if not a.lock.acquire(timeout=BUSY_WAIT_S):
+        parked = sched.park(job, bounds)
+        if parked is not None:
+            return parked, []
+        a.lock.acquire()
+    try:
         if bounds is not None:
             largest = max(a.cluster.gpus_by_type()[0].values(), default=0)
             if bounds.max_gpus > largest:
                 raise BadBounds(f"max_gpus: {bounds.max_gpus} GPUs, but no GPU type has more than {largest} in "
                                 "open nodes")
-        submitted, logged = run_logged(a, lambda: ctx.sched().submit(job, bounds))
+        submitted, logged = run_logged(a, lambda: sched.submit(job, bounds))
         return submitted, [action_out(x) for x in logged if x.action.job_id != job.job_id]
+    finally:
+        a.lock.release()
 
 
 def release_job(ctx: ServiceContext, job_id: str) -> tuple[tuple[Allocation, ...], bool, list[ActionOut]]:

@@ -258,9 +258,11 @@ class AllocateResponse(BaseModel):
     allocation: AllocationOut | None = None
     replayed: bool = Field(False, description="true when the job id was known already (idempotent retry)")
     position: int | None = Field(None, description="queued: its place in the queue's order, 1 first")
-    why: Literal["no-room", "lower-priority", "gang-waiting"] | None = Field(
+    why: Literal["no-room", "lower-priority", "gang-waiting", "busy"] | None = Field(
         None, description="queued: no node has its GPUs and floor free; jobs ahead of it take the room there is; "
-                          "it needs more GPUs than any node (a gang) and waits for enough of one type")
+                          "it needs more GPUs than any node (a gang) and waits for enough of one type; `busy`: a "
+                          "scheduling round was running, the job is recorded and takes its place when it ends (no "
+                          "`position` yet: `GET /v1/queue` has it)")
     reason: str | None = None
     message: str | None = None
     parts: list[AllocationOut] = Field([], description="every part of the allocation: one for a job on one node, "

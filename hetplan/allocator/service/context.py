@@ -17,7 +17,9 @@ from starlette.concurrency import run_in_threadpool
 from hetplan.allocator.metrics import Metrics
 from hetplan.allocator.core import Allocator
 from hetplan.allocator.service.settings import TOKEN_ENV, WRITE_TOKEN_ENV, ServiceSettings
+from hetplan.allocator.durable import SqliteJournal
 from hetplan.scheduler.elastic import Elastic, ElasticRule
+from hetplan.scheduler.inbox import Inbox, inbox_path
 from hetplan.scheduler.online import OnlineScheduler
 
 T = TypeVar("T")
@@ -32,6 +34,7 @@ class ServiceContext:
         self.metrics = Metrics()
         self.allocator: Allocator | None = None
         self.scheduler: OnlineScheduler | None = None  # the queue and the rounds over `allocator`
+        self.inbox: Inbox | None = None  # submissions parked while the allocator's lock was busy
         self.node_sync: Any = None  # the Kubernetes node sync while one runs (`k8s.nodes.NodeSync`): its room
         bearer = HTTPBearer(auto_error=False, description="The admin token (`hetplan serve --token`).")
 
@@ -75,13 +78,22 @@ class ServiceContext:
 
     def open(self, allocator: Allocator) -> None:
         """Serve `allocator`, with the scheduler's queue and rounds over it (resumed from its journal); elastic
-        rounds where the settings give scaling models (`elastic`)."""
+        rounds where the settings give scaling models (`elastic`). An allocator kept in SQLite gets the scheduler's
+        inbox beside its database (`hetplan.scheduler.inbox`)."""
         self.allocator = allocator
         round_s = self.settings.tick_seconds or 300.0
+        journal = allocator.journal
+        self.inbox = (Inbox(inbox_path(journal.path), journal.synchronous) if isinstance(journal, SqliteJournal)
+                      else None)
         self.scheduler = OnlineScheduler(allocator, self.settings.order, round_s=round_s,
-                                         regrow=self.settings.regrow, elastic=elastic(self.settings, allocator, round_s))
+                                         regrow=self.settings.regrow, elastic=elastic(self.settings, allocator, round_s),
+                                         inbox=self.inbox)
 
-
+    def close(self) -> None:
+        """Close what `open` opened besides the allocator (its inbox)."""
+        if self.inbox is not None:
+            self.inbox.close()
+            self.inbox = None
 
     async def durably(self, fn: Callable[..., T], *args: Any) -> T:
         """Run a state change in a worker thread, whatever SQLite's synchronous mode: it takes the allocator's lock,
