@@ -250,3 +250,26 @@ def test_the_old_generation_pause_nests_and_gives_the_thresholds_back():
             assert gc.get_threshold()[:2] == before[:2] and gc.get_threshold()[2] > 10**6
         assert gc.get_threshold()[2] > 10**6  # one large body still in flight
     assert gc.get_threshold() == before
+
+
+def test_a_liveness_probe_during_a_round_answers_with_the_last_state_unless_it_is_stale(served, monkeypatch):
+    """`/healthz` and `/metrics` wait `LOOK_S` for the allocator's lock (held here, as a round holds it), then answer
+    with what they read last; once that is older than `STALE_S` they wait for the lock (a stuck lock fails the
+    probe, so the kubelet restarts the service)."""
+    from hetplan.allocator.service import ops
+
+    url, alloc = served
+    fresh = httpx.get(f"{url}/healthz").json()
+    assert httpx.get(f"{url}/metrics").status_code == 200
+    alloc.lock.acquire()
+    try:
+        assert answered_meanwhile(url, "GET", "/healthz").json() == fresh
+        assert answered_meanwhile(url, "GET", "/metrics").status_code == 200
+        monkeypatch.setattr(ops, "STALE_S", 0.0)
+        pool, pending = in_background(lambda: httpx.get(f"{url}/healthz", timeout=HELD_S + 5))
+        time.sleep(0.3)
+        assert not pending.done()  # stale: it waits for the lock
+    finally:
+        alloc.lock.release()
+    assert pending.result(timeout=HELD_S).status_code == 200
+    pool.shutdown()
