@@ -28,6 +28,7 @@ from allocator_helpers import make_plan
 from hetplan.allocator import Job
 from hetplan.allocator.actions import Action
 from hetplan.allocator.k8s import pods
+from hetplan.allocator.k8s.controller import CHANGES
 from hetplan.hints import HintStore
 from k8s_rig import CONTROLLER, SERVE, Rig, healthy, hints_csv
 from standin_apiserver import ApiError, eventually, json_patch, k8s_node, k8s_pod, pod_requests
@@ -106,7 +107,7 @@ class GateWatch:
         for u in self.seen:
             if u.service == u.pod:
                 continue
-            mine = [a for a in history if a["job_id"] == u.job]
+            mine = [a for a in history if a["job_id"] == u.job and a["kind"] in CHANGES]  # notes change nothing
             held = [None if a["kind"] == "stop" else pods.Target.of(a["after"][0]) for a in mine]
             window = [h for a, h in zip(mine, held) if u.at - RACE_S < a["at"] <= u.at]
             before = [h for a, h in zip(mine, held) if a["at"] <= u.at - RACE_S][-1:]
