@@ -1,4 +1,5 @@
-"""Test helper: `hetplan serve` in a subprocess on 127.0.0.1, started by a test and stopped by its PID."""
+"""Test helpers: `hetplan serve` in a subprocess on 127.0.0.1, started by a test and stopped by its PID; an app
+served in process (`on_loopback`)."""
 
 from __future__ import annotations
 
@@ -7,8 +8,12 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -63,3 +68,22 @@ class Server:
                 self.proc.wait(timeout=15)
         self.proc = None
         self.log.close()
+
+
+@contextmanager
+def on_loopback(app: Any, wait: float = 30.0) -> Iterator[str]:
+    """Serve an ASGI `app` with a real uvicorn on 127.0.0.1 in a thread of this process while the block runs; its
+    base URL."""
+    import uvicorn
+
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=free_port(), log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + wait
+    while not server.started and time.monotonic() < deadline:
+        time.sleep(0.02)
+    try:
+        yield f"http://127.0.0.1:{server.config.port}"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=15)

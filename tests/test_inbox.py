@@ -14,7 +14,6 @@ from collections.abc import Iterator
 
 import httpx
 import pytest
-import uvicorn
 
 from hetplan.allocator import Node
 from hetplan.allocator.core import NodeChanges
@@ -23,7 +22,7 @@ from hetplan.allocator.service import ServiceSettings, create_app
 from hetplan.allocator.spec import Job
 from hetplan.scheduler.inbox import Inbox, inbox_path
 from hetplan.scheduler.online import Conflict, OnlineScheduler
-from servers import TOKEN, free_port
+from servers import TOKEN, on_loopback
 
 ANSWER_S = 5.0
 """How long a parked submission's answer may take: generous, since the tests assert on order, not on time."""
@@ -48,17 +47,10 @@ def _durable(db, clock: Clock | None = None, gpus: int = 4) -> DurableAllocator:
 def served(tmp_path) -> Iterator[tuple[str, DurableAllocator]]:
     alloc = _durable(tmp_path / "a.db")
     app = create_app(ServiceSettings(token=TOKEN, tick_seconds=0, order="fifo"), allocator=alloc)
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=free_port(), log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started and time.monotonic() < deadline:
-        time.sleep(0.02)
     try:
-        yield f"http://127.0.0.1:{server.config.port}", alloc
+        with on_loopback(app) as url:
+            yield url, alloc
     finally:
-        server.should_exit = True
-        thread.join(timeout=15)
         alloc.close()
 
 

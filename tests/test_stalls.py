@@ -21,13 +21,12 @@ from typing import Any
 import httpx
 import pydantic_core
 import pytest
-import uvicorn
 
 from allocator_helpers import T4, hint_set, v100
 from hetplan.allocator.core import Allocator
 from hetplan.allocator.service import ServiceSettings, create_app
 from hetplan.allocator.service import middleware, nodes
-from servers import TOKEN, free_port
+from servers import TOKEN, on_loopback
 
 POD = {"metadata": {"name": "p", "labels": {"hetplan.io/model": "res50"}},
        "spec": {"containers": [{"name": "c", "resources": {"requests": {"nvidia.com/gpu": "1", "cpu": "4"}}}]}}
@@ -41,19 +40,8 @@ ANSWER_S = 5.0
 def served() -> Iterator[tuple[str, Allocator]]:
     alloc = Allocator([v100("v1"), v100("v2"), T4], "hint", hint_set())
     assert alloc.synchronous == "OFF"
-    app = create_app(ServiceSettings(token=TOKEN, tick_seconds=0), allocator=alloc)
-    port = free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started and time.monotonic() < deadline:
-        time.sleep(0.02)
-    try:
-        yield f"http://127.0.0.1:{port}", alloc
-    finally:
-        server.should_exit = True
-        thread.join(timeout=15)
+    with on_loopback(create_app(ServiceSettings(token=TOKEN, tick_seconds=0), allocator=alloc)) as url:
+        yield url, alloc
 
 
 def in_background(fn: Callable[[], Any]) -> tuple[ThreadPoolExecutor, Future]:
