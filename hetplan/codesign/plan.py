@@ -157,7 +157,8 @@ def plan_workload(problem: PlanningProblem, workload: Workload, *, objective: Wo
     engine = engine or ProcessPool(workers)
     with held_open(engine, warm=True):  # a pool's workers get ready while the MILP proposes; they serve every run
         listed = shortlist_for(problem, workload, objective=objective, max_avg_jct=max_avg_jct, scheduler=scheduler,
-                               round_s=round_s, elastic=elastic, solver=solver, time_limit=time_limit, prune_load=prune_load,
+                               round_s=round_s, elastic=elastic, solver=solver, time_limit=time_limit,
+                               prune_load=prune_load,
                                progress=progress, screen=screen, screen_jobs=screen_jobs, replay_jobs=replay_jobs,
                                engine=engine)
         summaries = engine.summaries(listed.runs, listed.pending, progress)

@@ -187,8 +187,9 @@ def evaluate(trace: pd.DataFrame, problem_inputs: ProblemInputs, truth: TruthCur
         runs = SetupRuns(points, replayed, list(setups_by_load.values()), tuple(schedulers),
                          elastic.truth if elastic else truth, round_s, stability or Stability(),
                          elastic.rule if elastic else None)
-        small = sum(len(jobs) * len(setups) for jobs, setups in zip(replayed, runs.setups)) * len(schedulers) \
-            * runs.modes < PARALLEL_FROM_JOBS and not (isinstance(engine, ProcessPool) and engine.started)  # the plans' workers
+        replays = sum(len(jobs) * len(setups) for jobs, setups in zip(replayed, runs.setups)) * len(schedulers)
+        small = replays * runs.modes < PARALLEL_FROM_JOBS \
+            and not (isinstance(engine, ProcessPool) and engine.started)  # the plans' workers
         results = (Serial() if small else engine).summaries(runs, runs.every(), progress)
         rows, job_frames, timelines = [], [], []
         for run in runs.every():
@@ -354,7 +355,8 @@ def _with_elastic(runs: SetupRuns, results: dict, summary: pd.DataFrame, jobs: p
         timelines.append(got["timeline"].assign(**key, counts=ELASTIC))
         ratio, common = _common_ratio(base["jobs"], got["jobs"])
         extra.append({"truth": label, **base["restarts"],
-                      "elastic_avg_jct_h": got["summary"]["avg_jct_h"], "elastic_p95_jct_h": got["summary"]["p95_jct_h"],
+                      "elastic_avg_jct_h": got["summary"]["avg_jct_h"],
+                      "elastic_p95_jct_h": got["summary"]["p95_jct_h"],
                       "elastic_completed": got["summary"]["completed"],
                       "elastic_restarts_per_job": got["restarts"]["restarts_per_job"],
                       "elastic_restart_waste_share": got["restarts"]["restart_waste_share"],

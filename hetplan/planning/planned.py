@@ -218,7 +218,8 @@ def _held_back(problem: PlanningProblem, request: PlanRequest, objective: Object
         return "the held-back check could not plan on the first part: " + "; ".join(p.message for p in exc.problems)
     also = [c for c in (planned.candidate(planned.winner), planned.candidate(f"{STATUS_QUO} + hints")) if c]
     return held_back_check(first_plan, checked, set(rest["job_id"].astype(str)),
-                           SimConfig(request.scheduler, request.round_s, elastic=request.elastic), request.engine, request.progress, also,
+                           SimConfig(request.scheduler, request.round_s, elastic=request.elastic), request.engine,
+                           request.progress, also,
                            mix_shift(first, rest))
 
 
