@@ -107,7 +107,7 @@ class EvaluationResult:
     warnings: list[str] = field(default_factory=list)
 
 
-def evaluate(trace: pd.DataFrame, problem_inputs: ProblemInputs, truth: TruthCurves, *,
+def evaluate(trace: pd.DataFrame, problem_inputs: ProblemInputs, truth: TruthCurves | None, *,
              plan_trace: pd.DataFrame | None = None, objective: Objective | str = Objective.jct,
              rhos: Sequence[float] = (),
              loads: Sequence[float] = (), schedulers: Sequence[str] = ("las",), unknown_model: str = MIX,
