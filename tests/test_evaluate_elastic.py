@@ -2,6 +2,7 @@
 truth, and the planner weighing its candidates with the elastic scheduler (issue 31, item 4). Real HiGHS, real
 simulator, a slice of Sia's Philly workload 2 (jobs of 4-16 GPUs that may run on 1-24)."""
 
+import json
 from pathlib import Path
 
 import pandas as pd
@@ -149,6 +150,39 @@ def test_cli_evaluate_elastic_refuses_bad_combinations_in_one_line(cli_inputs, e
     out = cli_inputs / "refused"
     extra = tuple(str(cli_inputs / e) if e == "contract.csv" else e for e in extra)
     result = evaluate_cli(cli_inputs, *extra, "--out-dir", str(out))
+    assert result.exit_code == 2, result.output
+    assert message in " ".join(result.output.replace("│", " ").split()), result.output
+    assert not out.exists()
+
+
+# ---------------------------------------------------------------------- hetplan plan --elastic
+
+def plan_cli(root: Path, *extra: str):
+    args = ["plan", "--catalog", str(root / "catalog.csv"), "--curves", str(root / "curves.parquet"), "--budget", "40",
+            "--holdout", "0", "--shortlist", "2", "--screen-jobs", str(JOBS), "--replay-jobs", str(JOBS),
+            "--no-mlflow", *extra]
+    return CliRunner().invoke(app, args, env={"COLUMNS": "220"})
+
+
+def test_cli_plan_elastic_records_that_its_replays_chose_gpu_counts(cli_inputs):
+    out = cli_inputs / "plan-out"
+    result = plan_cli(cli_inputs, "--workload", str(cli_inputs / "plan.csv"), "--workload-format", "sia", "--elastic",
+                      "--out-dir", str(out))
+    assert result.exit_code == 0, result.output
+    planning = json.loads((out / "plan.json").read_text())["planning"]
+    assert planning["elastic"]["round_s"] == 300.0 and planning["winner"]
+
+
+@pytest.mark.parametrize("extra, message", [
+    (("--elastic",), "--elastic: needs --workload and a workload objective"),
+    (("--elastic", "--workload", "contract.csv", "--objective", "throughput"), "--elastic: needs --workload and a "
+                                                                              "workload objective"),
+    (("--elastic", "--workload", "contract.csv"), "--workload: --elastic needs a workload with batch sizes"),
+])
+def test_cli_plan_elastic_refuses_bad_combinations_in_one_line(cli_inputs, extra, message):
+    out = cli_inputs / "plan-refused"
+    extra = tuple(str(cli_inputs / e) if e == "contract.csv" else e for e in extra)
+    result = plan_cli(cli_inputs, *extra, "--out-dir", str(out))
     assert result.exit_code == 2, result.output
     assert message in " ".join(result.output.replace("│", " ").split()), result.output
     assert not out.exists()

@@ -118,6 +118,9 @@ class PlanRequest:
             if not budget_point >= 0:
                 raise RequestError("--sweep", f"{budget_point!r} is not a budget in US$ per hour")
         self.sizes.check()
+        if self.elastic is not None and not self.replays(workload):
+            raise RequestError("--elastic", "needs --workload and a workload objective (its replays choose jobs' "
+                                            "GPU counts)")
         if not 0 <= self.holdout < 1:
             raise RequestError("--holdout", f"must be in [0, 1), got {self.holdout:g}")
         if not 0 <= self.fairness <= 1:
