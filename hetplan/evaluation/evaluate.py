@@ -158,7 +158,7 @@ def evaluate(trace: pd.DataFrame, problem_inputs: ProblemInputs, truth: TruthCur
         if elastic is None:
             truth = truth.extended(problem.defaults.curves)
         warnings += problem.warnings + replay.warnings
-        steady = plan(problem, replace(request, objective=Objective.throughput))
+        steady = plan(problem, replace(request, objective=Objective.throughput, elastic=None))  # no replays
         status_quo = steady.baseline(STATUS_QUO)
         if status_quo is None:
             raise ValueError("no shape can run every job class at the proportional share: there is no status quo")
