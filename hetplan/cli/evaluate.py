@@ -18,12 +18,14 @@ from hetplan.cli.common import (
 )
 from hetplan.contracts import CURVES, PROFILES, ContractError, Problem, gpu_declarations
 from hetplan.fsio import atomic_write_bytes, save_figure
-from hetplan.evaluation import EvaluationResult, ProblemInputs, evaluate as run_evaluation
+from hetplan.evaluation import ElasticEvaluation, EvaluationResult, ProblemInputs, evaluate as run_evaluation
+from hetplan.evaluation.evaluate import DERIVED, ELASTIC, FIXED, MEASURED
 from hetplan.planner.entry import read_catalog, read_fleet
 from hetplan.planner.sizes import describe
 from hetplan.planning import Objective, ReplaySizes
 from hetplan.planning.request import HOLDOUT, SOLVER_NAMES
 from hetplan.progress import Reporter
+from hetplan.scheduler.elastic import ElasticRule
 from hetplan.sim.engine import SCHEDULERS, InvariantError, SimulationError
 from hetplan.sim.plots import plot_jct_cdf, plot_utilisation
 from hetplan.sim.truth import TruthCurves
@@ -59,7 +61,7 @@ def evaluate(
     owned: Path | None = typer.Option(None, "--owned", help="Owned fleet (name,gpu_type,gpus,vcpus,mem_gb,count)."),
     curves: CurvesFile = None,
     truth: Path = typer.Option(Path(".hetplan/profiles.csv"), "--truth",
-                               help="Profiles the simulator treats as truth."),
+                               help="Profiles the simulator treats as truth (not read with --elastic)."),
     clouds: str = typer.Option("", "--clouds", help="Comma-separated clouds to buy from (default: all)."),
     unknown_model: str = typer.Option(MIX, "--unknown-model", help="Truth model for jobs of models the truth "
                                       f"lacks, or {MIX!r}: one drawn at random per job (seeded)."),
@@ -90,9 +92,24 @@ def evaluate(
     shortlist: Shortlist = None,
     screen_jobs: ScreenJobs = None,
     replay_jobs: ReplayJobs = None,
+    elastic: bool = typer.Option(False, "--elastic", help="Elastic GPU counts: every setup is replayed twice, with "
+                                 "the trace's fixed counts and with the elastic scheduler (each round chooses every "
+                                 "job's GPU type and count within its bounds), side by side; hetplan's planner "
+                                 "weighs its candidates with the elastic scheduler. Needs a trace with batch sizes "
+                                 "and bounds (--format sia); speeds on every GPU count come from --truth-placements "
+                                 "(not --truth); takes --load or the traced arrivals, not --rho."),
+    truth_placements: str | None = typer.Option(None, "--truth-placements", help="With --elastic: `shipped` reads "
+                                                "Sia's measured multi-GPU step times shipped with hetplan as the "
+                                                "truth (labelled measured); without it the truth is the fitted "
+                                                "scaling models alone (labelled derived)."),
 ) -> None:
-    """Plan hetplan and the three baselines on PLAN_TRACE under BUDGET, replay TRACE on each, compare."""
+    """Plan hetplan and the three baselines on PLAN_TRACE under BUDGET, replay TRACE on each, compare.
+
+    With --elastic, each setup is replayed with fixed counts and with elastic ones: summary.csv adds avg JCT
+    elastic, the fixed/elastic ratio over the jobs both completed, restarts per job and the restart waste share
+    of both, and the truth's label (measured / derived); jobs.csv says which run a row is (counts)."""
     schedulers = _names(policy, SCHEDULERS, "--policy")
+    scaling = _elastic_truth(elastic, truth_placements, rho, relabel_unknown, round_s)
     for option, value in (("--format", fmt), ("--plan-format", plan_format or fmt)):
         if value not in (TRACE_CONTRACT, *FORMATS):
             raise typer.BadParameter(f"one of {TRACE_CONTRACT}, {', '.join(FORMATS)}", param_hint=option)
@@ -107,11 +124,16 @@ def evaluate(
             raise ContractError([Problem("--rho", "give --rho or --load, not both")])
         jobs, import_report, import_warnings = read_trace(trace, fmt)
         plan_jobs = read_trace(plan_trace, plan_format or fmt)[0] if plan_trace else None
+        if scaling is not None:
+            for option, frame in (("--trace", jobs), ("--plan-trace", plan_jobs)):
+                if frame is not None and "batch_size" not in frame:
+                    raise typer.BadParameter("--elastic needs a trace with batch sizes and GPU-count bounds "
+                                             "(a Sia workload: --format sia)", param_hint=option)
         shapes = read_catalog(catalog, [c.strip() for c in clouds.split(",")])
         fleet = read_fleet(owned, catalog) if owned else None
         fitted = CURVES.load(curves)
         inputs = ProblemInputs(fitted, shapes, budget, fleet, gpu_declarations(shapes, fleet), max_job_gpus)
-        truth_curves = TruthCurves.from_profiles(PROFILES.load(truth), fallback=fitted)
+        truth_curves = TruthCurves.from_profiles(PROFILES.load(truth), fallback=fitted) if scaling is None else None
         with Reporter("evaluate", errors) as progress:
             try:
                 result = run_evaluation(jobs, inputs, truth_curves, plan_trace=plan_jobs,
@@ -123,13 +145,14 @@ def evaluate(
                                         stability=stability(move_margin, return_window_h, return_margin,
                                                             move_budget, spread_moves), holdout=holdout,
                                         calibration=calibration(calibration_files),
-                                        sizes=ReplaySizes(shortlist, screen_jobs, replay_jobs))
+                                        sizes=ReplaySizes(shortlist, screen_jobs, replay_jobs),
+                                        elastic=scaling)
             except InvariantError as exc:  # a bug: name what broke, not an input file
                 raise ContractError([Problem("hetplan simulator", str(exc))]) from None
             except SimulationError as exc:  # e.g. a truth with no throughput at a share a policy granted
                 raise ContractError([Problem(str(truth), str(exc))]) from None
     report = {**{f"import_{k}": v for k, v in import_report.items()}, **result.report,
-              "truth_sources": truth_curves.sources()}
+              "truth_sources": (truth_curves or scaling.truth).sources()}
     files = _write(result, report, import_warnings + result.warnings, out_dir)
     _print(result)
     warn(import_warnings + result.warnings)
@@ -141,7 +164,8 @@ def evaluate(
                   "objective": str(objective), "holdout": holdout, "policies": ",".join(schedulers), "rho": rho or "-",
                   "loads": load or "trace", "clouds": clouds or "all", "unknown_model": unknown_model,
                   "relabel_unknown": relabel_unknown, "round_s": round_s, "seed": seed, "solver": solver,
-                  "max_job_gpus": max_job_gpus or "-"}
+                  "max_job_gpus": max_job_gpus or "-",
+                  "elastic": scaling.label if scaling is not None else "-"}
         try:
             run = log_evaluation_run(result, params, files, tracking_uri)
         except Exception as exc:  # the files are written; say that MLflow did not take them, and fail
@@ -149,6 +173,29 @@ def evaluate(
                          "are complete", highlight=False, soft_wrap=True)
             raise typer.Exit(EXIT_INVALID) from None
         console.print(f"MLflow: evaluation run {run} in experiment {EXPERIMENT}", highlight=False)
+
+
+def _elastic_truth(elastic: bool, placements: str | None, rho: str, relabel_unknown: bool,
+                   round_s: float) -> ElasticEvaluation | None:
+    """The elastic evaluation asked for (None: none), or a usage error (exit 2) naming the option that does not
+    go with it."""
+    if not elastic:
+        if placements is not None:
+            raise typer.BadParameter("only with --elastic", param_hint="--truth-placements")
+        return None
+    if placements not in (None, "shipped"):
+        raise typer.BadParameter(f"`shipped` (the measured table shipped with hetplan), got {placements!r}",
+                                 param_hint="--truth-placements")
+    if rho.strip():
+        raise typer.BadParameter("not with --elastic (rho reads the profile truth): give --load or the traced "
+                                 "arrivals", param_hint="--rho")
+    if relabel_unknown:
+        raise typer.BadParameter("not with --elastic (a Sia trace names its models)", param_hint="--relabel-unknown")
+    from hetplan.sim.scaling_truth import ScalingTruth, shipped
+
+    measured = placements == "shipped"
+    truth = shipped() if measured else ScalingTruth.fitted()
+    return ElasticEvaluation(truth, MEASURED if measured else DERIVED, ElasticRule(round_s=round_s))
 
 
 def _names(value: str, allowed: Collection[str], option: str) -> list[str]:
@@ -188,16 +235,25 @@ def _write(result: EvaluationResult, report: dict, warnings: list[str], out_dir:
     atomic_write_bytes(files[2], json.dumps({"report": report, "warnings": warnings, "setups": setups,
                                              "plans": chosen}, indent=2).encode())
     capacity = {s.name: s.capacity for setups in result.setups.values() for s in setups}
+    modes = [FIXED, ELASTIC] if "counts" in result.jobs else [FIXED]
     for (rho, load, scheduler), label in _runs(result).items():
         where = f"rho{rho:g}" if not math.isnan(rho) else ("trace" if math.isnan(load) else f"{load:g}jph")
-        tag = f"{scheduler}_{where}"
-        plots = ((f"jct_cdf_{tag}.png", plot_jct_cdf(_of_run(result.jobs, rho, load, scheduler), f"JCT, {label}")),
-                 (f"utilisation_{tag}.png", plot_utilisation(_of_run(result.timelines, rho, load, scheduler), capacity,
-                                                             f"Utilisation, {label}")))
-        for name, fig in plots:
-            save_figure(fig, out_dir / name)
-            files.append(out_dir / name)
+        for mode in modes:
+            tag = f"{scheduler}_{where}" + ("_elastic" if mode == ELASTIC else "")
+            title = label + (", elastic counts" if mode == ELASTIC else "")
+            jobs, timelines = (_of_mode(frame, mode) for frame in (result.jobs, result.timelines))
+            plots = ((f"jct_cdf_{tag}.png", plot_jct_cdf(_of_run(jobs, rho, load, scheduler), f"JCT, {title}")),
+                     (f"utilisation_{tag}.png", plot_utilisation(_of_run(timelines, rho, load, scheduler), capacity,
+                                                                 f"Utilisation, {title}")))
+            for name, fig in plots:
+                save_figure(fig, out_dir / name)
+                files.append(out_dir / name)
     return files
+
+
+def _of_mode(frame, mode: str):
+    """The rows of `frame` of the fixed or elastic runs (all of them where the evaluation was not elastic)."""
+    return frame[frame["counts"] == mode] if "counts" in frame else frame
 
 
 def _runs(result: EvaluationResult) -> dict[tuple[float, float, str], str]:
@@ -231,6 +287,8 @@ def _print(result: EvaluationResult) -> None:
                           else f"{r.realised_over_predicted:.2f}", f"{r.work_per_dollar_ratio:.2f}x",
                           str(r.rejected_too_big), _only_text(r))
         console.print(table)
+    if "elastic_avg_jct_h" in result.summary:
+        _print_elastic(result)
     for label, plan in result.plans.items():
         console.print(f"hetplan at {label}: {plan.winner} ({plan.objective} objective); "
                       + describe((plan.result.plan.planning or {}).get("host_sizes") or {}), highlight=False,
@@ -249,6 +307,32 @@ def _print(result: EvaluationResult) -> None:
                   "real/pred = JCT speedup / predicted. Speeds come from the truth profiles "
                   "(where a warning says so, from the planner's curves), the plans from the fitted curves.",
                   highlight=False, soft_wrap=True)
+
+
+def _print_elastic(result: EvaluationResult) -> None:
+    """Each run's setups with fixed counts beside elastic ones (the truth's label in the title)."""
+    for (rho, load, scheduler), label in _runs(result).items():
+        rows = _of_run(result.summary, rho, load, scheduler)
+        truth = str(rows["truth"].iloc[0]) if len(rows) else "-"
+        table = Table("setup", "GPUs", "avg JCT fixed h", "avg JCT elastic h", "fixed/elastic", "common jobs",
+                      "restarts/job fixed", "restarts/job elastic", "restart waste fixed", "restart waste elastic",
+                      title=f"{label}: fixed vs elastic GPU counts (truth: {truth})", title_justify="left")
+        for r in rows.itertuples():
+            table.add_row(r.setup, str(r.gpus), f"{r.avg_jct_h:.3g}", f"{r.elastic_avg_jct_h:.3g}",
+                          "-" if math.isnan(r.elastic_jct_ratio) else f"{r.elastic_jct_ratio:.2f}x",
+                          str(int(r.elastic_common_jobs)), f"{r.restarts_per_job:.2f}",
+                          f"{r.elastic_restarts_per_job:.2f}", _share(r.restart_waste_share),
+                          _share(r.elastic_restart_waste_share))
+        console.print(table)
+    console.print("fixed/elastic = avg JCT with the trace's fixed GPU counts / with elastic ones, over the jobs "
+                  "both completed (common jobs; above 1: elastic is faster); restarts = preemptions, moves and "
+                  "count changes; restart waste = the share of lent GPU-time jobs held while restarting. Truth: "
+                  "measured = Sia's measured step times (fitted models where none were measured), derived = the "
+                  "fitted scaling models alone; simulated, not measured.", highlight=False, soft_wrap=True)
+
+
+def _share(value: float) -> str:
+    return "-" if math.isnan(value) else f"{value:.1%}"
 
 
 def _only_text(row) -> str:

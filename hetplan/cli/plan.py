@@ -97,20 +97,32 @@ def plan(
     shortlist: Shortlist = None,
     screen_jobs: ScreenJobs = None,
     replay_jobs: ReplayJobs = None,
+    elastic: bool = typer.Option(False, "--elastic", help="Plan for an elastic workload: the workload's replays run "
+                                 "the elastic scheduler (every round chooses each job's GPU type and count within "
+                                 "its bounds) by the fitted multi-GPU scaling models, so the plan buys the shapes "
+                                 "elastic jobs use. Needs --workload with batch sizes and bounds (--workload-format "
+                                 "sia); buys only GPU types those models know."),
 ) -> None:
     """Choose the node mix and the CPU/RAM split together; print hetplan beside its baselines."""
+    from hetplan.scheduler.elastic import ElasticRule
+
     request = PlanRequest(objective, max_avg_jct, target, fairness, scheduler.value, solver=solver_name(solver.value),
                           time_limit=time_limit, gap=gap, sweep=tuple(_budgets(sweep_budgets)), holdout=holdout,
-                          sizes=ReplaySizes(shortlist, screen_jobs, replay_jobs))
+                          sizes=ReplaySizes(shortlist, screen_jobs, replay_jobs),
+                          elastic=ElasticRule(round_s=PlanRequest.round_s) if elastic else None)
     _check(request, workload, workload_format, budget, owned)
     curves = curves_or_default(curves)
     with contract_errors():
         if workload:
             request = replace(request, calibration=calibration(calibration_files))
         jobs = read_trace(workload, workload_format)[0] if workload else None
+        if elastic and jobs is not None and "batch_size" not in jobs:
+            raise typer.BadParameter("--elastic needs a workload with batch sizes and GPU-count bounds (a Sia "
+                                     "workload: --workload-format sia)", param_hint="--workload")
         mix = demand_from_trace(jobs) if jobs is not None else DEMAND.load(demand)
         problem, inputs = load_problem(curves, catalog, mix, budget, clouds=[c.strip() for c in clouds.split(",")],
-                                       fleet=owned, demand_gpus=demand_gpus, max_job_gpus=max_job_gpus)
+                                       fleet=owned, demand_gpus=demand_gpus, max_job_gpus=max_job_gpus,
+                                       gpu_types=_elastic_types() if elastic else None)
         inputs["workload" if workload else "demand"] = fingerprint(workload or demand)
         warn(problem.warnings)
         try:
@@ -140,6 +152,13 @@ def _check(request: PlanRequest, workload: Path | None, workload_format: str, bu
         request.check(workload=workload is not None, budget=budget, owned=owned is not None)
     except RequestError as exc:
         raise typer.BadParameter(exc.message, param_hint=exc.option) from None
+
+
+def _elastic_types() -> list[str]:
+    """The GPU types an elastic plan may buy: those the fitted scaling models know."""
+    from hetplan.sim.scaling_truth import ScalingTruth
+
+    return ScalingTruth.fitted().gpu_types()
 
 
 def _budgets(text: str) -> list[float]:

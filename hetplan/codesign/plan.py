@@ -39,6 +39,7 @@ from hetplan.planner.problem import PlanningProblem
 from hetplan.planner.sizes import hosting_of
 from hetplan.planner.solvers import SolverName
 from hetplan.progress import Progress
+from hetplan.scheduler.elastic import ElasticRule
 from hetplan.sim.engine import SimConfig
 
 COST_FRACTIONS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
@@ -138,6 +139,7 @@ def _core(row: pd.Series, metric: str) -> float:
 
 def plan_workload(problem: PlanningProblem, workload: Workload, *, objective: WorkloadObjective = "jct",
                   max_avg_jct: float | None = None, scheduler: str = "las", round_s: float = 300.0,
+                  elastic: ElasticRule | None = None,
                   solver: SolverName = "auto", time_limit: float = 60.0, inputs: dict[str, str] | None = None,
                   prune_load: float | None = PRUNE_LOAD, progress: Progress | None = None,
                   workers: int | None = None, screen: int | None = SCREEN, screen_jobs: int = SCREEN_JOBS,
@@ -155,7 +157,8 @@ def plan_workload(problem: PlanningProblem, workload: Workload, *, objective: Wo
     engine = engine or ProcessPool(workers)
     with held_open(engine, warm=True):  # a pool's workers get ready while the MILP proposes; they serve every run
         listed = shortlist_for(problem, workload, objective=objective, max_avg_jct=max_avg_jct, scheduler=scheduler,
-                               round_s=round_s, solver=solver, time_limit=time_limit, prune_load=prune_load,
+                               round_s=round_s, elastic=elastic, solver=solver, time_limit=time_limit,
+                               prune_load=prune_load,
                                progress=progress, screen=screen, screen_jobs=screen_jobs, replay_jobs=replay_jobs,
                                engine=engine)
         summaries = engine.summaries(listed.runs, listed.pending, progress)
@@ -165,10 +168,12 @@ def plan_workload(problem: PlanningProblem, workload: Workload, *, objective: Wo
 
 def shortlist_for(problem: PlanningProblem, workload: Workload, *, objective: WorkloadObjective = "jct",
                   max_avg_jct: float | None = None, scheduler: str = "las", round_s: float = 300.0,
+                  elastic: ElasticRule | None = None,
                   solver: SolverName = "auto", time_limit: float = 60.0, prune_load: float | None = PRUNE_LOAD,
                   progress: Progress | None = None, screen: int | None = SCREEN, screen_jobs: int = SCREEN_JOBS,
                   replay_jobs: int | None = REPLAY_JOBS, engine: Engine | None = None) -> Shortlist:
-    """Stage 1: propose the candidates for `workload` and shortlist them (`hetplan.codesign.screen.shortlist`)."""
+    """Stage 1: propose the candidates for `workload` and shortlist them (`hetplan.codesign.screen.shortlist`);
+    with `elastic`, the replays run the elastic scheduler (`hetplan.codesign.replay`)."""
     # classes larger than every node stay in (the MILP plans them as gangs, the replays run them so); only classes
     # no GPU type the budget buys can host are left out
     workload = without_classes(workload, problem.unplannable, "no GPU type the budget buys has their GPUs (or no "
@@ -179,7 +184,7 @@ def shortlist_for(problem: PlanningProblem, workload: Workload, *, objective: Wo
     if not candidates:
         raise ContractError([Problem("<catalog>", f"nothing could be planned: budget {problem.budget:g} $/h buys no "
                                      "useful node and there is no owned fleet")])
-    config = SimConfig(scheduler, round_s)
+    config = SimConfig(scheduler, round_s, elastic=elastic)
     return shortlist(problem, candidates, workload, config, objective=objective, max_avg_jct=max_avg_jct,
                      prune_load=prune_load, screen=screen, screen_jobs=screen_jobs, replay_jobs=replay_jobs,
                      engine=engine, progress=progress)
@@ -205,6 +210,7 @@ def chosen(problem: PlanningProblem, listed: Shortlist, summaries: dict[Run, dic
         "prune_load": prune_load, "workload": listed.workload.summary, "winner": winner.name,
         "decision": {"reason": decision.reason, "declined": decision.declined or None},
         "speeds": "the planner's curves (fitted, defaults for unprofiled models); simulated, not measured",
+        **({"elastic": _elastic_record(config.elastic)} if config.elastic is not None else {}),
         "screen": {**listed.record, "confidence": confidence(weighed, objective)},
         "candidates": _records(weighed),
     }
@@ -249,6 +255,13 @@ def confidence(weighed: pd.DataFrame, objective: str) -> dict:
         out.update({"runner_up": runner["candidate"], f"lead_{metric}": _finite(lead),
                     "lead_over_2se": _finite(lead / (2 * noise)) if noise > 0 else None})
     return out
+
+
+def _elastic_record(rule: ElasticRule) -> dict:
+    """What plan.json says of an elastic plan's replays: the rule, and what their speeds come from."""
+    return {**{k: getattr(rule, k) for k in rule.__dataclass_fields__},
+            "speeds": "the fitted multi-GPU scaling models (hetplan.scaling), GPU counts chosen every round; "
+                      "simulated, not measured"}
 
 
 def _finite(value: float) -> float | None:

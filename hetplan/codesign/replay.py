@@ -1,7 +1,10 @@
 """Replay candidates on a workload in the simulator, with the planner's own view of job speeds.
 
 The planner knows only the curves (fitted, plus its stated defaults), so that is the truth its replays
-use; `hetplan evaluate` replays the chosen plan on the real truth and an unseen trace. Each candidate runs
+use; `hetplan evaluate` replays the chosen plan on the real truth and an unseen trace. Replays with an elastic
+rule (`SimConfig.elastic`: jobs' GPU counts chosen every round) need speeds on every GPU count: they run by the
+fitted multi-GPU scaling models (`ScalingTruth.fitted`, the elastic scheduler's own belief), never the measured
+step times. Each candidate runs
 on every arrival draw (`Workload.draws`) and is scored by the mean over draws.
 """
 
@@ -23,6 +26,7 @@ from hetplan.sim.setups import NodeMix
 from hetplan.progress import Progress
 from hetplan.sim.engine import SimConfig, SimResult, simulate
 from hetplan.sim.metrics import summarize
+from hetplan.sim.scaling_truth import ScalingTruth, as_scaling_jobs
 from hetplan.sim.truth import TruthCurves
 
 __all__ = ["START_METHOD", "Replayed", "Runs", "candidate_nodes", "planner_truth", "replay", "table", "usable_cpus"]
@@ -92,14 +96,18 @@ class Runs:
     candidates: tuple[Candidate, ...]
     draws: tuple[pd.DataFrame, ...]
     config: SimConfig
-    truth: TruthCurves = field(init=False, repr=False, compare=False)
+    truth: TruthCurves | ScalingTruth = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:  # once, here: workers receive it with the runs
-        object.__setattr__(self, "truth", planner_truth(self.problem))
+        truth = ScalingTruth.fitted() if self.config.elastic is not None else planner_truth(self.problem)
+        object.__setattr__(self, "truth", truth)
 
     def simulated(self, run: tuple[int, int]) -> SimResult:
-        """Simulate one run: candidate i's cluster and hints on draw d, with the planner's truth."""
+        """Simulate one run: candidate i's cluster and hints on draw d, with the planner's truth (elastic: the
+        fitted scaling models)."""
         candidate, jobs = self.candidates[run[0]], self.draws[run[1]]
+        if self.config.elastic is not None:
+            jobs = as_scaling_jobs(jobs)
         hints = HintSet.from_frame(candidate.result.hints) if len(candidate.result.hints) else HintSet.empty()
         return simulate(jobs, candidate_nodes(self.problem, candidate), self.truth, candidate.policy, hints,
                         self.config)

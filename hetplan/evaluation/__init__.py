@@ -3,6 +3,9 @@ sensitivity-aware status quo and the GPU-only mix, at the loads asked for (`eval
 
 from __future__ import annotations
 
-from hetplan.evaluation.evaluate import EvaluationResult, LoadPoint, ProblemInputs, evaluate, load_points
+from hetplan.evaluation.evaluate import (
+    ELASTIC_COLUMNS, ElasticEvaluation, EvaluationResult, LoadPoint, ProblemInputs, evaluate, load_points,
+)
 
-__all__ = ["EvaluationResult", "LoadPoint", "ProblemInputs", "evaluate", "load_points"]
+__all__ = ["ELASTIC_COLUMNS", "ElasticEvaluation", "EvaluationResult", "LoadPoint", "ProblemInputs", "evaluate",
+           "load_points"]

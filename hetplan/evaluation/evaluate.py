@@ -14,6 +14,11 @@ Loads: the traces' own arrivals; `loads` (jobs per hour, both traces); or `rhos`
 quo's GPU time the arrivals ask for (each job's GPUs x its duration on the status quo's nodes at the
 proportional share, truth speeds), a rate set for each trace. Ratios are against the status quo of the same
 load and scheduler: `jct_speedup` = its average JCT / the setup's (above 1 is better).
+
+Elastic (`ElasticEvaluation`, issue 31): jobs with GPU-count bounds (a Sia trace) run on a multi-GPU truth
+(`hetplan.sim.scaling_truth`: Sia's measured step times, or the fitted scaling models alone, labelled `measured` /
+`derived`), the planner weighs its candidates with the elastic scheduler, and every setup is replayed twice, with
+the trace's fixed counts and with the elastic scheduler; each row puts the two side by side (`ELASTIC_COLUMNS`).
 """
 
 from __future__ import annotations
@@ -32,7 +37,7 @@ from hetplan.codesign.candidates import HINT, STATUS_QUO
 from hetplan.codesign.engines import Engine, ProcessPool, Serial, held_open
 from hetplan.codesign.screen import sampled
 from hetplan.codesign.workload import Workload
-from hetplan.contracts import demand_from_trace
+from hetplan.contracts import ContractError, Problem, demand_from_trace
 from hetplan.gangs import gang_speed, parts_needed
 from hetplan.hints import HintSet
 from hetplan.planner.baselines import GPU_ONLY, HETPLAN, SENSITIVITY_AWARE
@@ -43,8 +48,10 @@ from hetplan.planning.calibration import Calibration
 from hetplan.planning.prediction import Prediction
 from hetplan.planning.request import HOLDOUT
 from hetplan.progress import Progress, nested
-from hetplan.sim.engine import SimConfig, simulate
+from hetplan.scheduler.elastic import ElasticRule
+from hetplan.sim.engine import SimConfig, SimResult, simulate
 from hetplan.sim.metrics import summarize
+from hetplan.sim.scaling_truth import ScalingTruth
 from hetplan.sim.setups import Setup, knee_hints
 from hetplan.sim.truth import FITTED_FALLBACK, TruthCurves
 from hetplan.sim.workload import MIX, prepare_workload, with_load
@@ -69,6 +76,26 @@ class LoadPoint:
                 "load_jobs_per_h": nan if self.replay_rate is None else self.replay_rate}
 
 
+FIXED, ELASTIC = "fixed", "elastic"
+MEASURED, DERIVED = "measured", "derived"
+ELASTIC_COLUMNS = ("truth", "restarts_per_job", "restart_waste_share", "elastic_avg_jct_h", "elastic_p95_jct_h",
+                   "elastic_completed", "elastic_restarts_per_job", "elastic_restart_waste_share",
+                   "elastic_jct_ratio", "elastic_common_jobs")
+"""What an elastic evaluation adds to each row: the multi-GPU truth's label, the fixed run's restarts per job and
+restart waste share, the elastic run's figures, and `elastic_jct_ratio` = the fixed run's average JCT over the
+elastic run's, over the jobs both completed (`elastic_common_jobs`; above 1: elastic is faster)."""
+
+
+@dataclass(frozen=True)
+class ElasticEvaluation:
+    """An elastic evaluation's truth and rule: `truth` gives every job's speed on any GPU count (`label` says
+    whether from measured step times or the fitted models alone), `rule` the elastic scheduler's knobs."""
+
+    truth: ScalingTruth
+    label: str = DERIVED
+    rule: ElasticRule = ElasticRule(round_s=300.0)
+
+
 @dataclass
 class EvaluationResult:
     summary: pd.DataFrame  # one row per (load, scheduler, setup)
@@ -80,7 +107,7 @@ class EvaluationResult:
     warnings: list[str] = field(default_factory=list)
 
 
-def evaluate(trace: pd.DataFrame, problem_inputs: ProblemInputs, truth: TruthCurves, *,
+def evaluate(trace: pd.DataFrame, problem_inputs: ProblemInputs, truth: TruthCurves | None, *,
              plan_trace: pd.DataFrame | None = None, objective: Objective | str = Objective.jct,
              rhos: Sequence[float] = (),
              loads: Sequence[float] = (), schedulers: Sequence[str] = ("las",), unknown_model: str = MIX,
@@ -88,7 +115,7 @@ def evaluate(trace: pd.DataFrame, problem_inputs: ProblemInputs, truth: TruthCur
              time_limit: float = 60.0, progress: Progress | None = None,
              stability: Stability | None = None, holdout: float = HOLDOUT,
              engine: Engine | None = None, calibration: Calibration | None = None,
-             sizes: ReplaySizes = ReplaySizes()) -> EvaluationResult:
+             sizes: ReplaySizes = ReplaySizes(), elastic: ElasticEvaluation | None = None) -> EvaluationResult:
     """Plan on `plan_trace` (default: `trace`, in-sample), replay `trace`, at every load and scheduler.
 
     Jobs of models the truth lacks run as `unknown_model` (a truth model, or `mix`: one drawn per job). The
@@ -101,32 +128,42 @@ def evaluate(trace: pd.DataFrame, problem_inputs: ProblemInputs, truth: TruthCur
     prediction's interval (`hetplan.planning.prediction`, `holdout` held back; calibrated on `calibration`'s
     earlier predictions where given), for the status quo 1. `sizes`: how much the planner replays (at a load
     that overloads every candidate, the setups' truth replays sample as many jobs: `replayed_one_in`).
+
+    With `elastic`, the setups replay on its multi-GPU truth (`truth` is then not read), the planner plans for the
+    elastic scheduler, and every setup replays with fixed counts and elastic ones side by side (module docstring);
+    `rhos` and `relabel_unknown` are refused (they read the profile truth), as is a trace without batch sizes.
     """
     engine = engine or ProcessPool()
+    warnings: list[str] = []
+    if elastic is not None:
+        _check_elastic(trace, plan_trace, rhos, relabel_unknown)
+        problem_inputs = _elastic_catalog(problem_inputs, elastic.truth, warnings)
     with held_open(engine):  # one pool of workers for the plans' replays and the truth replays
         objective = Objective.parse(objective)
         request = PlanRequest(objective, scheduler=schedulers[0], round_s=round_s, solver=solver, time_limit=time_limit,
-                              holdout=holdout, engine=engine, calibration=calibration, sizes=sizes)
-        warnings: list[str] = []
+                              holdout=holdout, engine=engine, calibration=calibration, sizes=sizes,
+                              elastic=elastic.rule if elastic is not None else None)
         if plan_trace is None:
             plan_trace = trace
             warnings.append("in-sample: the planner saw the trace it is evaluated on (give --plan-trace for an "
                             "out-of-sample evaluation)")
-        replay = prepare_workload(trace, truth.models, unknown_model, seed)
+        replay = prepare_workload(trace, elastic.truth.model_names() if elastic else truth.models, unknown_model,
+                                  seed)
         if relabel_unknown:
             plan_trace = prepare_workload(plan_trace, truth.models, unknown_model, seed + 1).jobs
             plan_trace = plan_trace.assign(model=plan_trace["sim_model"]).drop(columns="sim_model")
             replay = replace(replay, jobs=replay.jobs.assign(model=replay.jobs["sim_model"]))
             warnings.append("unknown models relabelled in both traces as the truth models they run as")
         problem = problem_inputs.problem(demand_from_trace(plan_trace))
-        truth = truth.extended(problem.defaults.curves)
+        if elastic is None:
+            truth = truth.extended(problem.defaults.curves)
         warnings += problem.warnings + replay.warnings
-        steady = plan(problem, replace(request, objective=Objective.throughput))
+        steady = plan(problem, replace(request, objective=Objective.throughput, elastic=None))  # no replays
         status_quo = steady.baseline(STATUS_QUO)
         if status_quo is None:
             raise ValueError("no shape can run every job class at the proportional share: there is no status quo")
         quo_nodes = NodeMix.on_fleet(problem.shapes, status_quo.node_counts).nodes(problem.shapes)
-        truth.require(replay.jobs["sim_model"], {n.gpu_type for n in quo_nodes})
+        (elastic.truth if elastic else truth).require(replay.jobs["sim_model"], {n.gpu_type for n in quo_nodes})
         points = load_points(plan_trace, replay.jobs, truth, quo_nodes, rhos, loads)
         baselines = _baselines(problem, steady, quo_nodes)
         setups_by_load, plans, replayed, sampled_every = {}, {}, [], []
@@ -147,13 +184,17 @@ def evaluate(trace: pd.DataFrame, problem_inputs: ProblemInputs, truth: TruthCur
             jobs_at, every = _sampled_if_overloaded(jobs_at, outcome, label, warnings)
             replayed.append(jobs_at)
             sampled_every.append(every)
-        runs = SetupRuns(points, replayed, list(setups_by_load.values()), tuple(schedulers), truth, round_s,
-                         stability or Stability())
-        small = sum(len(jobs) * len(setups) for jobs, setups in zip(replayed, runs.setups)) * len(schedulers) \
-            < PARALLEL_FROM_JOBS and not (isinstance(engine, ProcessPool) and engine.started)  # the plans' workers
+        runs = SetupRuns(points, replayed, list(setups_by_load.values()), tuple(schedulers),
+                         elastic.truth if elastic else truth, round_s, stability or Stability(),
+                         elastic.rule if elastic else None)
+        replays = sum(len(jobs) * len(setups) for jobs, setups in zip(replayed, runs.setups)) * len(schedulers)
+        small = replays * runs.modes < PARALLEL_FROM_JOBS \
+            and not (isinstance(engine, ProcessPool) and engine.started)  # the plans' workers
         results = (Serial() if small else engine).summaries(runs, runs.every(), progress)
         rows, job_frames, timelines = [], [], []
         for run in runs.every():
+            if runs.mode(run) == ELASTIC:
+                continue
             point, setup, scheduler = runs.of(run)
             key = {**point.key, "scheduler": scheduler, "setup": setup.name}
             rows.append({**key, "replayed_one_in": sampled_every[run[0]], "policy": setup.policy, "gpus": setup.gpus,
@@ -165,11 +206,20 @@ def evaluate(trace: pd.DataFrame, problem_inputs: ProblemInputs, truth: TruthCur
             timelines.append(results[run]["timeline"].assign(**key))
         all_jobs = pd.concat(job_frames, ignore_index=True)
         summary = with_predictions(with_ratios(pd.DataFrame(rows), all_jobs))
-        warnings += truth_warnings(truth, set(replay.jobs["sim_model"]),
-                                   [s for setups in setups_by_load.values() for s in setups])
-        return EvaluationResult(summary, all_jobs, pd.concat(timelines, ignore_index=True), setups_by_load, plans,
-                                {**replay.report, "stability": (stability or Stability()).to_dict()},
-                                warnings)
+        report = {**replay.report, "stability": (stability or Stability()).to_dict()}
+        if elastic is None:
+            warnings += truth_warnings(truth, set(replay.jobs["sim_model"]),
+                                       [s for setups in setups_by_load.values() for s in setups])
+            return EvaluationResult(summary, all_jobs, pd.concat(timelines, ignore_index=True), setups_by_load,
+                                    plans, report, warnings)
+        summary, all_jobs, timeline = _with_elastic(runs, results, summary, all_jobs, pd.concat(timelines,
+                                                                                                 ignore_index=True),
+                                                    elastic.label)
+        report["elastic"] = {"truth": elastic.label, "truth_sources": elastic.truth.sources(),
+                             "rule": {k: getattr(elastic.rule, k) for k in elastic.rule.__dataclass_fields__}}
+        warnings.append(f"elastic: job speeds on every GPU count come from the {_TRUTH_TEXT[elastic.label]}; job "
+                        "work is the trace's (derived for a Sia import); simulated, not measured")
+        return EvaluationResult(summary, all_jobs, timeline, setups_by_load, plans, report, warnings)
 
 
 def _sampled_if_overloaded(jobs: pd.DataFrame, outcome: PlanOutcome, label: str,
@@ -199,34 +249,133 @@ worker costs about as much as replaying a few thousand jobs); below it too where
 @dataclass(frozen=True)
 class SetupRuns:
     """The evaluation's truth replays, as an engine runs them (`hetplan.codesign.engines`): run (k, j) is
-    load point k's setup j % (its setups) under scheduler j // (its setups). Each is a pure function of these
-    inputs, so the rows are the same whichever engine runs them."""
+    load point k's setup j % (its setups) under scheduler (j // (its setups)) % (schedulers), with fixed counts,
+    and with `elastic` a second block of as many runs (j from setups x schedulers on) with the elastic scheduler.
+    Each is a pure function of these inputs, so the rows are the same whichever engine runs them."""
 
     points: list[LoadPoint]
     jobs: list[pd.DataFrame]  # the replayed jobs at each load point
     setups: list[list[Setup]]  # the setups at each load point
     schedulers: tuple[str, ...]
-    truth: TruthCurves
+    truth: TruthCurves | ScalingTruth
     round_s: float
     stability: Stability
+    elastic: ElasticRule | None = None
+
+    @property
+    def modes(self) -> int:
+        """How many times each setup and scheduler replays: fixed counts, and elastic ones where asked."""
+        return 1 if self.elastic is None else 2
 
     def every(self) -> list[tuple[int, int]]:
-        return [(k, j) for k in range(len(self.points)) for j in range(len(self.setups[k]) * len(self.schedulers))]
+        return [(k, j) for k in range(len(self.points))
+                for j in range(len(self.setups[k]) * len(self.schedulers) * self.modes)]
 
     def of(self, run: tuple[int, int]) -> tuple[LoadPoint, Setup, str]:
         k, j = run
         setups = self.setups[k]
-        return self.points[k], setups[j % len(setups)], self.schedulers[j // len(setups)]
+        return self.points[k], setups[j % len(setups)], self.schedulers[(j // len(setups)) % len(self.schedulers)]
+
+    def mode(self, run: tuple[int, int]) -> str:
+        """`fixed` or `elastic`: how the run's jobs get their GPU counts."""
+        return ELASTIC if run[1] >= len(self.setups[run[0]]) * len(self.schedulers) else FIXED
 
     def label(self, run: tuple[int, int]) -> str:
         point, setup, scheduler = self.of(run)
-        return f"{setup.name} | {scheduler} | {_label(point)}"
+        return f"{setup.name} | {scheduler} | {_label(point)}" + (" | elastic" if self.mode(run) == ELASTIC else "")
 
     def summary(self, run: tuple[int, int]) -> dict:
         point, setup, scheduler = self.of(run)
-        config = SimConfig(scheduler, self.round_s, stability=self.stability)
+        elastic = self.elastic if self.mode(run) == ELASTIC else None
+        config = SimConfig(scheduler, self.round_s, stability=self.stability, elastic=elastic)
         result = simulate(self.jobs[run[0]], setup.nodes, self.truth, setup.policy, setup.hints, config)
-        return {"summary": summarize(result, setup.cost_per_hour), "jobs": result.jobs, "timeline": result.timeline}
+        out = {"summary": summarize(result, setup.cost_per_hour), "jobs": result.jobs, "timeline": result.timeline}
+        if self.elastic is not None:
+            out["restarts"] = restart_figures(result)
+        return out
+
+
+def restart_figures(result: SimResult) -> dict[str, float]:
+    """Restarts per job (preemptions, moves and count changes) and the share of the GPU-seconds the cluster lent
+    that jobs held while restarting."""
+    jobs, timeline = result.jobs, result.timeline
+    held = float(np.sum(timeline["gpus"].to_numpy()[:-1] * np.diff(timeline["time_s"].to_numpy())))
+    restarts = jobs["preemptions"] + jobs["migrations"] + jobs["rescales"]
+    return {"restarts_per_job": float(restarts.mean()) if len(jobs) else float("nan"),
+            "restart_waste_share": float(jobs["restart_waste_gpu_s"].sum()) / held if held > 0 else float("nan")}
+
+
+_TRUTH_TEXT = {MEASURED: "measured multi-GPU step times (Sia's placements; the fitted scaling models where none "
+                         "were measured)",
+               DERIVED: "fitted multi-GPU scaling models alone (derived: no measured step time read)"}
+
+
+def _check_elastic(trace: pd.DataFrame, plan_trace: pd.DataFrame | None, rhos: Sequence[float],
+                   relabel_unknown: bool) -> None:
+    """Refuse what an elastic evaluation cannot run, naming the option (`ContractError`)."""
+    if rhos:
+        raise ContractError([Problem("--rho", "--elastic takes --load or the traced arrivals (rho reads the "
+                                              "profile truth)")])
+    if relabel_unknown:
+        raise ContractError([Problem("--relabel-unknown", "not with --elastic (a Sia trace names its models)")])
+    for option, jobs in (("--trace", trace), ("--plan-trace", plan_trace)):
+        if jobs is not None and "batch_size" not in jobs:
+            raise ContractError([Problem(option, "--elastic needs a trace with batch sizes and GPU-count bounds "
+                                                 "(a Sia workload: --format sia)")])
+
+
+def _elastic_catalog(inputs: ProblemInputs, truth: ScalingTruth, warnings: list[str]) -> ProblemInputs:
+    """`inputs` with the catalog's shapes of GPU types the multi-GPU truth has no speeds for left out, saying so;
+    `ContractError` naming --catalog where none is left."""
+    catalog = inputs.catalog
+    known = catalog["gpu_type"].isin(truth.gpu_types())
+    if not known.any():
+        raise ContractError([Problem("--catalog", f"--elastic: no shape of a GPU type the multi-GPU truth has "
+                                                  f"({', '.join(truth.gpu_types())})")])
+    if not known.all():
+        left = sorted(set(catalog.loc[~known, "gpu_type"].astype(str)))
+        warnings.append(f"elastic: {int((~known).sum())} catalog shapes left out, of GPU types the multi-GPU truth "
+                        f"has no speeds for ({', '.join(left)})")
+    return replace(inputs, catalog=catalog[known].reset_index(drop=True))
+
+
+def _with_elastic(runs: SetupRuns, results: dict, summary: pd.DataFrame, jobs: pd.DataFrame,
+                  timeline: pd.DataFrame, label: str) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
+    """The summary with `ELASTIC_COLUMNS` (each row's elastic run beside its fixed one), and the per-job and
+    timeline frames of both runs with a `counts` column (`fixed` / `elastic`)."""
+    extra, job_frames, timelines = [], [jobs.assign(counts=FIXED)], [timeline.assign(counts=FIXED)]
+    for run in runs.every():
+        if runs.mode(run) == FIXED:
+            continue
+        point, setup, scheduler = runs.of(run)
+        got = results[run]
+        base = results[(run[0], run[1] - len(runs.setups[run[0]]) * len(runs.schedulers))]  # its fixed twin
+        key = {**point.key, "scheduler": scheduler, "setup": setup.name}
+        job_frames.append(got["jobs"].assign(**key, counts=ELASTIC))
+        timelines.append(got["timeline"].assign(**key, counts=ELASTIC))
+        ratio, common = _common_ratio(base["jobs"], got["jobs"])
+        extra.append({"truth": label, **base["restarts"],
+                      "elastic_avg_jct_h": got["summary"]["avg_jct_h"],
+                      "elastic_p95_jct_h": got["summary"]["p95_jct_h"],
+                      "elastic_completed": got["summary"]["completed"],
+                      "elastic_restarts_per_job": got["restarts"]["restarts_per_job"],
+                      "elastic_restart_waste_share": got["restarts"]["restart_waste_share"],
+                      "elastic_jct_ratio": ratio, "elastic_common_jobs": common})
+    summary = pd.concat([summary, pd.DataFrame(extra, index=summary.index, columns=list(ELASTIC_COLUMNS))], axis=1)
+    return summary, pd.concat(job_frames, ignore_index=True), pd.concat(timelines, ignore_index=True)
+
+
+def _common_ratio(fixed: pd.DataFrame, elastic: pd.DataFrame) -> tuple[float, int]:
+    """The fixed run's average JCT over the elastic run's on the jobs both completed, and how many those are."""
+    def done(jobs: pd.DataFrame) -> pd.Series:
+        ran = jobs[jobs["status"] == "completed"]
+        return pd.Series(ran["jct_s"].to_numpy(float), index=ran["job_id"].astype(str))
+
+    a, b = done(fixed), done(elastic)
+    common = a.index.intersection(b.index)
+    if not len(common):
+        return float("nan"), 0
+    return float(a[common].mean() / b[common].mean()), len(common)
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,7 @@ The CLI, the nightly pipeline and the simulator's setups all go through these tw
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from pathlib import Path
 
 import pandas as pd
@@ -62,10 +62,18 @@ def read_fleet(path: str | Path, catalog_path: str | Path | None = None) -> pd.D
 def load_problem(curves: str | Path, catalog: str | Path, demand: pd.DataFrame, budget: float | None, *,
                  clouds: Sequence[str] = (), fleet: str | Path | None = None,
                  demand_gpus: float | None = None, max_job_gpus: int | None = None,
-                 history_gpus: int | None = None) -> tuple[PlanningProblem, dict[str, str]]:
+                 history_gpus: int | None = None,
+                 gpu_types: Collection[str] | None = None) -> tuple[PlanningProblem, dict[str, str]]:
     """The planning problem of these files, and the inputs' fingerprints for the plan's record; every plan of it
-    hosts `max_job_gpus` and `history_gpus` GPUs on one GPU type (`hetplan.planner.sizes`)."""
+    hosts `max_job_gpus` and `history_gpus` GPUs on one GPU type (`hetplan.planner.sizes`). `gpu_types`: buy only
+    shapes of these (an elastic plan: the types its scaling models know); `ContractError` naming the catalog where
+    none is left."""
     shapes = read_catalog(catalog, clouds)
+    if gpu_types is not None:
+        shapes = shapes[shapes["gpu_type"].isin(list(gpu_types))].reset_index(drop=True)
+        if not len(shapes):
+            raise ContractError([Problem(str(catalog), "no shape of a GPU type among "
+                                                       f"{', '.join(sorted(gpu_types))}")])
     owned = read_fleet(fleet, catalog) if fleet else None
     declarations = gpu_declarations(shapes, owned) if owned is not None else gpu_declarations(shapes)
     problem = build_problem(CURVES.load(curves), shapes, demand, budget, demand_gpus, owned, declarations,

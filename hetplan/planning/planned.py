@@ -155,7 +155,7 @@ def _steady(problem: PlanningProblem, request: PlanRequest, objective: Objective
 def _options(request: PlanRequest, label: str = "") -> dict:
     """`request` as `hetplan.codesign`'s stages take it."""
     return dict(objective=request.resolved(True).value, max_avg_jct=request.max_avg_jct,
-                scheduler=request.scheduler, round_s=request.round_s, solver=request.solver,
+                scheduler=request.scheduler, round_s=request.round_s, elastic=request.elastic, solver=request.solver,
                 time_limit=request.time_limit, engine=request.engine,
                 progress=prefixed(request.progress, label) if label else request.progress, **request.sizes.options())
 
@@ -218,7 +218,8 @@ def _held_back(problem: PlanningProblem, request: PlanRequest, objective: Object
         return "the held-back check could not plan on the first part: " + "; ".join(p.message for p in exc.problems)
     also = [c for c in (planned.candidate(planned.winner), planned.candidate(f"{STATUS_QUO} + hints")) if c]
     return held_back_check(first_plan, checked, set(rest["job_id"].astype(str)),
-                           SimConfig(request.scheduler, request.round_s), request.engine, request.progress, also,
+                           SimConfig(request.scheduler, request.round_s, elastic=request.elastic), request.engine,
+                           request.progress, also,
                            mix_shift(first, rest))
 
 

@@ -10,6 +10,7 @@ from hetplan.planner.solvers import SolverName
 from hetplan.planning.calibration import Calibration
 from hetplan.codesign.objectives import Objective
 from hetplan.progress import Progress
+from hetplan.scheduler.elastic import ElasticRule
 
 if TYPE_CHECKING:
     from hetplan.codesign.engines import Engine
@@ -67,7 +68,9 @@ class PlanRequest:
     `objective` None is `jct` with a workload and `throughput` without (`resolved`). `holdout` is the share
     of a workload (its last arrivals) held back to check the prediction out of sample (0: none; see
     `hetplan.planning.prediction`); `calibration` widens its interval by how earlier predictions fared.
-    `sizes` trades the replays' fidelity for time."""
+    `sizes` trades the replays' fidelity for time. With `elastic` the workload's replays run the elastic scheduler
+    (every round chooses each job's GPU type and count within its bounds, by the fitted scaling models): the plan
+    is weighed for an elastic workload."""
 
     objective: Objective | None = None
     max_avg_jct: float | None = None  # cost with a workload: the average JCT (h) the cheapest plan must reach
@@ -75,6 +78,7 @@ class PlanRequest:
     fairness: float = 0.0  # throughput-sum: each class's floor as a fraction of its share
     scheduler: str = "las"
     round_s: float = 300.0
+    elastic: ElasticRule | None = None  # replays choose jobs' GPU counts (`hetplan.scheduler.elastic`)
     solver: SolverName = "auto"
     time_limit: float = 60.0
     gap: float = 1e-3
@@ -114,6 +118,9 @@ class PlanRequest:
             if not budget_point >= 0:
                 raise RequestError("--sweep", f"{budget_point!r} is not a budget in US$ per hour")
         self.sizes.check()
+        if self.elastic is not None and not self.replays(workload):
+            raise RequestError("--elastic", "needs --workload and a workload objective (its replays choose jobs' "
+                                            "GPU counts)")
         if not 0 <= self.holdout < 1:
             raise RequestError("--holdout", f"must be in [0, 1), got {self.holdout:g}")
         if not 0 <= self.fairness <= 1:

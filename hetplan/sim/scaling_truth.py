@@ -77,6 +77,13 @@ class ScalingTruth:
         fitted = fit_scaling(measured, load_single_gpu()).models
         return cls(measured, complete(fitted))
 
+    @classmethod
+    def fitted(cls, truth: ScalingTruth | None = None) -> ScalingTruth:
+        """The scaling models alone (of `truth`; None: the shipped table's), no measured step curves: the
+        elastic scheduler's belief (`rates`) as a truth, what a planner's elastic replays and a `derived` truth
+        run by."""
+        return cls(pd.DataFrame(columns=MEASURED_COLUMNS), (truth or shipped()).models)
+
     def gpu_types(self) -> list[str]:
         return sorted({t for _, t in self.models})
 
@@ -138,6 +145,26 @@ class ScalingTruth:
         """The scheduler's belief: the fitted models' speeds (`hetplan.scheduler.elastic.Rates`); with `shares`
         (per GPU type, what its nodes give a GPU) each type priced at its host factor there."""
         return Rates(self.models, self.host if shares else {}, shares or {})
+
+
+MEASURED_COLUMNS = ["model", "gpu_type", "num_gpus", "num_nodes", "placement", "local_bsz", "step_time_s"]
+"""The columns of a `load_profile` table `ScalingTruth` reads."""
+_SHIPPED: list[ScalingTruth] = []
+
+
+def shipped() -> ScalingTruth:
+    """The truth of the shipped placements table, built once per process (a fit of every model and type)."""
+    if not _SHIPPED:
+        _SHIPPED.append(ScalingTruth.from_placements())
+    return _SHIPPED[0]
+
+
+def as_scaling_jobs(jobs: pd.DataFrame) -> pd.DataFrame:
+    """`jobs` as a multi-GPU truth reads them: `sim_model` Sia's model name (`application`) where the trace has
+    one (a Sia import names its models as hetplan's: cifar10 as res18)."""
+    if "application" not in jobs:
+        return jobs
+    return jobs.assign(sim_model=jobs["application"].where(jobs["application"].notna(), jobs["sim_model"]))
 
 
 class Rates:
@@ -240,4 +267,5 @@ def placement_types(text: str) -> dict[str, tuple[str, int]]:
     return out
 
 
-__all__ = ["HostFactor", "RATIO", "Share", "host_factors", "Rates", "ScalingTruth", "complete", "placement_types", "reference_rate"]
+__all__ = ["HostFactor", "MEASURED_COLUMNS", "RATIO", "Share", "as_scaling_jobs", "host_factors", "shipped", "Rates",
+           "ScalingTruth", "complete", "placement_types", "reference_rate"]
