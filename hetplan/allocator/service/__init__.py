@@ -58,6 +58,14 @@ def create_app(settings: ServiceSettings | None = None, allocator: Allocator | N
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        try:
+            async with serving(app):
+                yield
+        finally:
+            await run_in_threadpool(ctx.body_worker.close)  # no worker process outlives the app
+
+    @asynccontextmanager
+    async def serving(app: FastAPI) -> AsyncIterator[None]:
         if allocator is not None:
             ctx.open(allocator)
             with _node_sync(settings, allocator, ctx):
