@@ -105,7 +105,7 @@ def router(ctx: ServiceContext) -> APIRouter:
         allocator's state, read under its lock in one pass over the named nodes it knows (`Cluster.view`, at most
         `node_name_limit` names: O(cluster)); everything else, the filter and the scores, runs without the lock."""
         if body.nodes is not None:
-            return body.nodes.candidates
+            return body.nodes.candidates()
         names = node_names(body)
         a = ctx.alloc()
         with a.lock:
