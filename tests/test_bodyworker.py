@@ -263,8 +263,11 @@ def test_no_worker_process_outlives_hetplan_serve(tmp_path, sig):
         answer = httpx.post(f"{server.url}/filter", content=body, headers=JSON, timeout=60)
         assert answer.status_code == 200, answer.text
         started = descendants(server.proc.pid)
-        assert any("spawn_main" in " ".join(p.cmdline()) for p in started), [p.cmdline() for p in started]
+        workers = [p for p in started if "spawn_main" in " ".join(p.cmdline())]
+        assert len(workers) == 1, [p.cmdline() for p in started]
     finally:
         server.stop(sig)
+    if sig != signal.SIGKILL:  # stopped by the service itself before it exited, not by its own watch afterwards
+        assert gone(workers, timeout=0)
     assert gone(started, timeout=10), [(p.pid, p.cmdline()) for p in started if p.is_running()]
 
