@@ -17,17 +17,23 @@ import signal
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
-from multiprocessing import get_context
+from multiprocessing import get_context, popen_spawn_posix, resource_tracker, synchronize  # noqa: F401
 from typing import Any, TypeVar
 
 log = logging.getLogger(__name__)
+# popen_spawn_posix, resource_tracker, synchronize: imported with the service, not by the first large body (their
+# import, in whatever thread, held the GIL for ~40 ms: the event loop waited)
 
 T = TypeVar("T")
 
 ATTEMPTS = 2
 """Tries of one call: a worker killed under it is replaced and the call sent again once."""
+
+WORKER_NICE = 10
+"""How much lower the worker's CPU priority is than the service's: on a busy machine a large body's read waits,
+not the event loop (at +10 the worker gets about a tenth of a core the two contend for)."""
 
 PARENT_POLL_S = 0.5
 """How often a worker checks that the service that started it still runs."""
@@ -37,9 +43,14 @@ class WorkerDied(Exception):
     """The worker process died under the call on every attempt."""
 
 
-def _watch_parent(parent: int) -> None:
-    """Worker initializer: leave SIGINT to the service (a terminal's Ctrl-C reaches the whole process group; the
-    service stops the worker itself), and exit when the service is gone (its pid is no longer the parent's)."""
+def _worker_init(parent: int) -> None:
+    """Worker initializer: yield the CPU to the service (`WORKER_NICE`), leave SIGINT to it (a terminal's Ctrl-C
+    reaches the whole process group; the service stops the worker itself), and exit when the service is gone (its
+    pid is no longer the parent's)."""
+    try:
+        os.nice(WORKER_NICE)
+    except OSError:  # not on this platform: the worker runs at the service's priority
+        pass
     signal.signal(signal.SIGINT, signal.SIG_IGN)
 
     def watch() -> None:
@@ -61,10 +72,19 @@ class BodyWorker:
     def _executor(self) -> ProcessPoolExecutor:
         with self._lock:
             if self._pool is None:
-                self._pool = ProcessPoolExecutor(1, mp_context=get_context("spawn"), initializer=_watch_parent,
+                self._pool = ProcessPoolExecutor(1, mp_context=get_context("spawn"), initializer=_worker_init,
                                                  initargs=(os.getpid(),))
                 log.info("body worker process starting")
             return self._pool
+
+    def _submit(self, fn: Callable[..., T], args: tuple[Any, ...]) -> tuple[ProcessPoolExecutor, Future[T]]:
+        pool = self._executor()
+        try:
+            return pool, pool.submit(fn, *args)
+        except BrokenProcessPool:  # it died since the last call: the future says so, as for a death under a call
+            future: Future[T] = Future()
+            future.set_exception(BrokenProcessPool("the worker process died"))
+            return pool, future
 
     def _discard(self, pool: ProcessPoolExecutor) -> None:
         with self._lock:
@@ -75,9 +95,11 @@ class BodyWorker:
     async def run(self, fn: Callable[..., T], *args: Any) -> T:
         """`fn(*args)` in the worker process (`fn` and `args` picklable); `WorkerDied` when it died every try."""
         for attempt in range(1, ATTEMPTS + 1):
-            pool = self._executor()
+            # from a thread: making the pool (its queues start multiprocessing's resource tracker) and the first
+            # submit (which starts the process) take tens of ms, never on the event loop
+            pool, future = await asyncio.to_thread(self._submit, fn, args)
             try:
-                return await asyncio.wrap_future(pool.submit(fn, *args))
+                return await asyncio.wrap_future(future)
             except BrokenProcessPool:
                 log.warning("body worker process died (attempt %d of %d); starting a fresh one", attempt, ATTEMPTS)
                 self._discard(pool)
