@@ -224,13 +224,13 @@ def test_a_request_whose_worker_is_killed_is_answered_or_refused_cleanly_and_the
     expected = post_on(url, monkeypatch, "event loop", "/filter", body)
     monkeypatch.setattr(middleware, "THREADED_BODY_BYTES", 0)
     monkeypatch.setattr(service_extender, "PROCESS_BODY_BYTES", 0)
-    monkeypatch.setattr(service_extender, "read_large", functools.partial(worker_calls.hang_first,
+    monkeypatch.setattr(service_extender, "read_large_file", functools.partial(worker_calls.hang_first,
                                                                           str(tmp_path / "hung")))
     answers: list[httpx.Response] = []
     for kills in (1, 2):
         (tmp_path / "hung").unlink(missing_ok=True)
         if kills == 2:
-            monkeypatch.setattr(service_extender, "read_large", worker_calls.hang)
+            monkeypatch.setattr(service_extender, "read_large_file", worker_calls.hang)
         pending = threading.Thread(target=lambda: answers.append(httpx.post(f"{url}/filter", content=body,
                                                                              headers=JSON, timeout=120)))
         pending.start()
@@ -240,7 +240,7 @@ def test_a_request_whose_worker_is_killed_is_answered_or_refused_cleanly_and_the
         pending.join(120)
     assert (answers[0].status_code, answers[0].content) == expected
     assert answers[1].status_code == 413 and answers[1].json()["detail"] == service_extender.WORKER_DIED
-    monkeypatch.setattr(service_extender, "read_large", worker_calls.read_large)
+    monkeypatch.setattr(service_extender, "read_large_file", worker_calls.read_large_file)
     assert post_on(url, monkeypatch, "process", "/filter", body) == expected
 
 

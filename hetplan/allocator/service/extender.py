@@ -1,13 +1,16 @@
 """Routes of the Kubernetes scheduler extender: `/filter` and `/prioritize` (`hetplan.allocator.k8s.extender`).
 
 A body over `PROCESS_BODY_BYTES` (up to 32 MiB: a v1.NodeList of whole Nodes) is parsed, validated and reduced to
-what the routes need in the service's worker process (`BodyWorker`, `extender_body.read_large`): JSON parsing and
-validation hold the GIL, which in a thread would make every other request wait. Smaller bodies are read as any
-other (`JSONRoute`) and reduced in the route (`extender_body.reduce_args`): the same answers and errors either way.
+what the routes need in the service's worker process (`BodyWorker`, `extender_body.read_large_file`, the body and
+the items' encoding passed in a temporary file): JSON parsing and validation hold the GIL, which in a thread would
+make every other request wait. Smaller bodies are read as any other (`JSONRoute`) and reduced in the route
+(`extender_body.reduce_args`): the same answers and errors either way.
 """
 
 from __future__ import annotations
 
+import asyncio
+from pathlib import Path
 from typing import Any
 
 from fastapi import APIRouter, HTTPException, Request, Response
@@ -18,7 +21,7 @@ from hetplan.allocator.service.bodies import Responses, posted
 from hetplan.allocator.service.bodyworker import WorkerDied
 from hetplan.allocator.service.context import ServiceContext
 from hetplan.allocator.service.extender_body import (
-    PROCESS_BODY_BYTES, ExtenderBody, NodeItems, raise_read_error, read_large, reduce_args,
+    PROCESS_BODY_BYTES, ExtenderBody, NodeItems, fetch_items, raise_read_error, read_large_file, reduce_args, spill,
 )
 from hetplan.allocator.service.middleware import JSONRoute
 from hetplan.allocator.spec import CLOSED_LABEL
@@ -42,7 +45,7 @@ def filter_answer(result: k8s.ExtenderFilterResult, items: NodeItems, keep: set[
     writes with those items in `Nodes`, without encoding up to 32 MiB of them again."""
     head = result.model_dump_json(by_alias=True)
     assert result.nodes is None and head.startswith('{"Nodes":null'), head[:40]
-    view, ends = memoryview(items.encoded), items.ends
+    blob, ends = items.encoded, items.ends
     pieces: list[Any] = [b'{"Nodes":', items.rest[:-1], b',"items":[' if len(items.rest) > 2 else b'"items":[']
     run_start: int | None = None
     runs = 0
@@ -51,10 +54,21 @@ def filter_answer(result: k8s.ExtenderFilterResult, items: NodeItems, keep: set[
             run_start = i if run_start is None else run_start
             continue
         if run_start is not None:
-            pieces += [b","] * (runs > 0) + [view[(ends[run_start - 1] + 1 if run_start else 0):ends[i - 1]]]
+            pieces += [b","] * (runs > 0) + _slices(blob, ends[run_start - 1] + 1 if run_start else 0, ends[i - 1])
             runs, run_start = runs + 1, None
     pieces += [b"]}", head[len('{"Nodes":null'):].encode()]
     return b"".join(pieces)
+
+
+SLICE_BYTES = 1 << 20
+
+
+def _slices(blob: bytes, start: int, end: int) -> list[bytes]:
+    """`blob[start:end]` as bytes of at most `SLICE_BYTES` (the whole `blob` when that is all of it): each copy
+    holds the GIL only that long, and `bytes.join` of bytes alone copies without it."""
+    if start == 0 and end == len(blob):
+        return [blob]
+    return [blob[i:min(i + SLICE_BYTES, end)] for i in range(start, end, SLICE_BYTES)]
 
 
 def router(ctx: ServiceContext) -> APIRouter:
@@ -66,13 +80,16 @@ def router(ctx: ServiceContext) -> APIRouter:
             if len(body) <= PROCESS_BODY_BYTES:
                 return await super().read_large(request, body)
             known = len(ctx.alloc().cluster)
+            path = await asyncio.to_thread(spill, body)
             try:
-                read = await ctx.body_worker.run(read_large, body, known, node_name_limit(known),
+                read = await ctx.body_worker.run(read_large_file, path, known, node_name_limit(known),
                                                  self.path == "/filter")
+                raise_read_error(read)
+                setattr(request.state, _STATE_KEY, await asyncio.to_thread(fetch_items, path, read[1]))
             except WorkerDied:
                 raise HTTPException(413, WORKER_DIED) from None
-            raise_read_error(read)
-            setattr(request.state, _STATE_KEY, read[1])
+            finally:
+                await asyncio.to_thread(Path(path).unlink, True)
             return k8s.ExtenderArgs.model_construct(pod=k8s.Pod.model_construct(), nodes=None, node_names=[])
 
     api = APIRouter(tags=["kubernetes"], route_class=ExtenderRoute)

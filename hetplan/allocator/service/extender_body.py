@@ -12,7 +12,10 @@ from __future__ import annotations
 
 import gc
 import json
-from dataclasses import dataclass
+import os
+import tempfile
+from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any
 
 import pydantic_core
@@ -125,6 +128,33 @@ def read_large(body: bytes, known: int, limit: int, encode: bool) -> tuple[Any, 
         return "ok", reduce_args(args, known, limit, encode)
     finally:
         gc.enable()
+
+
+def spill(body: bytes) -> str:
+    """Write `body` to a temporary file for the worker (`read_large_file`), and return its path. The file, not a
+    pickle: pickling 32 MiB into the worker's queue is one copy under the GIL (80 ms seen), a file write is a
+    system call without it. Call it in a thread; the caller deletes the file."""
+    fd, path = tempfile.mkstemp(prefix="hetplan-body-")
+    with os.fdopen(fd, "wb") as out:
+        out.write(body)
+    return path
+
+
+def read_large_file(path: str, known: int, limit: int, encode: bool) -> tuple[Any, ...]:
+    """`read_large` on the body in the file `path` (`spill`). Nodes mode with `encode`: the items' encoding goes
+    back in that file (replacing the body), not in the answer's pickle; the caller reads it (`fetch_items`)."""
+    read = read_large(Path(path).read_bytes(), known, limit, encode)
+    if read[0] == "ok" and read[1].nodes is not None and encode:
+        Path(path).write_bytes(read[1].nodes.encoded)
+        return "ok", replace(read[1], nodes=replace(read[1].nodes, encoded=b""))
+    return read
+
+
+def fetch_items(path: str, body: ExtenderBody) -> ExtenderBody:
+    """`body` with the items' encoding read from `path` when `read_large_file` wrote it there (in a thread)."""
+    if body.nodes is None or body.nodes.encoded or not body.nodes.ends:
+        return body
+    return replace(body, nodes=replace(body.nodes, encoded=Path(path).read_bytes()))
 
 
 def _compact(error: Any) -> dict[str, Any]:
