@@ -12,6 +12,7 @@ import functools
 import json
 import os
 import signal
+import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -104,6 +105,7 @@ def served() -> Iterator[tuple[str, Any]]:
         server.should_exit = True
         thread.join(timeout=15)
     assert app.state.context.body_worker.pids() == []  # stopped with the app
+    assert not list(Path(tempfile.gettempdir()).glob("hetplan-body-*"))  # every body's file deleted, errors included
 
 
 def encoded(body: Any) -> bytes:
@@ -151,6 +153,16 @@ def test_a_body_over_the_threshold_goes_to_the_worker_with_the_same_answer(serve
     answer = httpx.post(f"{url}/filter", content=body, headers=JSON, timeout=60)
     assert answer.status_code == 200 and ctx.body_worker.pids()
     assert (answer.status_code, answer.content) == post_on(url, monkeypatch, "event loop", "/filter", body)
+
+
+@pytest.mark.parametrize("slice_bytes", [1, 5, 333, 1 << 20])
+def test_the_spliced_answer_is_the_same_in_slices_of_any_size(served, monkeypatch, slice_bytes):
+    """The kept runs are copied in slices of at most `SLICE_BYTES`: any size gives the same bytes."""
+    url, _ = served
+    body = encoded(CASES[2][1])
+    expected = post_on(url, monkeypatch, "event loop", "/filter", body)
+    monkeypatch.setattr(service_extender, "SLICE_BYTES", slice_bytes)
+    assert post_on(url, monkeypatch, "process", "/filter", body) == expected
 
 
 def test_more_than_the_listed_errors_are_counted(served, monkeypatch):
