@@ -58,6 +58,14 @@ def create_app(settings: ServiceSettings | None = None, allocator: Allocator | N
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        try:
+            async with serving(app):
+                yield
+        finally:
+            await run_in_threadpool(ctx.body_worker.close)  # no worker process outlives the app
+
+    @asynccontextmanager
+    async def serving(app: FastAPI) -> AsyncIterator[None]:
         if allocator is not None:
             ctx.open(allocator)
             try:
@@ -101,6 +109,7 @@ def create_app(settings: ServiceSettings | None = None, allocator: Allocator | N
                   description="Hint-driven GPU job placement: allocation API, node admin, hints, Kubernetes "
                               "scheduler extender (`/filter`, `/prioritize`). RAM is GiB (2^30 bytes) in every "
                               "body, `mem_gb` fields included.")
+    app.state.context = ctx  # for diagnostics and tests (the body worker's process)
     app.add_middleware(BodyLimit, default=settings.max_body_bytes,
                        prefixes={"/filter": settings.max_extender_body_bytes,
                                  "/prioritize": settings.max_extender_body_bytes})

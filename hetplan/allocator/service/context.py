@@ -16,6 +16,7 @@ from starlette.concurrency import run_in_threadpool
 
 from hetplan.allocator.metrics import Metrics
 from hetplan.allocator.core import Allocator
+from hetplan.allocator.service.bodyworker import BodyWorker
 from hetplan.allocator.service.settings import TOKEN_ENV, WRITE_TOKEN_ENV, ServiceSettings
 from hetplan.allocator.durable import SqliteJournal
 from hetplan.scheduler.elastic import Elastic, ElasticRule
@@ -36,6 +37,7 @@ class ServiceContext:
         self.scheduler: OnlineScheduler | None = None  # the queue and the rounds over `allocator`
         self.inbox: Inbox | None = None  # submissions parked while the allocator's lock was busy
         self.node_sync: Any = None  # the Kubernetes node sync while one runs (`k8s.nodes.NodeSync`): its room
+        self.body_worker = BodyWorker()  # the process reading large extender bodies; stopped with the app
         bearer = HTTPBearer(auto_error=False, description="The admin token (`hetplan serve --token`).")
 
         def require_admin(credentials: HTTPAuthorizationCredentials | None = Depends(bearer)) -> None:

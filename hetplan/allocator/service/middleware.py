@@ -257,6 +257,7 @@ async def validation_error(request: Request, exc: RequestValidationError) -> JSO
     input may be a huge or non-finite number (which no JSON encoder writes: once a 500) or a large part of the body.
     A JSON decode error keeps its reason in `msg`."""
     errors = exc.errors()
+    total = getattr(exc, "total", len(errors))  # a body read in the worker process sends its first errors only
     detail = []
     for error in errors[:MAX_ERRORS]:
         msg = str(error.get("msg", ""))
@@ -265,9 +266,8 @@ async def validation_error(request: Request, exc: RequestValidationError) -> JSO
             msg = f"{msg}: {str(ctx['error'])[:200]}"
         detail.append({"type": str(error.get("type", "")), "loc": [x if isinstance(x, int) else str(x)
                                                                     for x in error.get("loc", ())], "msg": msg})
-    if len(errors) > MAX_ERRORS:
-        detail.append({"type": "too_many_errors", "loc": ["body"],
-                       "msg": f"and {len(errors) - MAX_ERRORS} more errors"})
+    if total > MAX_ERRORS:
+        detail.append({"type": "too_many_errors", "loc": ["body"], "msg": f"and {total - MAX_ERRORS} more errors"})
     return JSONResponse({"detail": detail}, status_code=422)
 
 
@@ -311,12 +311,16 @@ class JSONRoute(APIRoute):
                 return await handler(strict)
             with old_generation_paused():
                 try:
-                    strict._json = await run_in_threadpool(self._read, body)
+                    strict._json = await self.read_large(strict, body)
                 except (json.JSONDecodeError, HTTPException) as exc:
                     strict._failed = exc  # FastAPI turns it into its 422 when it asks for the JSON
                 return await handler(strict)
 
         return json_body
+
+    async def read_large(self, request: Request, body: bytes) -> Any:
+        """Read a body over `THREADED_BODY_BYTES`: here, `_read` in a worker thread (a route class may do more)."""
+        return await run_in_threadpool(self._read, body)
 
     def _read(self, body: bytes) -> Any:
         """Parse and check a body, and validate it against the route's one body model (not the embedded kind):
