@@ -89,6 +89,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--policy", default="hint")
     parser.add_argument("--synchronous", default="full")
+    parser.add_argument("--tree", type=Path, default=None,
+                        help="serve the hetplan of this source tree (a `git archive` of another commit), else this one")
     parser.add_argument("--record", action="store_true")
     args = parser.parse_args()
     models = [f"m{i}" for i in range(12)]
@@ -97,7 +99,7 @@ def main() -> None:
         serve = ["--db", str(root / "q.db"), "--store", str(root / "store"), "--synchronous", args.synchronous,
                  "--tick", "0", "--nodes", str(node_file(root / "nodes.json", args.nodes)), "--policy", args.policy,
                  "--token", TOKEN]
-        with served(serve, root / "serve.log") as server:
+        with served(serve, root / "serve.log", args.tree) as server:
             fill = [{"job_id": f"run-{i}", "model": models[i % 12], "num_gpus": 8} for i in range(args.nodes)]
             started = time.perf_counter()
             submit_all(server.url, fill)
@@ -133,8 +135,8 @@ def main() -> None:
     when = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     lines = ["", f"## The service's queue over HTTP (`bench/serve_queue.py`, issue 30), {when}", "",
              f"Run: `PYTHONPATH=.:bench .venv/bin/python bench/serve_queue.py --nodes {args.nodes} --queued "
-             f"{args.queued} --rounds {args.rounds} --policy {args.policy} --synchronous {args.synchronous}` at "
-             f"commit {commit()}; {machine()}. **Synthetic** jobs (12 models, 1-8 GPUs) on {args.nodes:,} 8-GPU "
+             f"{args.queued} --rounds {args.rounds} --policy {args.policy} --synchronous {args.synchronous}"
+             + (f" --tree {args.tree}" if args.tree else "") + f"` at commit {commit()}; {machine()}. **Synthetic** jobs (12 models, 1-8 GPUs) on {args.nodes:,} 8-GPU "
              f"nodes, the cluster full, {queued:,} waiting (set-up {setup_s:.0f} s).", "",
              "| measure | median | p99 | max | target |", "|---|---:|---:|---:|---|",
              f"| submit (queued), last {len(sample):,} of the fill, one client | {statistics.median(sample) * 1000:.1f} ms"
