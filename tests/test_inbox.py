@@ -152,3 +152,17 @@ def test_a_parked_job_asked_again_for_another_request_is_a_conflict(tmp_path):
     s.park(Job("p", "m", 1))
     with pytest.raises(Conflict, match="num_gpus 1, asked 2"):
         s.park(Job("p", "m", 2))
+
+
+def test_a_parked_submission_is_handed_over_when_the_lock_frees_without_another_call(tmp_path):
+    """No tick and no other request: the inbox's own hand-over takes the lock when the round lets it go."""
+    db = tmp_path / "a.db"
+    s = OnlineScheduler(_durable(db), "fifo", inbox=Inbox(inbox_path(db)))
+    with s.allocator.lock:  # a round
+        assert s.park(Job("p1", "m", 1)).why == "busy"
+        time.sleep(0.2)
+        assert "p1" not in s.loop.by_id  # it cannot be handed over while the round holds the lock
+    deadline = time.monotonic() + ANSWER_S
+    while "p1" not in s.allocator.running() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert "p1" in s.allocator.running() and s.inbox.pending() == []

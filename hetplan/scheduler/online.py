@@ -15,6 +15,7 @@ parts: the controller's rescale). Without one, bounds are kept but ignored (the 
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
 from typing import Literal
@@ -104,6 +105,9 @@ class OnlineScheduler:
         self.clock = clock or allocator.clock
         self.inbox = inbox
         self._draining = False
+        self._handing = threading.Lock()  # guards the two below
+        self._hand_over_thread: threading.Thread | None = None
+        self._again = False
         self._largest = 0  # GPUs of the largest GPU type, as of the last look under the lock (`park` reads it)
         with allocator.lock:
             self._next = 0
@@ -136,7 +140,31 @@ class OnlineScheduler:
             a = self.allocator
             return Submitted("rejected", job.job_id, rejection=Rejection(
                 job.job_id, Reason.TOO_BIG, parked.rejected, a.hints.version, a.policy.name))
+        self._hand_over_soon()
         return Submitted("queued", job.job_id, why="busy")
+
+    def _hand_over_soon(self) -> None:
+        """Make sure the inbox is handed over as soon as the lock is free, whether or not another call comes: one
+        thread at a time waits for the lock (`_hand_over`); a park while it runs asks it for one more pass."""
+        with self._handing:
+            if self._hand_over_thread is not None:
+                self._again = True
+                return
+            self._hand_over_thread = threading.Thread(target=self._hand_over, name="inbox-hand-over", daemon=True)
+            self._hand_over_thread.start()
+
+    def _hand_over(self) -> None:
+        while True:
+            try:
+                with self.allocator.lock:
+                    self._enter()
+            except Exception:  # noqa: BLE001 - a fault barrier: the next call under the lock hands over again
+                log.exception("handing the inbox over failed; the next call tries again")
+            with self._handing:
+                if not self._again:
+                    self._hand_over_thread = None
+                    return
+                self._again = False
 
     def _submit(self, job: Job, arrival: float, bounds: Bounds | None = None) -> Submitted:
         """`submit` under the lock, of a job that came at `arrival` (now, or when it was parked)."""
