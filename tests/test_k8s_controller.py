@@ -32,12 +32,12 @@ def no_proxy(monkeypatch):
 class Rig:
     """The stand-in, an allocator service in process, the webhook, and controllers on them."""
 
-    def __init__(self, tmp_path, allocator: Allocator, **standin) -> None:
+    def __init__(self, tmp_path, allocator: Allocator, settings: ServiceSettings | None = None, **standin) -> None:
         self.allocator = allocator
         self.api = FakeApiServer(**standin).start()
         self.api.nodes = {n.name: k8s_node(n.name, gpus=str(n.gpus), cpu=str(int(n.cpus)), memory=f"{int(n.mem_gb)}Gi")
                           for n in allocator.cluster.nodes()}
-        self.http = TestClient(create_app(ServiceSettings(tick_seconds=0), allocator=allocator)).__enter__()
+        self.http = TestClient(create_app(settings or ServiceSettings(tick_seconds=0), allocator=allocator)).__enter__()
         self.service = AllocatorClient(http=self.http)
         self.webhook = WebhookServer(self.service, host="127.0.0.1", port=0).start()
         self.api.webhook_url = f"http://127.0.0.1:{self.webhook.port}/mutate"

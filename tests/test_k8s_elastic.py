@@ -14,12 +14,15 @@ import pandas as pd
 import pytest
 from standin_apiserver import ApiError, eventually, k8s_pod
 from standin_rules import validate_job_update
+from servers import TOKEN
 from test_k8s_controller import Rig, no_proxy, requests_of  # noqa: F401 - fixtures
+from test_service_elastic import scaling_csv  # noqa: F401 - a fixture
 from test_k8s_strict import leading
 
 from hetplan.allocator import Allocator, Node
 from hetplan.allocator.core import part_number
 from hetplan.allocator.k8s import pods
+from hetplan.allocator.service import ServiceSettings
 from hetplan.hints import HintSet
 
 NODES = [Node("gpu-a", "T4", 4, 32, 128), Node("gpu-b", "T4", 4, 32, 128)]
@@ -92,15 +95,15 @@ def handshake(rig, count: int, parallelism_before: int, seq: int | None = None) 
     return time.time()
 
 
-def check_parts(rig, job: str, count: int) -> None:
-    """Every live pod of index k runs on part k's node with its cores and RAM, the type's hinted share."""
+def check_parts(rig, job: str, count: int, hinted: bool = True) -> None:
+    """Every live pod of index k runs on part k's node with its cores and RAM (`hinted`: the type's hinted share)."""
     parts = sorted(rig.allocator.running([job])[job], key=part_number)
     pods_now = live(rig)
     assert len(parts) == len(pods_now) == count
     for pod, part in zip(pods_now, parts):
         assert int(pods.annotations(pod)[pods.COMPLETION_INDEX]) == part_number(part)
         assert (pod["spec"]["nodeName"], requests_of(pod)) == (part.node, (part.cpu_m, part.mem_mib))
-        assert (part.cpu_m, part.mem_mib, part.share) == (*HINTED, "hinted"), part
+        assert not hinted or (part.cpu_m, part.mem_mib, part.share) == (*HINTED, "hinted"), part
 
 
 def test_an_elastic_indexed_job_scales_2_4_2_checkpointing_first_and_never_overcommitting(rig):
@@ -209,3 +212,47 @@ def test_a_shrink_never_admits_a_queued_pod_before_the_dropped_pods_are_gone(rig
     assert not [s for s in seen if s[0] and s[1]], "q1 ungated while a dropped pod was still there"
     assert any(not ungated and dropped for ungated, dropped in seen)  # it did wait
     assert c.stats.counts["admit-held"] == 1 and rig.api.overcommits == []
+
+
+@pytest.fixture
+def elastic_rig(tmp_path, scaling_csv):
+    hints = HintSet.from_frame(pd.read_csv(StringIO(HINTS), dtype=str))
+    settings = ServiceSettings(tick_seconds=0, token=TOKEN, scaling_models=scaling_csv)
+    r = Rig(tmp_path, Allocator(NODES, "hint", hints), settings=settings)
+    yield r
+    r.close()
+
+
+def test_an_elastic_gang_declared_on_its_pods_starts_at_the_count_the_round_chose(elastic_rig):
+    """`hetplan.io/elastic-gpus` on the pod template: the controller submits the gang with its bounds, the service's
+    elastic round (`--scaling-models`) starts it at a count of its own choosing, and the controller re-counts the
+    Job (nothing runs yet: no checkpoint) and admits every pod that follows on its part."""
+    rig = elastic_rig
+    c = leading(rig)
+    body = indexed_job("train", 2)
+    body["spec"]["template"]["metadata"]["annotations"][pods.ELASTIC_KEY] = "2-8"
+    made = rig.api.create_job("ml", body)
+    job = f"ml/Job/{made['metadata']['uid']}"
+    eventually(lambda: job in {w["job_id"] for w in rig.http.get("/v1/queue").json()["jobs"]})  # starts at a round
+    assert rig.http.post("/v1/actions/tick", headers={"Authorization": f"Bearer {TOKEN}"}).status_code == 200
+    count = len(rig.allocator.running([job])[job])
+    assert count > 2  # an idle cluster: it grew at its first start
+    eventually(lambda: rig.api.jobs[("ml", "train")]["spec"]["parallelism"] == count)
+    eventually(lambda: len(live(rig)) == count and all(running(p) for p in live(rig)))
+    check_parts(rig, job, count, hinted=count in (2, 4))  # the hints have rows for 2 and 4 GPUs only
+    assert rig.api.overcommits == []
+    assert (c.stats.counts["rescales"], c.stats.counts["rescaled"], c.stats.counts["gang-mismatch"]) == (1, 1, 0)
+
+
+@pytest.mark.parametrize("annotations, error", [
+    ({pods.ELASTIC_KEY: "8"}, "MIN-MAX"),
+    ({pods.ELASTIC_KEY: "2-x"}, "MIN-MAX"),
+    ({pods.ELASTIC_KEY: "２-4"}, "MIN-MAX"),  # full-width digit
+    ({pods.ELASTIC_KEY: "2-4", pods.RESTART_KEY: "nan"}, "seconds"),
+    ({pods.ELASTIC_KEY: "2-4", pods.RESTART_KEY: "-1"}, "seconds"),
+])
+def test_an_elastic_annotation_hetplan_cannot_read_is_named(annotations, error):
+    with pytest.raises(ValueError, match=error):
+        pods.elastic_bounds({"metadata": {"annotations": annotations}})
+    assert pods.elastic_bounds({"metadata": {"annotations": {pods.ELASTIC_KEY: "2-8", pods.RESTART_KEY: "45"}}}) == \
+        {"min_gpus": 2, "max_gpus": 8, "restart_s": 45.0}

@@ -1376,7 +1376,7 @@ class Controller:
                 continue
             try:
                 body = {**{k: v for k, v in adoption.request(first).items() if k != "node"}, "job_id": job,
-                        "parts": size}
+                        "parts": size, **pods.elastic_bounds(first)}
                 answer = self.service.allocate(body)
             except (ValueError, OverflowError) as exc:
                 self.stats.count("gang-refused")
@@ -1412,6 +1412,12 @@ class Controller:
         if gated and self._dropped_on({targets[k].node for k in targets}):
             self.stats.count("admit-held")  # never half a gang: none admitted; `_submit_gangs` asks again
             log.info("controller: gang %s waits for a shrunk gang's dropped pods to leave its nodes", job)
+            return
+        if sorted(targets) != list(range(len(order))) and all(pods.has_gate(members[p], pods.QUEUE_GATE) for p in order):
+            # an elastic gang started at another count than it has pods: its Job is re-counted first (nothing runs,
+            # so nothing to checkpoint); the pods then follow, and `_submit_gangs` admits them on their parts
+            if job not in self._rescales or self._rescales[job].parts != len(targets):
+                self._rescale(job, len(order), len(targets), seq)
             return
         # more parts than pods: a gang grown whose new pods do not exist yet; its running pods are re-sized only
         grown = not gated and sorted(targets)[:len(order)] == list(range(len(order)))

@@ -15,6 +15,7 @@ Opt-in: the pod label `hetplan.io/model` (the model, as for the extender). What 
 | `hetplan.io/migrated-from` | annotation | on a replacement: the pod it replaces |
 | `hetplan.io/migration` | scheduling gate | on a replacement until the pod it replaces is gone |
 | `hetplan.io/gang-size` | annotation, set by the user on the pod template | the job is a gang of that many pods (2 or more: an Indexed Job's `parallelism` = `completions`, a JobSet's or PyTorchJob's pods in all), admitted together or not at all (`gang`) |
+| `hetplan.io/elastic-gpus`, `hetplan.io/restart-seconds` | annotations, optional, set by the user on a gang's pod template | `MIN-MAX`: the gang is elastic, from MIN to MAX GPUs (all its parts; whole parts), and a change of count costs it that many seconds (default 30): with `hetplan serve --scaling-models` the service's rounds choose its count (`elastic_bounds`) |
 | `hetplan.io/gang-part` | annotation, written by the webhook | a gang pod's part (its index: `_part`); the pods of a gang share the gang's job id |
 | `hetplan.io/resize-pending` | annotation, written by the controller | the kubelet has not actuated the last resize: `Deferred: <its message>` (it retries when room frees) or `Infeasible: ...` (it never will); removed once actuated |
 
@@ -64,6 +65,8 @@ OWNER_KINDS = frozenset({"Job", "PyTorchJob", "TFJob", "MPIJob", "XGBoostJob", "
 """Owners whose pods are one job: a pod re-created by them (after a preemption, a failure) is the same job. Other
 owners (ReplicaSet, StatefulSet, ...) run interchangeable or stably named pods: each pod is its own job."""
 GANG_SIZE_KEY = "hetplan.io/gang-size"
+ELASTIC_KEY = "hetplan.io/elastic-gpus"
+RESTART_KEY = "hetplan.io/restart-seconds"
 GANG_PART_KEY = "hetplan.io/gang-part"
 MAX_GANG = 1024
 RESIZE_PENDING_KEY = "hetplan.io/resize-pending"
@@ -247,6 +250,31 @@ def gang(pod: Mapping[str, Any], namespace: str | None = None) -> Gang | None:
         raise ValueError(f"annotation {GANG_SIZE_KEY}: the pod is no indexed part of a Job, JobSet or Kubeflow job "
                          f"(no {COMPLETION_INDEX}, {JOBSET_INDEX} or {KUBEFLOW_INDEX}, or a {JOB_LABEL} label)")
     return Gang(job, part[1:], int(declared))
+
+
+def elastic_bounds(pod: Mapping[str, Any]) -> dict[str, int | float]:
+    """An elastic gang's bounds as `POST /v1/allocate` takes them (`min_gpus`, `max_gpus`, `restart_s`) from its
+    pod's annotations (`ELASTIC_KEY`: `MIN-MAX`; `RESTART_KEY`); nothing for a pod that declares none. `ValueError`
+    naming the annotation for one hetplan cannot read; the service checks the bounds against the gang."""
+    notes = annotations(pod)
+    declared = notes.get(ELASTIC_KEY)
+    if declared is None:
+        return {}
+    low, dash, high = declared.partition("-")
+    if not (dash and low.isascii() and low.isdigit() and high.isascii() and high.isdigit()):
+        raise ValueError(f"annotation {ELASTIC_KEY} must be MIN-MAX in GPUs (the gang's parts together), got "
+                         f"{declared!r}")
+    out: dict[str, int | float] = {"min_gpus": int(low), "max_gpus": int(high)}
+    restart = notes.get(RESTART_KEY)
+    if restart is not None:
+        try:
+            seconds = float(restart)
+        except ValueError:
+            seconds = math.nan
+        if not (restart.isascii() and math.isfinite(seconds) and seconds >= 0):
+            raise ValueError(f"annotation {RESTART_KEY} must be a number of seconds, got {restart!r}")
+        out["restart_s"] = seconds
+    return out
 
 
 def part_order(parts: Iterable[str]) -> list[str]:
