@@ -4,6 +4,7 @@ the multi-GPU truth (`sim.scaling_truth`) and the simulator and CLI running them
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 from types import SimpleNamespace
 
 import pandas as pd
@@ -11,6 +12,7 @@ import pytest
 from typer.testing import CliRunner
 
 from hetplan.allocator import Allocator
+from hetplan.allocator.core import part_number
 from hetplan.allocator.spec import Allocation, Job, Node
 from hetplan.cli import app
 from hetplan.scaling.data import load_profile
@@ -298,3 +300,20 @@ def test_a_priced_elastic_simulation_runs_on_a_truth_with_hosts(truth, sia_jobs)
     result = simulate(sia_jobs.head(20), _sia_nodes(), fed, "first-fit",
                       config=SimConfig(round_s=60, elastic=ElasticRule(price_host=True), check_every=5))
     assert (result.jobs["status"] == "completed").all()
+
+
+def test_a_running_gang_of_fixed_parts_changes_its_count_where_it_runs_never_its_type():
+    """A gang of fixed parts is a pod per part: the controller re-counts its Job, it cannot move its pods. A choice
+    of another type keeps it in place (short); a count on its own type keeps parts 0..k-1 where they are."""
+    allocator = Allocator([Node(f"t{i}", "T4", 4, 48, 192) for i in range(2)]
+                          + [Node(f"a{i}", "A100", 4, 96, 512) for i in range(2)], "first-fit")
+    gang = Job("e", "m", 4, part_gpus=2)
+    allocator.reconfigure([(gang, "T4")])
+    before = allocator.running()["e"]
+    actions, short = allocator.reconfigure([(replace(gang, num_gpus=8), "A100")])
+    assert (actions, short, allocator.running()["e"]) == ([], ["e"], before)
+    actions, short = allocator.reconfigure([(replace(gang, num_gpus=8), "T4")])
+    after = sorted(allocator.running()["e"], key=part_number)
+    assert short == [] and [a.kind for a in actions] == ["resize"]
+    assert {a.gpu_type for a in after} == {"T4"} and len(after) == 4 and after[:2] == sorted(before, key=part_number)
+    assert not allocator.cluster.check()

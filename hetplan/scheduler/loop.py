@@ -369,6 +369,8 @@ class Scheduler:
         for job in jobs:
             options = configs(types, job.min_gpus, job.max_gpus, job.request.part_gpus)
             current = Config(job.parts[0].gpu_type, job.gpus, len({p.node for p in job.parts})) if job.parts else None
+            if current is not None and job.request.part_gpus is not None:  # its pods change count, never type
+                options = [c for c in options if c.gpu_type == current.gpu_type]
             if current is not None and current not in options:
                 options.append(current)
             age = 0.0 if math.isnan(job.start) else now - job.start

@@ -5,7 +5,8 @@ stages: a job whose type and count are unchanged keeps its place; the others are
 largest first (so whole nodes are still free for the multi-node ones), one node where the count fits one
 (`place.place_single`: the hinted cores/RAM where the node has them), else a gang over nodes of the type
 (`gangs.place_gang`). A job that finds no room for its new configuration (the nodes' free GPUs are fragmented)
-gets its old place back if it had one, else waits: the policy's choice is a target, never a promise.
+gets its old place back if it had one, else waits: the policy's choice is a target, never a promise. A running gang
+of fixed parts only changes its count where it runs (`_rescale`), or keeps its place.
 Then the touched nodes' jobs grow into what is left (`resize.grow_touched`)."""
 
 from __future__ import annotations
@@ -28,20 +29,24 @@ def reconfigure(s: StepState, choices: Sequence[Choice]) -> tuple[Target, list[s
     """The target after the choices (every job of `choices`: where it runs, absent if nowhere), and the jobs that
     did not get their chosen configuration (kept as they were, or waiting)."""
     moving: list[tuple[Job, str]] = []
+    short: list[str] = []
     for job, gpu_type in choices:
         before = s.current.get(job.job_id, ())
         if before and gpu_type is not None and before[0].gpu_type == gpu_type \
                 and sum(a.gpus for a in before) == job.num_gpus:
             s.set_placed(job.job_id, before)
             continue
-        if before and gpu_type == before[0].gpu_type and job.part_gpus is not None \
-                and before[0].part_gpus == job.part_gpus and s.guarded(f"rescaling job {job.job_id}", _rescale, s, job):
-            continue  # a gang of fixed parts: the controller's rescale (its kept pods stay)
+        if before and gpu_type is not None and job.part_gpus is not None and before[0].part_gpus == job.part_gpus:
+            # a running gang of fixed parts (a pod each) changes only its count, on its own type: the controller's
+            # rescale keeps its pods where they run; it never moves them, so neither does a round
+            if gpu_type != before[0].gpu_type or not s.guarded(f"rescaling job {job.job_id}", _rescale, s, job):
+                s.set_placed(job.job_id, before)
+                short.append(job.job_id)
+            continue
         if before:
             s.release(job.job_id)
         if gpu_type is not None:
             moving.append((job, gpu_type))
-    short: list[str] = []
     for job, gpu_type in sorted(moving, key=lambda c: (-c[0].num_gpus, s.rank[c[0].job_id])):
         if s.guarded(f"placing job {job.job_id}", _place, s, job, gpu_type):
             continue
