@@ -121,15 +121,20 @@ def test_a_submission_handed_over_twice_is_queued_once(tmp_path):
     assert again.inbox.pending() == []
 
 
-def test_a_parked_job_refused_at_hand_over_says_so_when_asked_again(tmp_path):
+def test_a_parked_job_refused_at_hand_over_is_judged_anew_when_asked_again(tmp_path):
     db = tmp_path / "a.db"
     s = OnlineScheduler(_durable(db), "fifo", inbox=Inbox(inbox_path(db)))
     s.queue()
     huge = Job("huge", "m", 1, cpu_m=1_000_000)  # more cores than any node has: never runnable here
     assert s.park(huge).why == "busy"
-    assert s.queue() == []  # handed over, refused
-    answer = s.park(huge)
+    assert s.queue() == []  # handed over, refused (kept with why)
+    assert s.inbox.get("huge").rejected is not None
+    assert s.park(huge) is None  # asked again: not parked on a stale refusal, it waits for the lock ...
+    answer = s.submit(huge)  # ... and is judged now
     assert answer.status == "rejected" and "core" in answer.rejection.message.lower()
+    fixed = Job("huge", "m", 1, cpu_m=1000)  # the same id, a request that fits: no conflict with the old one
+    assert s.park(huge).why == "busy" and s.queue() == []  # refused at hand-over again
+    assert s.park(fixed) is None and s.submit(fixed).status == "allocated"  # the stale refusal is gone
 
 
 @pytest.mark.parametrize("job, why", [

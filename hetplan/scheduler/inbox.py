@@ -10,7 +10,8 @@ loses nothing: a submission handed over twice (killed between the journal's comm
 recognised by its job id and changes nothing the second time.
 
 A submission the scheduler refuses when it is handed over (no node could ever hold it) stays here as `rejected`,
-with why, so that asking again answers that.
+with why (logged), until it is asked for again: then it is dropped and judged anew under the lock, so the answer is
+the cluster's of now, never a stale refusal.
 """
 
 from __future__ import annotations
@@ -93,7 +94,7 @@ class Inbox:
             self._waiting = self._count()
 
     def forget(self, job_id: str) -> None:
-        """Drop what is kept under `job_id` (a refused submission asked again and handed over anew)."""
+        """Drop what is kept under `job_id` (a refused submission asked again: it is judged anew)."""
         with self._lock:
             self._db.execute("DELETE FROM inbox WHERE job_id = ?", (job_id,))
             self._waiting = self._count()

@@ -127,19 +127,19 @@ class OnlineScheduler:
     def park(self, job: Job, bounds: Bounds | None = None) -> Submitted | None:
         """Without the allocator's lock (the caller could not take it in time): record `job` in the inbox and
         answer `queued` (why `busy`); None where the inbox cannot take it (no inbox, a share or CPU-only job, a
-        known job id, more GPUs than any type has, or elastic `bounds`, which are checked against the cluster
-        under the lock): the caller then waits for the lock and `submit`s."""
+        known job id, more GPUs than any type has, elastic `bounds`, which are checked against the cluster under
+        the lock, or a job refused when it was handed over, which is judged anew): the caller then waits for the
+        lock and `submit`s."""
         if (self.inbox is None or bounds is not None or not job.whole or job.num_gpus > self._largest
                 or job.job_id in self.loop.by_id):
             return None
         parked = self.inbox.put(job, self.clock())
+        if parked.rejected is not None:  # refused when it was handed over: asked again, it is judged anew, now
+            self.inbox.forget(job.job_id)
+            return None
         differences = _differences(parked.job, job)
         if differences:
             raise Conflict(f"job {job.job_id} waits to be queued for another request: {'; '.join(differences)}")
-        if parked.rejected is not None:
-            a = self.allocator
-            return Submitted("rejected", job.job_id, rejection=Rejection(
-                job.job_id, Reason.TOO_BIG, parked.rejected, a.hints.version, a.policy.name))
         self._hand_over_soon()
         return Submitted("queued", job.job_id, why="busy")
 
