@@ -256,3 +256,21 @@ def test_an_elastic_annotation_hetplan_cannot_read_is_named(annotations, error):
         pods.elastic_bounds({"metadata": {"annotations": annotations}})
     assert pods.elastic_bounds({"metadata": {"annotations": {pods.ELASTIC_KEY: "2-8", pods.RESTART_KEY: "45"}}}) == \
         {"min_gpus": 2, "max_gpus": 8, "restart_s": 45.0}
+
+
+@pytest.mark.parametrize("present, expected", [
+    (["0", "1", "2", "3"], {"2", "3"}),
+    (["1", "2", "3"], {"2", "3"}),  # part 0's pod being created again: the dropped ones do not shift
+    (["0", "1"], set()),
+])
+def test_the_parts_a_shrink_dropped_are_its_indexes_from_the_new_count(present, expected):
+    """`Controller._dropped_on` for a gang shrunk 4 -> 2: the pods of parts 2 and 3 hold their GPUs until they are
+    gone, whichever kept part's pod exists at the moment."""
+    from hetplan.allocator.k8s.controller import Controller
+
+    c = Controller.__new__(Controller)  # only the state `_dropped_on` reads
+    c._lock, c._shrunk, c._gang_counts = threading.RLock(), {"g"}, {"g": 2}
+    c.pods = {part: {"metadata": {"name": f"p{part}", "namespace": "ml", "uid": part,
+                                  "annotations": {pods.JOB_ID_KEY: "g", pods.GANG_PART_KEY: part}},
+                     "spec": {"nodeName": "gpu-a"}, "status": {"phase": "Running"}} for part in present}
+    assert {name[1:] for _, name in c._dropped_on({"gpu-a"})} == expected

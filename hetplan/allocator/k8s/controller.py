@@ -605,7 +605,7 @@ class Controller:
         shrunk = set(self._shrunk)  # one copy (actions are applied on several threads)
         with self._lock:
             snapshot = [p for p in self.pods.values() if pods.job_id(p) in shrunk
-                        and pods.GANG_PART_KEY in pods.annotations(p) and not pods.ended(p) and pods.node_of(p)]
+                        and pods.GANG_PART_KEY in pods.annotations(p) and not pods.ended(p)]
         by_job: dict[str, list[dict]] = {job: [] for job in shrunk}
         for p in snapshot:
             by_job[str(pods.job_id(p))].append(p)
@@ -616,9 +616,12 @@ class Controller:
             if count is None or len(parts) <= count:
                 self._shrunk.discard(job)  # nothing dropped left (or no gang any more)
                 continue
-            dropped = set(parts[count:])
+            # an Indexed Job's parts are its indexes: dropped are those from `count` on, whichever pods exist now
+            # (a kept part's pod being created again does not shift them); other names by their place in order
+            numbered = all(part.isascii() and part.isdigit() for part in parts)
+            dropped = {part for part in parts if int(part) >= count} if numbered else set(parts[count:])
             out += [pods.key(p) for p in members if pods.annotations(p)[pods.GANG_PART_KEY] in dropped
-                    and pods.node_of(p) in nodes]
+                    and pods.node_of(p) and pods.node_of(p) in nodes]
         return out
 
     def _hold(self, job: str, target: pods.Target, seq: int, at: float) -> None:
