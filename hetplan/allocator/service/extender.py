@@ -21,7 +21,8 @@ from hetplan.allocator.service.bodies import Responses, posted
 from hetplan.allocator.service.bodyworker import WorkerDied
 from hetplan.allocator.service.context import ServiceContext
 from hetplan.allocator.service.extender_body import (
-    PROCESS_BODY_BYTES, ExtenderBody, NodeItems, fetch_items, raise_read_error, read_large_file, reduce_args, spill,
+    PROCESS_BODY_BYTES, ExtenderBody, NodeItems, fetch_items, items_path, raise_read_error, read_large_file,
+    reduce_args, spill,
 )
 from hetplan.allocator.service.middleware import JSONRoute
 from hetplan.allocator.spec import CLOSED_LABEL
@@ -89,7 +90,7 @@ def router(ctx: ServiceContext) -> APIRouter:
             except WorkerDied:
                 raise HTTPException(413, WORKER_DIED) from None
             finally:
-                await asyncio.to_thread(Path(path).unlink, True)
+                await asyncio.to_thread(_unlink, path, items_path(path))
             return k8s.ExtenderArgs.model_construct(pod=k8s.Pod.model_construct(), nodes=None, node_names=[])
 
     api = APIRouter(tags=["kubernetes"], route_class=ExtenderRoute)
@@ -186,3 +187,8 @@ def router(ctx: ServiceContext) -> APIRouter:
         return JSONResponse([{"Host": host, "Score": score} for host, score in scores])
 
     return api
+
+
+def _unlink(*paths: str) -> None:
+    for path in paths:
+        Path(path).unlink(missing_ok=True)

@@ -142,19 +142,25 @@ def spill(body: bytes) -> str:
 
 def read_large_file(path: str, known: int, limit: int, encode: bool) -> tuple[Any, ...]:
     """`read_large` on the body in the file `path` (`spill`). Nodes mode with `encode`: the items' encoding goes
-    back in that file (replacing the body), not in the answer's pickle; the caller reads it (`fetch_items`)."""
+    back in a file beside it (`items_path`), not in the answer's pickle; the caller reads it (`fetch_items`). The
+    body's file is left as it is, so a call retried on a fresh worker reads the body again."""
     read = read_large(Path(path).read_bytes(), known, limit, encode)
     if read[0] == "ok" and read[1].nodes is not None and encode:
-        Path(path).write_bytes(read[1].nodes.encoded)
+        Path(items_path(path)).write_bytes(read[1].nodes.encoded)
         return "ok", replace(read[1], nodes=replace(read[1].nodes, encoded=b""))
     return read
 
 
+def items_path(path: str) -> str:
+    """Where `read_large_file` writes the items' encoding of the body in `path` (the caller deletes both)."""
+    return path + ".items"
+
+
 def fetch_items(path: str, body: ExtenderBody) -> ExtenderBody:
-    """`body` with the items' encoding read from `path` when `read_large_file` wrote it there (in a thread)."""
+    """`body` with the items' encoding read from beside `path` when `read_large_file` wrote it (in a thread)."""
     if body.nodes is None or body.nodes.encoded or not body.nodes.ends:
         return body
-    return replace(body, nodes=replace(body.nodes, encoded=Path(path).read_bytes()))
+    return replace(body, nodes=replace(body.nodes, encoded=Path(items_path(path)).read_bytes()))
 
 
 def _compact(error: Any) -> dict[str, Any]:
