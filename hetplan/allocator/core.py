@@ -484,7 +484,9 @@ class Allocator:
     def note(self, kind: str, job_id: str, note: Note) -> tuple[LoggedAction, bool]:
         """Append the note `kind` (`actions.NOTE_KINDS`) about action `note.of` of `job_id` to the log, journaled;
         nothing changes hands. Idempotent: the same note (kind, job, action, pod) kept in the log already is
-        answered again, not appended twice (a controller restarted after reporting reports again). The note and
+        answered again, not appended twice (a controller restarted after reporting reports again), as long as the
+        log still keeps the action it is about (`HETPLAN_ALLOCATOR_ACTION_LOG`, 10,000 by default: the controller
+        reports within seconds, so a repeat after more actions than that is not looked for). The note and
         whether it was appended now; `ValueError` naming the field for a kind that is no note or an action number
         the log has not reached."""
         check_job_id(job_id)
