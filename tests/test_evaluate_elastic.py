@@ -143,13 +143,17 @@ def test_cli_evaluate_elastic_writes_both_columns_and_logs_them(cli_inputs):
     (("--elastic", "--truth-placements", "/tmp/steps"), "`shipped` (the measured table shipped with hetplan)"),
     (("--elastic", "--rho", "1"), "--rho: not with --elastic"),
     (("--elastic", "--relabel-unknown"), "--relabel-unknown: not with --elastic"),
-    (("--elastic", "--format", "trace", "--plan-format", "sia", "--trace", "contract.csv"), "--trace: --elastic needs a trace with batch "
-                                                                    "sizes"),
+    (("--elastic", "--format", "trace", "--plan-format", "sia", "--trace", "contract.csv"),
+     "--trace: --elastic needs a trace with batch sizes"),
 ])
 def test_cli_evaluate_elastic_refuses_bad_combinations_in_one_line(cli_inputs, extra, message):
     out = cli_inputs / "refused"
     extra = tuple(str(cli_inputs / e) if e == "contract.csv" else e for e in extra)
-    result = evaluate_cli(cli_inputs, *extra, "--out-dir", str(out))
+    refused(evaluate_cli(cli_inputs, *extra, "--out-dir", str(out)), message, out)
+
+
+def refused(result, message: str, out: Path) -> None:
+    """Exit 2 with `message` on one line (rich's box and wrapping undone), nothing written to `out`."""
     assert result.exit_code == 2, result.output
     assert message in " ".join(result.output.replace("│", " ").split()), result.output
     assert not out.exists()
@@ -182,7 +186,4 @@ def test_cli_plan_elastic_records_that_its_replays_chose_gpu_counts(cli_inputs):
 def test_cli_plan_elastic_refuses_bad_combinations_in_one_line(cli_inputs, extra, message):
     out = cli_inputs / "plan-refused"
     extra = tuple(str(cli_inputs / e) if e == "contract.csv" else e for e in extra)
-    result = plan_cli(cli_inputs, *extra, "--out-dir", str(out))
-    assert result.exit_code == 2, result.output
-    assert message in " ".join(result.output.replace("│", " ").split()), result.output
-    assert not out.exists()
+    refused(plan_cli(cli_inputs, *extra, "--out-dir", str(out)), message, out)
