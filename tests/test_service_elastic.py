@@ -201,3 +201,49 @@ def test_load_models_names_the_bad_line(tmp_path, scaling_csv):
 def _write(path: Path, text: str) -> Path:
     path.write_text(text)
     return path
+
+
+def test_a_restart_of_the_service_keeps_each_jobs_restarts_and_attained_service(tmp_path, scaling_csv):
+    """The change budget (`ElasticRule.change_budget`) and LAS's attained GPU-seconds are the journal's, not the
+    process's: the elastic job grows 4 -> 8 -> 12 (two restarts, GPU-seconds at each count), then the service
+    restarts and its scheduler knows both."""
+    from hetplan.allocator.spec import Job
+    from hetplan.scheduler.belief import HintedRates
+    from hetplan.scheduler.elastic import Elastic, ElasticRule
+    from hetplan.scheduler.online import Bounds, OnlineScheduler
+
+    clock, db = Clock(), tmp_path / "r.db"
+
+    def opened() -> tuple[DurableAllocator, OnlineScheduler]:
+        alloc = DurableAllocator(db, "hint", None, clock=clock)
+        if not alloc.cluster.nodes():
+            alloc.change_nodes(NodeChanges(upsert=list(NODES)))
+        rates = HintedRates(load_models(scaling_csv), lambda: alloc.hints)
+        return alloc, OnlineScheduler(alloc, round_s=60, clock=clock, elastic=Elastic(rates, ElasticRule(round_s=60)))
+
+    alloc, sched = opened()
+    for k in range(3):
+        sched.submit(Job(f"f{k}", "imagenet", 4))
+    sched.submit(Job("e", "imagenet", 2, part_gpus=1), Bounds(2, 16, 1.0))
+    for now, release in [(60, False), (100, True), (120, False), (180, False)]:
+        clock.now = now
+        if release:
+            for job in ("f0", "f1"):
+                sched.release(job)
+        else:
+            sched.round()
+    state = sched.state("e")
+    assert state.gpus == 12 and state.restarts == 2
+    state.advance(clock.now)
+    attained = state.attained  # 4 GPUs 60 s, 8 GPUs 60 s: 720 GPU-s
+    assert attained == pytest.approx(4 * 60 + 8 * 60)
+    alloc.close()
+
+    alloc, sched = opened()
+    try:
+        again = sched.state("e")
+        assert again.gpus == 12 and again.restarts == 2
+        again.advance(clock.now)
+        assert again.attained == pytest.approx(attained)
+    finally:
+        alloc.close()

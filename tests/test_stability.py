@@ -5,6 +5,7 @@ sent down first; and random sequences of steps never exceed the budget."""
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 
 import pytest
 
@@ -81,8 +82,12 @@ def test_record_books_starts_type_changes_and_keeps_stopped_jobs():
     record(history, [Action("stop", "a", (k,), ())], 30.0)
     record(history, [Action("start", "a", (), (v2,))], 40.0)  # restarts: its first start stays
     # one GPU held from 10 s to 30 s: 20 GPU-seconds attained (the scheduler's las order reads them back); it runs
-    # again since 40 s
-    assert history == {"a": MoveHistory(10.0, 1, (("V100", 20.0),), attained=20.0, since=40.0)}
+    # again since 40 s; three restarts (two migrates, one stop)
+    assert history == {"a": MoveHistory(10.0, 1, (("V100", 20.0),), attained=20.0, since=40.0, restarts=3)}
+    two = Allocation("a", "flat", "v2", "V100", 2, 1000, 4000, "h1", "hint", "hinted", 1)
+    record(history, [Action("resize", "a", (v2,), (two,))], 50.0)  # re-counted: a restart, 10 GPU-s at 1 GPU
+    record(history, [Action("resize", "a", (two,), (replace(two, cpu_m=2000),))], 60.0)  # cores only: none
+    assert history["a"] == MoveHistory(10.0, 1, (("V100", 20.0),), attained=30.0, since=50.0, restarts=4)
     assert MoveHistory.from_dict(history["a"].to_dict()) == history["a"]
     assert Stability().to_dict() == {"margin": 3.0, "return_window_s": 21600.0, "return_margin": 8.0, "budget": 3,
                                      "spread": True}

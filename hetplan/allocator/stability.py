@@ -57,18 +57,19 @@ class MoveHistory:
     moves: int = 0  # GPU-type changes so far (migrate actions that change the type)
     left: tuple[tuple[str, float], ...] = ()  # (gpu_type, clock seconds when it left it), oldest first, bounded
     attained: float = 0.0  # GPU-seconds held over its ended runs (the scheduler's `las` order reads it back)
-    since: float | None = None  # clock seconds when its current run started (None: not running)
+    since: float | None = None  # clock seconds its present parts' run started (None: not running)
+    restarts: int = 0  # stopped, moved or re-counted so far (the elastic change budget reads it back)
 
     def to_dict(self) -> dict:
         return {"started_at": self.started_at, "moves": self.moves, "left": [list(x) for x in self.left],
-                "attained": self.attained, "since": self.since}
+                "attained": self.attained, "since": self.since, "restarts": self.restarts}
 
     @classmethod
     def from_dict(cls, d: dict) -> MoveHistory:
         since = d.get("since")
         return cls(float(d["started_at"]), int(d.get("moves", 0)),
                    tuple((str(t), float(at)) for t, at in d.get("left", ())), float(d.get("attained", 0.0)),
-                   None if since is None else float(since))
+                   None if since is None else float(since), int(d.get("restarts", 0)))
 
     def left_since(self, gpu_type: str, since: float) -> bool:
         """Whether the job left `gpu_type` after `since`."""
@@ -142,22 +143,32 @@ def saved_s(remaining: float, speed_from: float, speed_to: float) -> float:
 
 
 def record(history: dict[str, MoveHistory], actions: Sequence[Action], now: float) -> None:
-    """Update histories in place from applied actions (start: a new entry if absent, its run begins; migrate that
-    changes the GPU type: moves + 1 and the type left; stop: kept with the GPU-seconds of the run it ends, the job
-    may come back; the caller drops an entry when the job is released for good)."""
+    """Update histories in place from applied actions (start: a new entry if absent, its run begins; stop: kept
+    with the GPU-seconds of the run it ends, the job may come back; migrate, or a resize that changes the GPU count:
+    a restart on new parts, the GPU-seconds so far booked and the run begun again; a migrate that changes the GPU
+    type: moves + 1 and the type left). Every stop, migrate and re-count is one restart. The caller drops an entry
+    when the job is released for good."""
     for action in actions:
+        h = history.get(action.job_id)
         if action.kind == "start":
-            h = history.get(action.job_id)
             history[action.job_id] = MoveHistory(now, since=now) if h is None else replace(h, since=now)
         elif action.kind == "stop":
-            h = history.get(action.job_id)
             if h is not None and h.since is not None:
-                gpus = sum(a.gpus for a in action.before)
-                history[action.job_id] = replace(h, attained=h.attained + gpus * (now - h.since), since=None)
-        elif action.kind == "migrate":
-            h = history.get(action.job_id) or MoveHistory(now, since=now)
+                history[action.job_id] = replace(h, attained=_attained(h, action, now), since=None,
+                                                 restarts=h.restarts + 1)
+        elif action.kind == "migrate" or _gpus(action.before) != _gpus(action.after):
+            h = h or MoveHistory(now, since=now)
+            h = replace(h, attained=_attained(h, action, now), since=now, restarts=h.restarts + 1)
             was, becomes = action.before[0].gpu_type, action.after[0].gpu_type
-            if was != becomes:
+            if action.kind == "migrate" and was != becomes:
                 h = replace(h, moves=h.moves + 1, left=(*h.left, (was, now))[-LEFT_KEPT:])
             history[action.job_id] = h
 
+
+def _gpus(parts: Sequence) -> int:
+    return sum(a.gpus for a in parts)
+
+
+def _attained(h: MoveHistory, action: Action, now: float) -> float:
+    """GPU-seconds held up to `now`: the ended runs' and the run `action` ends (on its parts before)."""
+    return h.attained + (0.0 if h.since is None else _gpus(action.before) * (now - h.since))

@@ -375,7 +375,7 @@ class Scheduler:
                 options.append(current)
             age = 0.0 if math.isnan(job.start) else now - job.start
             asked.append(ElasticJob(job.job_id, self.elastic.rates(job, options), current, job.restart_s, age,
-                                    job.attained, job.rescales + job.migrations + job.preemptions,
+                                    job.attained, job.restarts,
                                     now - job.since if job.parts else 0.0))
         chosen = choose(asked, types, self.elastic.rule, self.elastic.stats)
         choices = []

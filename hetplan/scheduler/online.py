@@ -1,8 +1,8 @@
 """The loop as the service runs it: submissions queue instead of being refused, and everything survives a restart.
 
 `OnlineScheduler` wraps `Scheduler` over the service's allocator (a `DurableAllocator`): a submission is recorded
-in the allocator's journal before it is placed, attained service is kept with each job's move history (committed
-with every start and stop), so a service killed at any point resumes with the same queue in the same order. Changes
+in the allocator's journal before it is placed, attained service and restarts are kept with each job's move history
+(committed with every start, stop and change), so a service killed at any point resumes with the same queue in the same order. Changes
 the scheduler did not make (a pod adopted, a node removed with its jobs, a peer's room taken back) are read from the
 allocator's action log at the next call and booked (`_sync`): a stopped job waits again, an adopted one runs.
 
@@ -335,6 +335,7 @@ class OnlineScheduler:
             if h is not None:
                 state.attained = h.attained
                 state.start = h.started_at
+                state.restarts_before = h.restarts
             parts = running.pop(job_id, ())
             if parts:
                 self.loop.resume(state, parts, h.since if h is not None and h.since is not None else now)

@@ -16,7 +16,7 @@ class JobState:
 
     __slots__ = ("idx", "request", "gpus", "arrival", "remaining", "attained", "last", "speed", "parts",
                  "paused_until", "start", "run_s", "preemptions", "migrations", "resizes", "gpu_type", "share",
-                 "off_best", "min_gpus", "max_gpus", "restart_s", "rescales", "since")
+                 "off_best", "min_gpus", "max_gpus", "restart_s", "rescales", "since", "restarts_before")
 
     def __init__(self, idx: int, request: Job, arrival: float, remaining: float = math.nan,
                  bounds: tuple[int, int] | None = None, restart_s: float = 30.0) -> None:
@@ -42,6 +42,12 @@ class JobState:
         self.restart_s = restart_s
         self.rescales = 0  # changes of its GPU count
         self.since = math.nan  # when it last (re)started on its present parts
+        self.restarts_before = 0  # restarts before the service last resumed it (the journal's count)
+
+    @property
+    def restarts(self) -> int:
+        """Restarts so far: preempted, moved, re-counted (its elastic change budget counts them)."""
+        return self.restarts_before + self.preemptions + self.migrations + self.rescales
 
     @property
     def job_id(self) -> str:
