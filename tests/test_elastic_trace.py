@@ -105,13 +105,13 @@ def test_old_traces_write_unchanged_and_read_as_rigid(tmp_path: Path) -> None:
 
 def test_restart_defaults_per_model_else_flat_said_so() -> None:
     trace = TRACE.validate(pd.DataFrame({
-        "job_id": ["a", "b", "c", "d"], "model": ["imagenet", "res50", "NCF", "bert"], "num_gpus": [2, 2, 2, 2],
-        "arrival_s": [0.0] * 4, "duration_s": [1.0] * 4, "min_gpus": [1, 1, "", 1], "max_gpus": [4, 4, "", 4],
-        "restart_s": ["", "", "", 7],
+        "job_id": ["a", "b", "c", "d", "e"], "model": ["imagenet", "res50", "NCF", "bert", "vit"],
+        "num_gpus": [2] * 5, "arrival_s": [0.0] * 5, "duration_s": [1.0] * 5, "min_gpus": [1, 1, "", 1, 1],
+        "max_gpus": [4, 4, "", 4, 4], "restart_s": ["", "", "", 7, ""],
     }))
     filled, warnings = elastic_defaults(trace)
-    assert filled["restart_s"].tolist() == [250.0, DEFAULT_RESTART_S, 15.0, 7.0]
-    assert warnings == [f"1 job of models without a known restart cost (res50) take the flat {DEFAULT_RESTART_S:g} s"]
+    assert filled["restart_s"].tolist() == [250.0, 250.0, 15.0, 7.0, DEFAULT_RESTART_S]  # res50: imagenet's network
+    assert warnings == [f"1 job of models without a known restart cost (vit) take the flat {DEFAULT_RESTART_S:g} s"]
 
 
 @pytest.mark.parametrize(("totals", "error"), [
@@ -296,3 +296,10 @@ def test_an_error_on_line_100_reads_as_a_line_number(tmp_path: Path) -> None:
     path = write(tmp_path, HEADER + good + "bad,5,cifar10,0,256\n")
     result = run_cli("--format", "sia", path, "-o", tmp_path / "t.csv")
     assert result.exit_code == 1 and f"error: {path}:100:num_replicas: must be at least 1, got 0" in result.output
+
+
+def test_hetplan_names_of_sias_networks_cost_what_sias_names_cost():
+    from hetplan.contracts.trace import RESTART_S
+    from hetplan.traces.sia import MODELS
+
+    assert all(RESTART_S[ours] == RESTART_S[sia] for sia, ours in MODELS.items())

@@ -247,3 +247,16 @@ def test_a_restart_of_the_service_keeps_each_jobs_restarts_and_attained_service(
         assert again.attained == pytest.approx(attained)
     finally:
         alloc.close()
+
+
+@pytest.mark.parametrize("model,restart_s,expected", [
+    ("res50", None, 250.0),      # Sia's imagenet cost, under hetplan's name
+    ("imagenet", None, 250.0),   # ... and under Sia's
+    ("unknown-net", None, 30.0),  # no known cost: the flat 30 s
+    ("res50", 7, 7.0),           # stated: as stated
+])
+def test_an_elastic_jobs_restart_cost_is_its_models_unless_stated(model, restart_s, expected):
+    from hetplan.allocator.service.bodies import AllocateRequest
+
+    body = {**ELASTIC, "model": model, "restart_s": restart_s}
+    assert AllocateRequest(**{k: v for k, v in body.items() if v is not None}).bounds().restart_s == expected

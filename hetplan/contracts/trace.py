@@ -30,10 +30,18 @@ from hetplan.contracts.table import Column, ContractError, Problem, RowLabels, T
 
 RESTART_S: dict[str, float] = {
     "bert": 120.0, "cifar10": 50.0, "deepspeech2": 25.0, "yolov3": 80.0, "imagenet": 250.0, "ncf": 15.0,
+    # hetplan's names for the same networks (`hetplan.traces.sia.MODELS`)
+    "transformer": 120.0, "res18": 50.0, "deepspeech": 25.0, "res50": 250.0,
 }
-"""Restart cost per model (s), Sia's artifact (siasosp23/artifacts @ aaf7a0d), keyed by Sia's model names."""
+"""Restart cost per model (s), Sia's artifact (siasosp23/artifacts @ aaf7a0d), keyed by Sia's model names and
+hetplan's names for the same networks."""
 DEFAULT_RESTART_S = 30.0
 """The flat restart cost of a model `RESTART_S` lacks (the simulator's default `--migration-s`)."""
+
+
+def restart_cost(model: str) -> float:
+    """A model's restart cost where nobody states one: `RESTART_S`, else the flat `DEFAULT_RESTART_S`."""
+    return RESTART_S.get(model.strip().casefold(), DEFAULT_RESTART_S)
 ELASTIC_COLUMNS = ("min_gpus", "max_gpus", "adapt_batch", "restart_s")
 
 

@@ -14,6 +14,7 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 
 from hetplan.allocator.journal import LoggedAction
+from hetplan.contracts.trace import restart_cost
 from hetplan.scheduler.online import Bounds
 from hetplan.allocator.spec import (
     JOB_ID_RULE, MAX_GPUS, MAX_NAME, MILLI_PER_GPU, NAME_RULE, Allocation, Job, Node, check_job_id, check_name,
@@ -148,7 +149,7 @@ class AllocateRequest(JobRequest):
                           "type's GPUs)")
     restart_s: number(0, 86_400) | None = Field(
         None, description="elastic: seconds a change of its count costs it (checkpoint, restart, rendezvous); "
-                          "default 30")
+                          "default: the model's (Sia's per-model costs), else 30")
 
     @model_validator(mode="after")
     def _valid_request(self) -> AllocateRequest:
@@ -186,7 +187,8 @@ class AllocateRequest(JobRequest):
         """Its elastic bounds (None: a rigid job)."""
         if self.min_gpus is None or self.max_gpus is None:
             return None
-        return Bounds(int(self.min_gpus), int(self.max_gpus), 30.0 if self.restart_s is None else float(self.restart_s))
+        restart = restart_cost(self.model) if self.restart_s is None else float(self.restart_s)
+        return Bounds(int(self.min_gpus), int(self.max_gpus), restart)
 
     def to_job(self) -> Job:
         """The job asked for; `ValueError` for parts of a share or CPU-only, or of more than 1,024 GPUs in all
