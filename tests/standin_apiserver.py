@@ -12,13 +12,23 @@ loopback, so that the node sync and the controller are tested with the real clie
   `PodResizePending` Infeasible/Deferred as the 1.33 kubelet does, and actuates a Deferred resize once its node
   has room, as the 1.33 kubelet retries them when resources are freed).
 - batch/v1 **Indexed Jobs** (create, get, merge PATCH by `standin_rules.validate_job_update`: `parallelism`, and
-  `completions` with it) and a Job controller for them (`_sync_jobs`, every 20 ms): a pod per index from 0 while fewer
-  than `parallelism` run, named `<job>-<index>-<random>`, the template's labels and annotations plus the completion
-  index (label and annotation), `job-name`, `controller-uid` and a controlling owner reference; an index whose pod
-  succeeded is done; pods of an index at or above `completions` (the Job was scaled down) are deleted gracefully, as
-  the real Job controller does. SIMPLIFIED (labelled so): NonIndexed Jobs are refused; a replacement for a failed or
-  terminating pod is made once the old one is terminal or removed (as `podReplacementPolicy: Failed`), with no
-  backoff and no `backoffLimit`; no Job status, conditions or completion; no Job watch; deleting a Job is not served.
+  `completions` with it; a patch naming another `metadata.uid` is refused 409, as the API server's precondition) and a
+  Job controller for them (`_sync_jobs`, every 20 ms): a pod per index from 0 while fewer than `parallelism` run,
+  named `<job>-<index>-<random>`, the template's labels and annotations plus the completion index (label and
+  annotation), `job-name`, `controller-uid` and a controlling owner reference; an index whose pod succeeded is done;
+  pods of an index at or above `completions` (the Job was scaled down) are deleted gracefully, as the real Job
+  controller does. SIMPLIFIED (labelled so): NonIndexed Jobs are refused; a replacement for a failed or terminating
+  pod is made once the old one is terminal or removed (as `podReplacementPolicy: Failed`), with no backoff and no
+  `backoffLimit`; no Job status, conditions or completion; no Job watch; deleting a Job is not served.
+- kubeflow.org/v1 **PyTorchJobs** (create, get, merge PATCH by `standin_rules.validate_pytorchjob`: the training
+  operator v1's webhook rules; a strategic merge patch 415 as for any custom resource; the uid precondition 409) and
+  an operator for them (`_sync_pytorchjobs`, in the same 20 ms pass): a pod per replica type and index, named
+  `<job>-<type>-<index>` (type lower-case), with the template's labels and annotations plus
+  `training.kubeflow.org/job-name`, `replica-type` and `replica-index` and a controlling owner reference; workers at
+  or above `Worker.replicas` (scaled down) are deleted gracefully, as the operator deletes the pods of out-of-range
+  indexes. SIMPLIFIED (labelled so): no torchrun environment (`PET_*`), Services or status; a pod of an index is made
+  again once the old one is removed (a terminal pod is kept, as `restartPolicy: OnFailure` leaves restarts to the
+  kubelet, which the stand-in does not model); deleting a PyTorchJob is not served.
 - ConfigMaps and coordination.k8s.io/v1 Leases: get, create (409 AlreadyExists), replace (409 Conflict on a stale
   resourceVersion: optimistic concurrency, which leader election and the controller's cursor rely on).
 - A scheduler: a pod without `spec.nodeName`, without scheduling gates, is bound to the node its required node
@@ -54,7 +64,7 @@ from kubernetes.utils.quantity import parse_quantity
 
 from standin_rules import (  # noqa: F401 - ApiError and status are imported from here by the tests
     ApiError, disruptions_allowed, parse_version, qos_class, status, validate_binding, validate_create,
-    validate_job_update, validate_resize, validate_update,
+    validate_job_update, validate_pytorchjob, validate_resize, validate_update,
 )
 
 
@@ -251,6 +261,9 @@ CONTROLLER_USER = "system:serviceaccount:hetplan:hetplan-controller"
 
 POD = re.compile(r"^/api/v1/namespaces/([^/]+)/pods(?:/([^/]+))?(?:/([a-z]+))?$")
 JOB = re.compile(r"^/apis/batch/v1/namespaces/([^/]+)/jobs(?:/([^/]+))?$")
+PYTORCHJOB = re.compile(r"^/apis/kubeflow\.org/v1/namespaces/([^/]+)/pytorchjobs(?:/([^/]+))?$")
+KUBEFLOW_LABELS = ("training.kubeflow.org/job-name", "training.kubeflow.org/replica-type",
+                   "training.kubeflow.org/replica-index")
 COMPLETION_INDEX = "batch.kubernetes.io/job-completion-index"
 OBJECT = re.compile(r"^/(?:api/v1|apis/coordination\.k8s\.io/v1)/namespaces/([^/]+)/(configmaps|leases)(?:/([^/]+))?$")
 
@@ -280,6 +293,7 @@ class FakeApiServer:
         self.compacted = 0  # pod events up to this resourceVersion are gone
         self.objects: dict[tuple[str, str, str], dict] = {}  # (configmaps|leases, namespace, name) -> object
         self.jobs: dict[tuple[str, str], dict] = {}  # batch/v1 Indexed Jobs (`_sync_jobs`)
+        self.pytorchjobs: dict[tuple[str, str], dict] = {}  # kubeflow.org/v1 PyTorchJobs (`_sync_pytorchjobs`)
         self.pdbs: list[dict] = []  # policy/v1 PodDisruptionBudgets (selector.matchLabels, minAvailable)
         self.webhook_url: str | list[str] | None = None  # mutating webhook(s) called on pod CREATE: the first that
         # answers, as a Service routes to a ready endpoint (failurePolicy Ignore when none does)
@@ -375,6 +389,10 @@ class FakeApiServer:
                 if m:
                     ctype = self.headers.get("Content-Type", "")
                     return self._json(*outer.job_call(method, m.group(1), m.group(2), body, ctype))
+                m = PYTORCHJOB.match(url.path)
+                if m:
+                    ctype = self.headers.get("Content-Type", "")
+                    return self._json(*outer.pytorchjob_call(method, m.group(1), m.group(2), body, ctype))
                 m = OBJECT.match(url.path)
                 if m:
                     return self._json(*outer.object_call(method, m.group(2), m.group(1), m.group(3), body))
@@ -1025,6 +1043,7 @@ current-context: stand-in
             if method == "GET":
                 return 200, copy.deepcopy(job)
             if method == "PATCH" and isinstance(body, dict):
+                uid_precondition(job, body)
                 new = merge_patch(job, body, strategic="strategic" in ctype)
                 for field in ("name", "namespace", "uid"):
                     if (new.get("metadata") or {}).get(field) != job["metadata"].get(field):
@@ -1045,10 +1064,11 @@ current-context: stand-in
 
     def _job_loop(self) -> None:
         while not self._closing.wait(0.02):
-            try:
-                self._sync_jobs()
-            except ApiError:  # a pod the webhook refused: tried again at the next sync, as the Job controller does
-                pass
+            for sync in (self._sync_jobs, self._sync_pytorchjobs):
+                try:
+                    sync()
+                except ApiError:  # a pod the webhook refused: tried again at the next sync, as the controllers do
+                    pass
 
     def _sync_jobs(self) -> None:
         """One pass of the stand-in Job controller (the module's docstring): deletions under the lock, creations
@@ -1092,6 +1112,85 @@ current-context: stand-in
                                                   "blockOwnerDeletion": True}]},
                 "spec": copy.deepcopy(template["spec"])}
 
+    # ------------------------------------------------------------------ kubeflow.org/v1 PyTorchJobs and their operator
+
+    def pytorchjob_call(self, method: str, ns: str, name: str | None, body: Any, ctype: str = "") -> tuple[int, dict]:
+        """Create, get or merge-PATCH a PyTorchJob (custom resources take no strategic merge patch: 415)."""
+        with self.lock:
+            if method == "POST" and not name:
+                job = copy.deepcopy(body)
+                meta = job.setdefault("metadata", {})
+                meta["namespace"] = ns
+                validate_pytorchjob(job)
+                if (ns, meta["name"]) in self.pytorchjobs:
+                    raise ApiError(409, "AlreadyExists", f'pytorchjobs.kubeflow.org "{meta["name"]}" already exists')
+                meta["uid"] = str(uuid.uuid4())
+            else:
+                current = self.pytorchjobs.get((ns, name or ""))
+                if current is None:
+                    raise ApiError(404, "NotFound", f'pytorchjobs.kubeflow.org "{name}" not found')
+                if method == "GET":
+                    return 200, copy.deepcopy(current)
+                if method != "PATCH" or not isinstance(body, dict):
+                    raise ApiError(405, "MethodNotAllowed", f"the stand-in serves no {method} on pytorchjobs")
+                if "strategic" in ctype:
+                    raise ApiError(415, "UnsupportedMediaType", "the body of the request was in an unknown format - "
+                                   "accepted media types include: application/json-patch+json, "
+                                   "application/merge-patch+json, application/apply-patch+yaml")
+                uid_precondition(current, body)
+                job = merge_patch(current, body)
+                for field in ("name", "namespace", "uid"):
+                    if (job.get("metadata") or {}).get(field) != current["metadata"].get(field):
+                        raise ApiError(422, "Invalid", f'PyTorchJob "{name}" is invalid: metadata.{field}: field is '
+                                       "immutable")
+                validate_pytorchjob(job)
+            self.rv += 1
+            job["metadata"]["resourceVersion"] = str(self.rv)
+            self.pytorchjobs[(ns, job["metadata"]["name"])] = job
+            return (201 if method == "POST" else 200), copy.deepcopy(job)
+
+    def pytorchjob_pods(self, namespace: str, name: str) -> list[dict]:
+        """The pods a PyTorchJob owns (any phase), master first, then workers by index."""
+        with self.lock:
+            uid = self.pytorchjobs[(namespace, name)]["metadata"]["uid"]
+            owned = [copy.deepcopy(p) for p in self.pods.values() if _owner_uid(p) == uid]
+        return sorted(owned, key=lambda p: (p["metadata"]["labels"][KUBEFLOW_LABELS[1]] != "master",
+                                            int(p["metadata"]["labels"][KUBEFLOW_LABELS[2]])))
+
+    def _sync_pytorchjobs(self) -> None:
+        """One pass of the stand-in training operator (the module's docstring): deletions under the lock,
+        creations after it (a creation calls the webhook)."""
+        wanted: list[tuple[str, dict]] = []
+        with self.lock:
+            for (ns, name), job in self.pytorchjobs.items():
+                uid = job["metadata"]["uid"]
+                names = {p["metadata"]["name"] for p in self.pods.values() if p["metadata"]["namespace"] == ns}
+                for rtype, rspec in job["spec"]["pytorchReplicaSpecs"].items():
+                    count = rspec.get("replicas", 1)
+                    for pod in [p for p in self.pods.values() if _owner_uid(p) == uid
+                                and p["metadata"]["labels"][KUBEFLOW_LABELS[1]] == rtype.lower()]:
+                        if int(pod["metadata"]["labels"][KUBEFLOW_LABELS[2]]) >= count and not terminal(pod) \
+                                and not pod["metadata"].get("deletionTimestamp"):
+                            self._delete(pod)  # scaled down: removed, gracefully
+                    for index in range(count):
+                        if f"{name}-{rtype.lower()}-{index}" not in names:
+                            wanted.append((ns, self._pytorchjob_pod(job, rtype, index)))
+        for ns, body in wanted:
+            self.create_pod(ns, body)
+
+    @staticmethod
+    def _pytorchjob_pod(job: dict, rtype: str, index: int) -> dict:
+        template, meta = job["spec"]["pytorchReplicaSpecs"][rtype]["template"], job["metadata"]
+        labels = {**(template.get("metadata") or {}).get("labels", {}),
+                  **dict(zip(KUBEFLOW_LABELS, (meta["name"], rtype.lower(), str(index))))}
+        return {"apiVersion": "v1", "kind": "Pod",
+                "metadata": {"name": f"{meta['name']}-{rtype.lower()}-{index}", "labels": labels,
+                             "annotations": dict((template.get("metadata") or {}).get("annotations", {})),
+                             "ownerReferences": [{"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob",
+                                                  "name": meta["name"], "uid": meta["uid"], "controller": True,
+                                                  "blockOwnerDeletion": True}]},
+                "spec": copy.deepcopy(template["spec"])}
+
     # ------------------------------------------------------------------ ConfigMaps and Leases
 
     def object_call(self, method: str, kind: str, ns: str, name: str | None, body: Any) -> tuple[int, dict]:
@@ -1125,6 +1224,15 @@ current-context: stand-in
             self.lease_history.append((time.time(), str((obj.get("spec") or {}).get("holderIdentity") or "")))
         self.objects[key] = obj
         return copy.deepcopy(obj)
+
+
+def uid_precondition(current: dict, patch: dict) -> None:
+    """A patch that names a uid (`metadata.uid`) applies only to the object with it: else 409, as the API server's
+    "Precondition failed" (the object by that name was deleted and created again)."""
+    uid = (patch.get("metadata") or {}).get("uid")
+    if uid is not None and uid != current["metadata"].get("uid"):
+        raise ApiError(409, "Conflict", f"Precondition failed: UID in precondition: {uid}, UID in object meta: "
+                                        f"{current['metadata'].get('uid')}")
 
 
 def _owner_uid(pod: dict) -> str | None:

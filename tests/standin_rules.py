@@ -27,11 +27,18 @@ them: pure functions of the objects, so that each rule is read (and tested) on i
   `parallelism` is a whole number >= 0; `completions` changes only for an Indexed Job and only together with
   `parallelism`, to the same value (elastic Indexed Jobs, KEP-3715, GA 1.31: "can only be modified in tandem with
   .spec.parallelism").
+- **PyTorchJob** (`validate_pytorchjob`, kubeflow.org/v1, on create and update): what the training operator v1's
+  validating webhook (`pytorchjob_webhook.go`) and its CRD schema refuse: a name that is no DNS-1035 label; replica
+  types other than `Master` and `Worker`; a `Master` whose `replicas` is not 1; `Worker.replicas` below 1 or no
+  integer (the schema's int32); an `elasticPolicy` without a `Worker`; a replica template without a container named
+  `pytorch`. Not checked, as the operator does not check it: `Worker.replicas` within the policy's min..max (its
+  autoscaler keeps to them; a client that patches must).
 """
 
 from __future__ import annotations
 
 import math
+import re
 from typing import Any
 
 MEMORY_DECREASE_VERSION = (1, 34)  # from this minor on, a NotRequired memory limit decrease is accepted
@@ -242,3 +249,37 @@ def validate_job_update(old: dict, new: dict) -> None:
         if after.get("completions") != parallelism:
             raise invalid(name, f"spec.completions: Invalid value: {after.get('completions')!r}: can only be modified "
                                 "in tandem with spec.parallelism")
+
+
+DNS_1035 = re.compile(r"^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$")
+
+
+def validate_pytorchjob(new: dict) -> None:
+    """A PyTorchJob as created or updated (the module's docstring); `ApiError` 422 naming the field."""
+    name = (new.get("metadata") or {}).get("name", "")
+
+    def refused(message: str) -> ApiError:
+        return ApiError(422, "Invalid", f'PyTorchJob.kubeflow.org "{name}" is invalid: {message}')
+
+    if not isinstance(name, str) or not DNS_1035.match(name):
+        raise refused(f"metadata.name: Invalid value: {name!r}: should match a DNS-1035 label")
+    spec = new.get("spec") or {}
+    replicas = spec.get("pytorchReplicaSpecs")
+    if not isinstance(replicas, dict) or not replicas:
+        raise refused("spec.pytorchReplicaSpecs: Required value")
+    for rtype, rspec in replicas.items():
+        path = f"spec.pytorchReplicaSpecs[{rtype}]"
+        if rtype not in ("Master", "Worker"):
+            raise refused(f"{path}: Unsupported value: {rtype!r}: supported values: \"Master\", \"Worker\"")
+        count = (rspec or {}).get("replicas")
+        if count is not None and (isinstance(count, bool) or not isinstance(count, int)):
+            raise refused(f"{path}.replicas: Invalid value: {count!r}: must be an integer")
+        if rtype == "Master" and count != 1:
+            raise refused(f"{path}.replicas: Forbidden: must be 1")
+        if rtype == "Worker" and count is not None and count < 1:
+            raise refused(f"{path}.replicas: Forbidden: must be at least 1")
+        containers = (((rspec or {}).get("template") or {}).get("spec") or {}).get("containers") or []
+        if not any(c.get("name") == "pytorch" for c in containers):
+            raise refused(f"{path}.template.spec.containers: Required value: a container named \"pytorch\"")
+    if spec.get("elasticPolicy") is not None and "Worker" not in replicas:
+        raise refused("spec.pytorchReplicaSpecs[Worker]: Required value: must be configured if elastic policy is used")

@@ -63,12 +63,13 @@ def test_webhook_is_fail_open_and_opt_in():
     assert hook["objectSelector"]["matchExpressions"] == [{"key": "hetplan.io/model", "operator": "Exists"}]
 
 
-# The API calls the code makes (hetplan/allocator/k8s/controller.py, cursor.py, intents.py, lease.py, nodes.py), as (resource,
-# verb), and the names of the objects it reads and updates in its own namespace.
+# The API calls the code makes (hetplan/allocator/k8s/controller.py, cursor.py, intents.py, lease.py, nodes.py,
+# owners.py), as (resource, verb), and the names of the objects it reads and updates in its own namespace.
 CONTROLLER_CALLS = {("pods", "get"), ("pods", "list"), ("pods", "watch"), ("pods", "create"), ("pods", "patch"),
                     ("pods", "delete"), ("pods/resize", "patch"), ("pods/eviction", "create"), ("leases", "get"),
                     ("leases", "create"), ("leases", "update"), ("configmaps", "get"), ("configmaps", "create"),
-                    ("configmaps", "update"), ("jobs", "patch")}
+                    ("configmaps", "update"), ("jobs", "get"), ("jobs", "patch"), ("pytorchjobs", "get"),
+                    ("pytorchjobs", "patch")}
 CONTROLLER_OBJECTS = {"leases": ["hetplan-controller"],
                       "configmaps": ["hetplan-controller-cursor", "hetplan-controller-preempted",
                                      "hetplan-controller-reports"]}

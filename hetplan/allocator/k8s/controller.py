@@ -31,9 +31,11 @@ only serve the webhook), woken every `poll` seconds and by every pod event:
    for as one job of fixed parts once all exist, and admitted together by its allocation, part k to the k-th pod
    by index (`_submit_gangs`, `_admit_gang`); a part stays held until no pod of the gang is left.
 7. **Rescales**: a `resize` of a gang whose number of parts changed (`POST /v1/scale`) is the checkpoint handshake on
-   the gang's running pods (`moves.rescale_step`), then a patch of its Job's `parallelism` and `completions`
-   (`_advance_rescales`); the pods the Job then creates wait gated and are admitted on their parts by 6., the gang's
-   size now the allocator's count, not the template's declaration (`_gang_counts`).
+   the gang's running pods (`moves.rescale_step`), then a patch of its owner's count (`owners`: an Indexed Job's
+   `parallelism` and `completions`, an elastic PyTorchJob's workers; `_advance_rescales`); the pods the owner then
+   creates wait gated and are admitted on their parts by 6., the gang's size now the allocator's count, not the
+   template's declaration (`_gang_counts`). A count the owner cannot run is refused before any pod is asked, and
+   the allocator asked to hold the gang at its pods' count again (`_refuse_rescale`).
 
 What the API server or the kubelet refuses (a 422 on the resize, `PodResizePending` Infeasible) is logged once,
 counted and (the kubelet's) annotated on the pod, never retried in a loop; a Deferred resize is reported the same
@@ -52,7 +54,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from hetplan.allocator.k8s import adoption, pods
+from hetplan.allocator.k8s import adoption, owners, pods
 from hetplan.allocator.k8s.cursor import CursorStore, CursorTaken
 from hetplan.allocator.k8s.errors import one_line
 from hetplan.allocator.k8s.intents import IntentStore, ReportStore
@@ -138,10 +140,10 @@ class Controller:
                  reconcile_seconds: float = 30.0, orphan_grace: float = 30.0, checkpoint_grace: float = 30.0,
                  lease_seconds: float = 15.0, watch_seconds: int = 300, request_timeout: float = 10.0,
                  workers: int = 8, deferred_backoff_max: float = 60.0, adopt_every: float = 2.0) -> None:
-        from kubernetes.client import BatchV1Api, CoordinationV1Api, CoreV1Api
+        from kubernetes.client import BatchV1Api, CoordinationV1Api, CoreV1Api, CustomObjectsApi
 
         self.core = CoreV1Api(api)
-        self.batch = BatchV1Api(api)
+        self.owners = owners.OwnerApi(BatchV1Api(api), CustomObjectsApi(api), request_timeout)
         self.service = service
         self.namespace, self.name, self.identity = namespace, name, identity
         self.poll, self.reconcile_seconds, self.orphan_grace = poll, reconcile_seconds, orphan_grace
@@ -190,6 +192,8 @@ class Controller:
         self._gang_tries: dict[str, float] = {}  # gang job -> when to ask for it again (`_submit_gangs`)
         self._gang_counts: dict[str, int] = {}  # gang job -> its parts as the allocator holds them (actions, reconcile)
         self._rescales: dict[str, Rescale] = {}  # gang job -> its count change in progress
+        self._fixed_elastic: set[str] = set()  # gangs declared elastic whose owner's count hetplan cannot change
+        self._reverts: dict[str, int] = {}  # gang job -> the count the allocator is to hold it at again (`_revert`)
         self._held: dict[str, tuple[pods.Target, int, float]] = {}  # job -> an admission waiting for dropped pods
         self._shrunk: set[str] = set()  # gangs that may still have pods of parts a shrink dropped (`_dropped_on`)
 
@@ -507,6 +511,8 @@ class Controller:
             self._held.pop(job, None)
             self._gang_counts.pop(job, None)
             self._rescales.pop(job, None)
+            self._fixed_elastic.discard(job)
+            self._reverts.pop(job, None)
             gang = bool(self._gang_members(job))
             for pod in self.live(job):
                 if pods.has_gate(pod, pods.QUEUE_GATE) or pods.terminating(pod):
@@ -616,10 +622,7 @@ class Controller:
             if count is None or len(parts) <= count:
                 self._shrunk.discard(job)  # nothing dropped left (or no gang any more)
                 continue
-            # an Indexed Job's parts are its indexes: dropped are those from `count` on, whichever pods exist now
-            # (a kept part's pod being created again does not shift them); other names by their place in order
-            numbered = all(part.isascii() and part.isdigit() for part in parts)
-            dropped = {part for part in parts if int(part) >= count} if numbered else set(parts[count:])
+            dropped = pods.dropped_parts(parts, count)  # by index: a kept part's pod made again shifts nothing
             out += [pods.key(p) for p in members if pods.annotations(p)[pods.GANG_PART_KEY] in dropped
                     and pods.node_of(p) and pods.node_of(p) in nodes]
         return out
@@ -784,11 +787,12 @@ class Controller:
     # ------------------------------------------------------------------ checkpoint timeouts, reported in the log
 
     def _late(self, what: str, job: str, seq: int, target: tuple[str, str], uid: str, grace: float,
-              parts: int = 0) -> dict:
+              parts: int = 0, kind: str = "Pod") -> dict:
         """A checkpoint that timed out, recorded (`reports`) *before* the eviction or patch that goes without it:
-        a leader killed after that call and before the report finds the entry (`_restore_reports`)."""
+        a leader killed after that call and before the report finds the entry (`_restore_reports`). `kind`: what
+        is patched (a rescale's `Job` or `PyTorchJob`)."""
         entry = {"job": job, "seq": seq, "what": what, "ns": target[0], "name": target[1], "uid": uid,
-                 "grace": grace, "parts": parts}
+                 "grace": grace, "parts": parts, "kind": kind}
         entry["key"] = self.reports.put_report({k: v for k, v in entry.items()})
         return entry
 
@@ -807,7 +811,8 @@ class Controller:
         for key, e in list(self._owed.items()):
             body = {"kind": "checkpoint-timeout", "job_id": e["job"], "of": e["seq"], "pod": f"{e['ns']}/{e['name']}",
                     "detail": f"{e['what']}: no checkpoint answer within {e['grace']:g} s; "
-                              + (f"its Job patched to {e['parts']} pods without one" if e["what"] == "rescale"
+                              + (f"its {e.get('kind', 'Job')} patched to {e['parts']} pods without one"
+                                 if e["what"] == "rescale"
                                  else "evicted without one")}
             try:
                 answer = self.service.note(body)
@@ -833,9 +838,11 @@ class Controller:
                 continue
             try:
                 if e["what"] == "rescale":
-                    job = json.loads(self.batch.read_namespaced_job(e["name"], e["ns"], _preload_content=False,
-                                                                    _request_timeout=self.timeout).data)
-                    done = (job.get("spec") or {}).get("parallelism") == e["parts"]
+                    owner = owners.Owner(e.get("kind", "Job"), e["ns"], e["name"])  # entries before PyTorchJobs: Jobs
+                    try:
+                        done = owners.parts_of(owner, self.owners.read(owner)) == e["parts"]
+                    except ValueError:  # its count unreadable now: not known to be patched
+                        done = False
                 else:
                     pod = json.loads(self.core.read_namespaced_pod(e["name"], e["ns"], _preload_content=False,
                                                                    _request_timeout=self.timeout).data)
@@ -1362,6 +1369,7 @@ class Controller:
         with self._lock:
             jobs = {pods.job_id(p) for p in self.pods.values()
                     if pods.GANG_PART_KEY in pods.annotations(p) and pods.has_gate(p, pods.QUEUE_GATE) and not pods.ended(p)}
+            self._fixed_elastic &= {pods.job_id(p) for p in self.pods.values()}  # said once per gang that has pods
         for job in sorted(j for j in jobs if j and self._gang_tries.get(j, 0.0) <= now):
             members = self._gang_members(job)
             if not members or not any(pods.has_gate(p, pods.QUEUE_GATE) for p in members.values()):
@@ -1379,7 +1387,7 @@ class Controller:
                 continue
             try:
                 body = {**{k: v for k, v in adoption.request(first).items() if k != "node"}, "job_id": job,
-                        "parts": size, **pods.elastic_bounds(first)}
+                        "parts": size, **self._elastic_bounds(job, members)}
                 answer = self.service.allocate(body)
             except (ValueError, OverflowError) as exc:
                 self.stats.count("gang-refused")
@@ -1398,6 +1406,32 @@ class Controller:
                 self.stats.count("gang-refused")
                 log.warning("controller: gang %s rejected: %s: %s; its pods stay gated", job, answer.get("reason"),
                             answer.get("message"))
+
+    def _elastic_bounds(self, job: str, members: Mapping[str, dict]) -> dict[str, int | float]:
+        """The bounds gang `job` is submitted with (`pods.elastic_bounds` of its first pod), within what its owner can
+        run (`owners.narrowed`: a PyTorchJob's `elasticPolicy`). A gang whose owner's count hetplan cannot change is
+        submitted at its fixed count, said once (`elastic-unsupported`). `ValueError` when no count is left."""
+        first = members[pods.part_order(members)[0]]
+        bounds = pods.elastic_bounds(first)
+        if not bounds:
+            return bounds
+        try:
+            owner = owners.owner_of(members.values())
+        except owners.Unsupported as exc:
+            if job not in self._fixed_elastic:
+                self._fixed_elastic.add(job)
+                self.stats.count("elastic-unsupported")
+                log.warning("controller: gang %s declares %s, but %s: asked for at its fixed count", job,
+                            pods.ELASTIC_KEY, exc)
+            return {}
+        if owner.kind == "Job":
+            return bounds
+        try:
+            obj = self.owners.read(owner)
+        except Exception as exc:  # noqa: BLE001 - this gang's alone: refused now, asked again in `adopt_every` s
+            raise ValueError(f"its {owner.kind} {owner.namespace}/{owner.name} could not be read: {one_line(exc)}") \
+                from None
+        return owners.narrowed(owner, obj, bounds, pods.totals(first)[0])
 
     def _admit_gang(self, job: str, parts: list[Mapping[str, Any]], seq: int, at: float = 0.0) -> None:
         """Gang `job`'s allocation (`<job>#k`, k = 0..N-1) applied to its pods, part k to the k-th pod in
@@ -1443,28 +1477,34 @@ class Controller:
                             job, part, pods.node_of(pod), target.node)
 
     def _rescale(self, job: str, was: int, parts: int, seq: int) -> None:
-        """A gang's count changed from `was` to `parts` parts (action `seq`): its Job is patched once its running pods
-        have checkpointed (`_advance_rescales`). A newer change replaces one in progress. A gang whose pods no Job
-        owns (a JobSet's, a Kubeflow job's) is left as it is, reported once (`rescale-unsupported`)."""
-        members = list(self._gang_members(job).values())
-        owners = {(pods.key(p)[0], str(o.get("name"))) for p in members
-                  for o in pods.meta(p).get("ownerReferences") or [] if o.get("controller") and o.get("kind") == "Job"}
-        if len(owners) != 1:
+        """A gang's count changed from `was` to `parts` parts (action `seq`): its owner (`owners.owner_of`: an Indexed
+        Job, an elastic PyTorchJob) is patched once its running pods have checkpointed (`_advance_rescales`). A newer
+        change replaces one in progress. A gang with no such owner (a JobSet's, a TFJob's) keeps its pods: a grow is
+        taken back in the allocator (`_revert`), reported (`rescale-unsupported`)."""
+        members = self._gang_members(job)
+        try:
+            owner = owners.owner_of(members.values())
+        except owners.Unsupported as exc:
+            if len(members) == parts:
+                self.stats.count("already-applied")  # the allocator back at the pods' count (a revert)
+                return
             self.stats.count("rescale-unsupported")
-            log.warning("controller: gang %s went from %d to %d parts (action %d), but its pods are owned by no one "
-                        "Job: only an Indexed Job's count is changed here; left as it is", job, was, parts, seq)
+            log.warning("controller: gang %s went from %d to %d parts (action %d), but %s; left as it is", job, was,
+                        parts, seq, exc)
+            self._revert(job, was, parts)
             return
-        grace = max((self._grace(p) for p in members), default=self.checkpoint_grace)
-        self._rescales[job] = Rescale(job, owners.pop(), was, parts, seq, grace=grace)
+        grace = max((self._grace(p) for p in members.values()), default=self.checkpoint_grace)
+        self._rescales[job] = Rescale(job, owner, was, parts, seq, grace=grace)
         self.stats.count("rescales")
-        log.info("controller: gang %s from %d to %d parts (action %d): checkpoint, then its Job's parallelism", job,
-                 was, parts, seq)
+        log.info("controller: gang %s from %d to %d parts (action %d): checkpoint, then its %s's count", job, was,
+                 parts, seq, owner.kind)
 
     def _advance_rescales(self) -> None:
-        """Each count change one step further (`moves.rescale_step`): ask the gang's running pods to checkpoint
-        (`hetplan.io/checkpoint: <seq>`), wait for every answer or the grace period, then PATCH the Job's
-        `parallelism` and `completions` (its controller then creates or deletes the pods of the indexes that
-        change)."""
+        """Each count change one step further (`moves.rescale_step`): read the owner and the patch that sets its
+        count (a count it cannot run is refused here, before any pod is asked), ask the gang's running pods to
+        checkpoint (`hetplan.io/checkpoint: <seq>`), wait for every answer or the grace period, then PATCH the
+        owner (`owners.count_patch`, its uid a precondition: its controller then creates or deletes the pods of the
+        parts that change). Then the reverts owed (`_send_reverts`). A failure is this gang's alone."""
         from kubernetes.client.exceptions import ApiException
 
         now = time.monotonic()
@@ -1473,8 +1513,23 @@ class Controller:
                 continue
             running = [p for p in self._gang_members(job).values()
                        if pods.node_of(p) and not pods.has_gate(p, pods.QUEUE_GATE)]
-            step = rescale_step(r, running, now)
             try:
+                if r.patch is None:
+                    obj = self.owners.read(r.owner)
+                    if r.owner.uid and (obj.get("metadata") or {}).get("uid") != r.owner.uid:
+                        self._refuse_rescale(r, "the object by that name is another one now", gone=True)
+                        continue
+                    try:
+                        r.owner_parts = owners.parts_of(r.owner, obj)
+                        if r.owner_parts == r.parts:  # set already (applied again, or reverted)
+                            del self._rescales[job]
+                            self.stats.count("already-applied")
+                            continue
+                        r.patch = owners.count_patch(r.owner, obj, r.parts)
+                    except ValueError as exc:
+                        self._refuse_rescale(r, str(exc))
+                        continue
+                step = rescale_step(r, running, now)
                 if step == "ask":
                     for pod in running:
                         if pods.annotations(pod).get(pods.CHECKPOINT_KEY) != str(r.seq):
@@ -1484,28 +1539,71 @@ class Controller:
                                 _content_type=MERGE, _preload_content=False, _request_timeout=self.timeout)
                     r.asked, r.asked_at = frozenset(pods.uid(p) for p in running), now
                 elif step in ("patch", "patch-late"):
-                    late = self._late("rescale", job, r.seq, r.owner, "", r.grace, r.parts) if step == "patch-late" \
-                        else None
-                    count = {"spec": {"parallelism": r.parts, "completions": r.parts}}
-                    self.batch.patch_namespaced_job(r.owner[1], r.owner[0], count, _content_type=MERGE,
-                                                    _preload_content=False, _request_timeout=self.timeout)
+                    late = self._late("rescale", job, r.seq, (r.owner.namespace, r.owner.name), "", r.grace, r.parts,
+                                      r.owner.kind) if step == "patch-late" else None
+                    self.owners.patch(r.owner, r.patch)
                     del self._rescales[job]
                     if late is not None:
                         self.stats.count("rescale-without-checkpoint")
-                        log.warning("controller: gang %s did not answer its checkpoint within %.1f s; its Job is "
-                                    "patched without one", job, r.grace)
+                        log.warning("controller: gang %s did not answer its checkpoint within %.1f s; its %s is "
+                                    "patched without one", job, r.grace, r.owner.kind)
                         self._owe(late)
                     self.stats.count("rescaled")
-                    log.info("controller: Job %s/%s patched to %d pods (gang %s, action %d)", *r.owner, r.parts, job,
-                             r.seq)
+                    log.info("controller: %s %s/%s patched to %d pods (gang %s, action %d)", r.owner.kind,
+                             r.owner.namespace, r.owner.name, r.parts, job, r.seq)
             except ApiException as exc:
-                if exc.status in (404, 422):  # the Job is gone, or refuses the count: not sent again
-                    del self._rescales[job]
-                    self.stats.count("rescale-refused")
-                    log.warning("controller: Job %s/%s not patched to %d pods: %s", *r.owner, r.parts, one_line(exc))
+                if exc.status in (403, 404, 409, 422):  # no right, gone, another object now, or it refuses the count
+                    self._refuse_rescale(r, one_line(exc), gone=exc.status in (404, 409))
                     continue
                 log.warning("controller: rescale of %s: %s; retrying", job, one_line(exc))
                 r.next_try = now + 1.0
+            except Exception as exc:  # noqa: BLE001 - a timeout, a body that is no JSON: this gang's, tried again
+                log.warning("controller: rescale of %s: %s; retrying", job, one_line(exc))
+                r.next_try = now + 1.0
+        self._send_reverts()
+
+    def _refuse_rescale(self, r: Rescale, why: str, gone: bool = False) -> None:
+        """A count change the owner cannot take: dropped, and (unless the owner is gone) taken back in the allocator
+        (`_revert`) to the count the owner has (as read; else the one before)."""
+        self._rescales.pop(r.job, None)
+        self.stats.count("rescale-refused")
+        log.warning("controller: %s %s/%s not set to %d pods (gang %s, action %d): %s", r.owner.kind,
+                    r.owner.namespace, r.owner.name, r.parts, r.job, r.seq, why)
+        if not gone:
+            self._revert(r.job, r.was if r.owner_parts is None else r.owner_parts, r.parts)
+
+    def _revert(self, job: str, pods_count: int, parts: int) -> None:
+        """The allocator holds `parts` parts of gang `job` whose owner runs `pods_count` pods. A grow is taken back
+        (`POST /v1/scale`, owed until the service answers: `_send_reverts`), so it holds no GPUs nobody runs on; the
+        service then holds the gang at that count for good (a count it set by hand). A shrink is not: growing back
+        could place the parts on other nodes than the pods that still run; those pods keep their GPUs, and nothing
+        is admitted on their nodes until they end (`_dropped_on`), reported (`rescale-unreverted`)."""
+        if pods_count < parts:
+            self._reverts[job] = pods_count
+            return
+        self.stats.count("rescale-unreverted")
+        log.warning("controller: gang %s keeps %d pods where the allocator holds %d parts; nothing is admitted where "
+                    "the others run until they end", job, pods_count, parts)
+
+    def _send_reverts(self) -> None:
+        """Each revert owed (`_revert`), sent until the service answers it (down, or a 5xx: the next pass)."""
+        for job, count in list(self._reverts.items()):
+            try:
+                answer = self.service.scale(job, count)
+            except Exception as exc:
+                why = refusal(exc)
+                if why is None:
+                    log.debug("controller: revert of gang %s to %d parts not sent yet (%s)", job, count, one_line(exc))
+                    continue
+                answer = {"status": "refused", "message": why}
+            self._reverts.pop(job, None)
+            if answer.get("status") in ("scaled", "unchanged"):
+                self.stats.count("rescale-reverted")
+                log.info("controller: gang %s held at %d parts again", job, count)
+            else:
+                self.stats.count("rescale-unreverted")
+                log.warning("controller: gang %s could not be held at %d parts again: %s", job, count,
+                            answer.get("message") or answer.get("reason") or answer.get("status"))
 
     def _adopt_refused(self, pod: dict, why: str) -> bool:
         self.stats.count("adopt-refused")

@@ -13,9 +13,9 @@ then is the replacement deleted. An evicted pod that ends Succeeded (its trainer
 Failed (killed by SIGTERM) has moved, not finished. A pod deleted by someone else while alive (a user's `kubectl
 delete`: terminating, no disruption condition) cancels the move: the job is stopped.
 
-A gang's count change (`Rescale`, issue 31: an elastic Indexed Job running `torchrun --nnodes=MIN:MAX`) takes the
-same handshake on every running pod of the gang, then its Job's `parallelism` and `completions` are patched: the
-trainers checkpoint before the rendezvous changes its membership.
+A gang's count change (`Rescale`, issue 31: an elastic Indexed Job or PyTorchJob running `torchrun --nnodes=MIN:MAX`)
+takes the same handshake on every running pod of the gang, then its owner's count is patched (`owners.count_patch`):
+the trainers checkpoint before the rendezvous changes its membership.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from hetplan.allocator.k8s import pods
+from hetplan.allocator.k8s.owners import Owner
 
 Step = Literal["ask", "wait", "evict", "ungate", "cancel", "done"]
 """`ask`: annotate the old pod (checkpoint now); `wait`; `evict` the old pod; `ungate` the replacement; `cancel`
@@ -128,14 +129,18 @@ none runs); `patch-late`: the grace period is over without every answer."""
 
 @dataclass
 class Rescale:
-    """A gang's count change in progress (a `resize` whose parts differ in number): its Job (namespace, name), the
-    counts, the action's number, the pods asked to checkpoint (uids), when, and how long they may take."""
+    """A gang's count change in progress (a `resize` whose parts differ in number): the object that owns its pods
+    (`owners.owner_of`), the counts, the action's number, the merge patch that sets the owner's count and the count
+    the owner had (both read before any pod is asked), the pods asked to checkpoint (uids), when, and how long they
+    may take."""
 
     job: str
-    owner: tuple[str, str]
+    owner: Owner
     was: int
     parts: int
     seq: int
+    patch: dict[str, Any] | None = None
+    owner_parts: int | None = None
     asked: frozenset[str] = frozenset()
     asked_at: float | None = None
     grace: float = 30.0
@@ -144,7 +149,7 @@ class Rescale:
 
 def rescale_step(r: Rescale, running: list[Mapping[str, Any]], now: float) -> RescaleStep:
     """What to do next for `r`, given the gang's pods that run now (bound, not gated, not on their way out): the
-    checkpoint handshake first (as a move's), then the Job's patch."""
+    checkpoint handshake first (as a move's), then the owner's patch."""
     if r.asked_at is None:
         return "ask" if running else "patch"
     if all(answered(p, r.seq) for p in running if pods.uid(p) in r.asked):

@@ -287,6 +287,20 @@ def part_order(parts: Iterable[str]) -> list[str]:
 
 
 
+def dropped_parts(parts: Iterable[str], count: int) -> set[str]:
+    """Of the `parts` present, those a gang shrunk to `count` parts dropped, whichever kept part's pod is missing at
+    the moment: an Indexed Job's indexes from `count` on; a Kubeflow job's workers (`worker-<i>`) from `count` less
+    its master on (`master-0` is never dropped); other names by their place in `part_order`."""
+    parts = list(parts)
+    if all(p.isascii() and p.isdigit() for p in parts):
+        return {p for p in parts if int(p) >= count}
+    split = [p.rpartition("-") for p in parts]
+    if all(role in ("master", "worker") and i.isascii() and i.isdigit() for role, _, i in split):
+        first = count - any(role == "master" for role, _, _ in split)
+        return {p for p, (role, _, i) in zip(parts, split) if role == "worker" and int(i) >= first}
+    return set(part_order(parts)[count:])
+
+
 def kueue(pod: Mapping[str, Any]) -> bool:
     """Kueue admits this pod (label `kueue.x-k8s.io/queue-name`): hetplan sizes and places it, never queues it."""
     return bool((meta(pod).get("labels") or {}).get(KUEUE_LABEL))

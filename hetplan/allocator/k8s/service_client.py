@@ -70,6 +70,12 @@ class AllocatorClient:
         answer.raise_for_status()
         return answer.json()
 
+    def scale(self, job_id: str, parts: int) -> dict[str, Any]:
+        """`POST /v1/scale`: gang `job_id` to `parts` parts (`status` `scaled` or `rejected`)."""
+        answer = self._call("POST", "/v1/scale", json={"job_id": job_id, "parts": parts})
+        answer.raise_for_status()
+        return answer.json()
+
     def note(self, body: Mapping[str, Any]) -> dict[str, Any]:
         """`POST /v1/notes`: a note about an action in the log (idempotent: `status` `logged` or `exists`)."""
         answer = self._call("POST", "/v1/notes", json=dict(body))

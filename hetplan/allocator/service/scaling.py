@@ -1,10 +1,10 @@
 """Route of a gang's count: `POST /v1/scale`, a running gang of fixed parts (a multi-pod job) to another number of
-parts (elastic training: an Indexed Job running `torchrun --nnodes=MIN:MAX`, issue 31).
+parts (elastic training: an Indexed Job or PyTorchJob running `torchrun --nnodes=MIN:MAX`, issue 31).
 
 All or nothing (`Allocator.scale`): the answer is the gang's parts after, or, where the new parts do not fit, its
 parts as they were and why (status 200: an answer, not an error). The change is one `resize` action in the log whose
 `before` and `after` differ in their number of parts: the controller applies it as a checkpoint handshake on the
-gang's pods, then a patch of its Job's `parallelism` and `completions` (docs/kubernetes.md). Journaled with the
+gang's pods, then a patch of its owner's count (`k8s/owners.py`; docs/kubernetes.md). Journaled with the
 job's submission, so a restart (or a preemption) brings the gang back at its new count.
 """
 
