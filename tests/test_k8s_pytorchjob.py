@@ -10,32 +10,20 @@ from __future__ import annotations
 
 import copy
 import time
-from io import StringIO
 
-import pandas as pd
 import pytest
 from standin_apiserver import ApiError, Fault, eventually, k8s_pod
 from servers import TOKEN
 from standin_rules import validate_pytorchjob
-from test_k8s_controller import Rig, requests_of
-from test_k8s_elastic import HINTED, HINTS, NODES, Sampler, elastic_rig, running  # noqa: F401 - a fixture
+from test_k8s_controller import requests_of
+from test_k8s_elastic import HINTED, elastic_rig, rig, running  # noqa: F401 - fixtures
 from test_k8s_strict import leading
 from test_service_elastic import scaling_csv  # noqa: F401 - a fixture
 
-from hetplan.allocator import Allocator
 from hetplan.allocator.core import part_number
 from hetplan.allocator.k8s import owners, pods
-from hetplan.hints import HintSet
 
 PATH = "/apis/kubeflow.org/v1/namespaces/ml/pytorchjobs/train"
-
-
-@pytest.fixture
-def rig(tmp_path):
-    hints = HintSet.from_frame(pd.read_csv(StringIO(HINTS), dtype=str))
-    r = Rig(tmp_path, Allocator(NODES, "hint", hints))
-    yield r
-    r.close()
 
 
 def pytorchjob(workers: int, low: int = 1, high: int = 4, elastic: str | None = None) -> dict:
