@@ -15,7 +15,7 @@ Opt-in: the pod label `hetplan.io/model` (the model, as for the extender). What 
 | `hetplan.io/migrated-from` | annotation | on a replacement: the pod it replaces |
 | `hetplan.io/migration` | scheduling gate | on a replacement until the pod it replaces is gone |
 | `hetplan.io/gang-size` | annotation, set by the user on the pod template | the job is a gang of that many pods (2 or more: an Indexed Job's `parallelism` = `completions`, a JobSet's or PyTorchJob's pods in all), admitted together or not at all (`gang`) |
-| `hetplan.io/elastic-gpus`, `hetplan.io/restart-seconds` | annotations, optional, set by the user on a gang's pod template | `MIN-MAX`: the gang is elastic, from MIN to MAX GPUs (all its parts; whole parts), and a change of count costs it that many seconds (default 30): with `hetplan serve --scaling-models` the service's rounds choose its count (`elastic_bounds`) |
+| `hetplan.io/elastic-gpus`, `hetplan.io/restart-seconds` | annotations, optional, set by the user on a gang's pod template | `MIN-MAX`: the gang is elastic, from MIN to MAX GPUs (all its parts; whole parts), and a change of count costs it that many seconds (default 30): with `hetplan serve --scaling-models` the service's rounds choose its count (`elastic_bounds`; a PyTorchJob's within its `elasticPolicy`, a JobSet's never: `owners`) |
 | `hetplan.io/gang-part` | annotation, written by the webhook | a gang pod's part (its index: `_part`); the pods of a gang share the gang's job id |
 | `hetplan.io/resize-pending` | annotation, written by the controller | the kubelet has not actuated the last resize: `Deferred: <its message>` (it retries when room frees) or `Infeasible: ...` (it never will); removed once actuated |
 
