@@ -1387,7 +1387,7 @@ class Controller:
                 continue
             try:
                 body = {**{k: v for k, v in adoption.request(first).items() if k != "node"}, "job_id": job,
-                        "parts": size, **self._elastic_bounds(job, members)}
+                        "parts": size, **self._elastic_bounds(job, members, first)}
                 answer = self.service.allocate(body)
             except (ValueError, OverflowError) as exc:
                 self.stats.count("gang-refused")
@@ -1407,11 +1407,10 @@ class Controller:
                 log.warning("controller: gang %s rejected: %s: %s; its pods stay gated", job, answer.get("reason"),
                             answer.get("message"))
 
-    def _elastic_bounds(self, job: str, members: Mapping[str, dict]) -> dict[str, int | float]:
+    def _elastic_bounds(self, job: str, members: Mapping[str, dict], first: dict) -> dict[str, int | float]:
         """The bounds gang `job` is submitted with (`pods.elastic_bounds` of its first pod), within what its owner can
         run (`owners.narrowed`: a PyTorchJob's `elasticPolicy`). A gang whose owner's count hetplan cannot change is
         submitted at its fixed count, said once (`elastic-unsupported`). `ValueError` when no count is left."""
-        first = members[pods.part_order(members)[0]]
         bounds = pods.elastic_bounds(first)
         if not bounds:
             return bounds
